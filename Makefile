@@ -1,0 +1,28 @@
+# One-command setup: every target builds the virtualenv first (idempotent, pinned versions).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-docker lint clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+# The main job: BSP under a changing heterogeneity level, uniform vs dynamic batching.
+demo: $(STAMP)
+	$(VENV)/bin/omnilearn run --config configs/demo.yaml --compare --out runs/demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pytorch tests
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from omnilearn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,205 @@
+"""The ``omnilearn`` command line.
+
+    omnilearn run [--config FILE] [--compare] [--hl HL8] ...   train a job (the main command)
+    omnilearn worker --job OUT/job.json                        one rank (used by the launchers)
+    omnilearn levels                                           the HL tables, as applied on this host
+    omnilearn report OUT                                       re-summarize a finished run
+    omnilearn cleanup                                          remove cgroups left by killed runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omnilearn import config
+from omnilearn.errors import UserError
+
+
+def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    """Named flags are shorthands for config keys; ``--set`` reaches any key."""
+    out = [config.parse_assignment(s) for s in args.set or []]
+    named = {
+        "mode": args.mode, "workers": args.workers, "train.epochs": args.epochs,
+        "train.global_batch": args.global_batch, "control.policy": args.policy,
+        "emulation.backend": args.backend, "emulation.hl": args.hl, "emulation.schedule": args.schedule,
+        "model.name": args.model, "data.name": args.dataset,
+    }
+    out += [(k, v) for k, v in named.items() if v is not None]
+    return out
+
+
+def _prepare_out(path: Path, force: bool) -> None:
+    """A run folder is never silently overwritten: results are not lost by a second run."""
+    if path.exists() and any(path.iterdir()):
+        if not force:
+            raise UserError(f"--out {path}: folder exists and is not empty (choose another, or add --force "
+                            f"to replace it)")
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from omnilearn.emulator.plan import build_plan
+    from omnilearn.launch.job import JobSpec, new_job_id
+    from omnilearn.launch.local import WorkerFailed, check_local_prerequisites, run_local
+    from omnilearn.report.plot import plot_compare, plot_run
+    from omnilearn.report.summary import compare, summarize
+    from omnilearn.report.table import print_report
+
+    cfg = config.build(args.config, _overrides(args))
+    plan = build_plan(cfg)  # every table, schedule and cpuset check happens here, before anything starts
+    if cfg.emulation.backend == "docker":
+        raise UserError("--backend docker: the container launcher is not available in this version")
+    check_local_prerequisites()
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    _prepare_out(out, args.force)
+    console = Console()
+    policies = ["uniform", "dynamic"] if args.compare else [cfg.control.policy]
+    runs: dict[str, Path] = {}
+    summaries: dict[str, dict[str, Any]] = {}
+    console.print(f"[bold]omnilearn[/] {cfg.mode.upper()} · {cfg.workers} workers · {cfg.model.name} on "
+                  f"{cfg.data.name} · B={cfg.train.global_batch} · schedule {plan.schedule.name} "
+                  f"({' → '.join(plan.schedule.levels)}) · allocation {plan.mode} · results in {out}")
+    for policy in policies:
+        run_cfg = dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, policy=policy))
+        run_dir = out / policy if args.compare else out
+        job = JobSpec(job_id=new_job_id(), config=run_cfg, plan=plan, out_dir=run_dir.resolve(), backend="")
+        try:
+            run_local(job, console, label=policy, show_progress=not args.no_progress)
+        except WorkerFailed as e:
+            console.print(f"[red]{e}[/]")
+            return 1
+        summaries[policy] = summarize(run_dir)
+        plot_run(run_dir, cfg.workers, f"{policy} · {cfg.model.name}/{cfg.data.name} · schedule "
+                 f"{plan.schedule.name} · backend {job.backend}")
+        runs[policy] = run_dir
+    result = None
+    if args.compare:
+        result = compare(out, runs)
+        plot_compare(runs, summaries, out / "compare.png")
+    print_report(console, summaries, result)
+    files = [str(out / "compare.json")] if args.compare else []
+    files += [str(d / "summary.json") for d in runs.values()] + [str(d / "run.png") for d in runs.values()]
+    console.print("results: " + ", ".join(files))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from omnilearn.launch.job import JobSpec
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    job_path = Path(args.job)
+    if not job_path.is_file():
+        raise UserError(f"--job {job_path}: job file not found")
+    job = JobSpec.load(job_path, out_dir=Path(args.out_dir) if args.out_dir else job_path.parent)
+    if job.config.mode == "bsp":
+        from omnilearn.train import bsp
+        bsp.run(job)
+    else:
+        raise UserError(f"mode {job.config.mode!r} is not available in this version")
+    return 0
+
+
+def cmd_levels(args: argparse.Namespace) -> int:
+    from omnilearn.emulator.levels import host_cpus, load_tables, resolve_level
+
+    tables = load_tables()
+    host = host_cpus()
+    out: dict[str, Any] = {}
+    for mode, table in tables.items():
+        rows = {}
+        for level in table.levels:
+            workers, server = resolve_level(table, level, table.workers, args.allocation, host)
+            rows[level] = {"workers": [a.describe() for a in workers],
+                           **({"server": server.describe()} if server else {})}
+        out[mode] = rows
+    print(json.dumps({"host_cpus": len(host), "allocation": args.allocation, "levels": out}, indent=2))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from omnilearn.report.summary import summarize
+    from omnilearn.report.table import print_report
+
+    out = Path(args.out)
+    if not (out / "job.json").is_file():
+        raise UserError(f"{out}: not a run folder (no job.json)")
+    print_report(Console(), {"run": summarize(out)}, None)
+    return 0
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from omnilearn.emulator.backends import sweep_stale
+
+    removed = sweep_stale()
+    print("\n".join(removed) if removed else "nothing to clean")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="omnilearn", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="train a job under emulated heterogeneity")
+    r.add_argument("--config", help="job config (YAML); defaults apply to keys it leaves out")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override any config key, e.g. train.lr=0.1")
+    r.add_argument("--mode", choices=["bsp", "asp"])
+    r.add_argument("--workers", type=int)
+    r.add_argument("--epochs", type=int)
+    r.add_argument("--global-batch", type=int)
+    r.add_argument("--policy", choices=["uniform", "static", "dynamic"])
+    r.add_argument("--hl", help="pin one heterogeneity level (HL1, HL2, HL4, HL8) for the whole run")
+    r.add_argument("--schedule", help="named schedule (configs/schedules.yaml) or a YAML file")
+    r.add_argument("--backend", choices=list(config.BACKENDS))
+    r.add_argument("--model")
+    r.add_argument("--dataset")
+    r.add_argument("--compare", action="store_true", help="run uniform then dynamic under the same schedule")
+    r.add_argument("--out", help="run folder (default: a new folder under runs/)")
+    r.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(func=cmd_run)
+
+    w = sub.add_parser("worker", help="run one rank of a job (started by the launchers)")
+    w.add_argument("--job", required=True, help="the job file written by the launcher")
+    w.add_argument("--out-dir", help="the run folder as this process sees it (default: the job file's)")
+    w.set_defaults(func=cmd_worker)
+
+    lv = sub.add_parser("levels", help="print the heterogeneity levels as allocated on this host")
+    lv.add_argument("--allocation", choices=["quota", "cpuset", "none"], default="quota")
+    lv.set_defaults(func=cmd_levels)
+
+    rp = sub.add_parser("report", help="summarize a finished run folder again")
+    rp.add_argument("out")
+    rp.set_defaults(func=cmd_report)
+
+    c = sub.add_parser("cleanup", help="remove cgroups left behind by killed runs")
+    c.set_defaults(func=cmd_cleanup)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"omnilearn: error: {e}", file=sys.stderr)
+        return UserError.exit_status
+    except KeyboardInterrupt:
+        print("omnilearn: interrupted; workers stopped and cgroups removed", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""Job configuration: one tree of dataclasses, loaded from YAML, overridden by CLI flags, validated.
+
+Every mistake is reported as a :class:`UserError` naming the file and the dotted key, before
+anything starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from omnilearn.control.policies import POLICIES
+from omnilearn.errors import UserError
+
+MODES = ("bsp", "asp")
+BACKENDS = ("auto", "cgroup", "affinity", "docker", "none")
+ALLOCATION_MODES = ("auto", "cpuset", "quota")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "resnet18"
+    """resnet18 | resnet50 | vgg11 | alexnet | smallcnn."""
+    stem: str = "auto"
+    """ResNet stem for small images: auto | imagenet | small | cifar."""
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"
+    """digits (offline default) | cifar10 | cifar100 | synthetic."""
+    root: str = "data"
+    """Where torchvision datasets live (and are downloaded to)."""
+    image_size: int = 32
+    download: bool = False
+    """Let torchvision download a missing dataset."""
+    test_fraction: float = 0.2
+    """Held-out share for datasets without a test split (digits, synthetic)."""
+    augment: bool = False
+    """Random crop + flip on training batches."""
+    synthetic_size: int = 2048
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 3
+    global_batch: int = 128
+    """B: the samples of one synchronous step, summed over workers."""
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    milestones: list[int] = field(default_factory=list)
+    """Epochs at which the learning rate is multiplied by gamma."""
+    gamma: float = 0.1
+    eval_every: int = 1
+    """Evaluate on the held-out split every N epochs (and always after the last)."""
+    seed: int = 1234
+    dist_backend: str = "auto"
+    """torch.distributed backend: auto (nccl with CUDA, else gloo) | gloo | nccl."""
+    drop_last: bool = False
+
+
+@dataclass
+class ControlConfig:
+    policy: str = "dynamic"
+    """uniform | static | dynamic."""
+    interval: int = 4
+    """Decide every N steps; 0 decides at the end of each epoch."""
+    window: int = 4
+    """Compute-time measurements kept per worker."""
+    min_samples: int = 2
+    """Fresh measurements each worker needs before a decision."""
+    deadband: float = 0.05
+    """Relative compute-time spread (and batch change) below which nothing changes."""
+    skip_after_change: int = 1
+    """Steps not measured after a batch or allocation change."""
+    min_batch: int = 2
+    max_batch: int | None = None
+
+
+@dataclass
+class EmulationConfig:
+    backend: str = "auto"
+    """auto (cgroup as root, else affinity) | cgroup | affinity | docker | none."""
+    allocation: str = "auto"
+    """auto (cpusets if the host has the table's cores, else quotas) | cpuset | quota."""
+    schedule: str = "demo"
+    """A named schedule (configs/schedules.yaml) or a YAML file."""
+    hl: str | None = None
+    """Pin one level for the whole run (overrides schedule)."""
+    levels: dict[str, list[Any]] | None = None
+    """Own level table: level -> one cpuset string or CPU quota number per worker."""
+    ack_timeout: float = 20.0
+    """Seconds a worker waits for the toggler to apply its request."""
+
+
+@dataclass
+class JobConfig:
+    mode: str = "bsp"
+    workers: int = 4
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    emulation: EmulationConfig = field(default_factory=EmulationConfig)
+    source: str = "<defaults>"
+    """Where the config came from (for messages); not a YAML key."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        return d
+
+    def validate(self) -> JobConfig:
+        """Cross-field checks; raises UserError naming the file and key."""
+        w = self.source
+
+        def bad(key: str, msg: str) -> UserError:
+            return UserError(f"{w}: {key}: {msg}")
+
+        if self.mode not in MODES:
+            raise bad("mode", f"must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.workers < 1:
+            raise bad("workers", f"must be at least 1, not {self.workers}")
+        t, c, e = self.train, self.control, self.emulation
+        if t.global_batch <= 0:
+            raise bad("train.global_batch", f"must be positive, not {t.global_batch}")
+        if t.epochs <= 0:
+            raise bad("train.epochs", f"must be positive, not {t.epochs}")
+        if t.lr <= 0:
+            raise bad("train.lr", f"must be positive, not {t.lr}")
+        if t.eval_every < 1:
+            raise bad("train.eval_every", f"must be at least 1, not {t.eval_every}")
+        if t.dist_backend not in ("auto", "gloo", "nccl"):
+            raise bad("train.dist_backend", f"must be auto, gloo or nccl, not {t.dist_backend!r}")
+        if any(m <= 0 for m in t.milestones) or t.milestones != sorted(t.milestones):
+            raise bad("train.milestones", f"must be increasing positive epochs, not {t.milestones}")
+        if not 0 < self.data.test_fraction < 1:
+            raise bad("data.test_fraction", f"must be between 0 and 1, not {self.data.test_fraction}")
+        if self.data.image_size < 8:
+            raise bad("data.image_size", f"must be at least 8, not {self.data.image_size}")
+        if c.policy not in POLICIES:
+            raise bad("control.policy", f"must be one of {', '.join(POLICIES)}, not {c.policy!r}")
+        if c.min_batch < 1:
+            raise bad("control.min_batch", f"must be at least 1, not {c.min_batch}")
+        if c.max_batch is not None and c.max_batch < c.min_batch:
+            raise bad("control.max_batch", f"{c.max_batch} is below control.min_batch {c.min_batch}")
+        if c.min_batch * self.workers > t.global_batch:
+            raise bad("train.global_batch", f"{t.global_batch} cannot give {self.workers} workers "
+                      f"control.min_batch={c.min_batch} each")
+        if c.max_batch is not None and c.max_batch * self.workers < t.global_batch:
+            raise bad("train.global_batch", f"{t.global_batch} exceeds {self.workers} workers x "
+                      f"control.max_batch={c.max_batch}")
+        if c.interval < 0 or c.window < 1 or c.min_samples < 1 or c.min_samples > c.window:
+            raise bad("control", "need interval >= 0, window >= 1 and 1 <= min_samples <= window")
+        if not 0 <= c.deadband < 1:
+            raise bad("control.deadband", f"must be in [0, 1), not {c.deadband}")
+        if c.skip_after_change < 0:
+            raise bad("control.skip_after_change", "must be >= 0")
+        if e.backend not in BACKENDS:
+            raise bad("emulation.backend", f"must be one of {', '.join(BACKENDS)}, not {e.backend!r}")
+        if e.allocation not in ALLOCATION_MODES:
+            raise bad("emulation.allocation",
+                      f"must be one of {', '.join(ALLOCATION_MODES)}, not {e.allocation!r}")
+        if e.ack_timeout <= 0:
+            raise bad("emulation.ack_timeout", "must be positive")
+        return self
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; ints are accepted where floats are expected."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key, where)
+            except UserError as err:
+                errors.append(err)
+        raise UserError(f"{where}: {key}: expected {' or '.join(_type_name(a) for a in args)}, "
+                        f"got {value!r}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise UserError(f"{where}: {key}: expected a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]", where) for i, v in enumerate(value)] if args else value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{where}: {key}: expected a mapping, got {value!r}")
+        return {str(k): _coerce(v, args[1], f"{key}.{k}", where) for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: {key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{where}: {key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{where}: {key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise UserError(f"{where}: {key}: expected a string, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key, where)
+    raise AssertionError(f"unsupported config type {tp} for {key}")
+
+
+def _build(cls: type, data: Any, prefix: str, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: {prefix or 'top level'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.name != "source"]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            raise UserError(f"{where}: unknown key '{dotted}' (known: {', '.join(names)})")
+        kwargs[key] = _coerce(value, hints[key], dotted, where)
+    return cls(**kwargs)
+
+
+def from_dict(data: dict[str, Any], where: str) -> JobConfig:
+    cfg = _build(JobConfig, data, "", where)
+    cfg.source = where
+    return cfg
+
+
+def load(path: str | Path | None) -> dict[str, Any]:
+    """Read a YAML job config into a plain dict (validated later, after CLI overrides)."""
+    if path is None:
+        return {}
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file {p} not found")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(f"{p}: not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{p}: top level must be a mapping of keys")
+    return data
+
+
+def set_key(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Apply one override ``a.b.c = value`` to the nested dict."""
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UserError(f"--set {dotted}: '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``key=value`` from ``--set``; the value is read as YAML (numbers, lists, true/false)."""
+    if "=" not in text:
+        raise UserError(f"--set {text}: expected KEY=VALUE, e.g. train.lr=0.1")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def build(path: str | Path | None, overrides: list[tuple[str, Any]]) -> JobConfig:
+    """File, then overrides, then checks: the one way a job config is made."""
+    data = load(path)
+    for key, value in overrides:
+        set_key(data, key, value)
+    where = str(path) if path is not None else "<defaults>"
+    if overrides:
+        where += " (with command-line overrides)"
+    return from_dict(data, where).validate()

@@ -1,0 +1,1 @@
+"""Batching policies and the controller that applies them."""

@@ -1,0 +1,1 @@
+"""The heterogeneity emulator: levels, schedules, the CPU-request protocol, backends, the toggler."""

@@ -1,0 +1,175 @@
+"""The emulation plan of one job: for every level of its schedule, every target's allocation.
+
+Resolved once by the launcher, on the host (which knows the host's CPUs), checked before anything
+starts, and handed to the workers in the job file: a worker only looks up its own allocation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omnilearn.config import JobConfig
+from omnilearn.emulator.levels import (
+    Allocation,
+    LevelTable,
+    format_cpuset,
+    host_cpus,
+    load_tables,
+    parse_cpuset,
+    resolve_level,
+)
+from omnilearn.emulator.schedule import Schedule, load_schedule
+from omnilearn.errors import UserError
+
+
+def worker_target(mode: str, rank: int) -> str:
+    """Container/target name of a training rank, in the paper's words (BSP: worker1...)."""
+    return f"worker{rank + 1}" if mode == "bsp" else f"aspworker{rank + 2}"
+
+
+SERVER_TARGET = "aspworker1"
+
+
+@dataclass(frozen=True)
+class EmulationPlan:
+    mode: str  # "cpuset" | "quota" | "none"
+    targets: tuple[str, ...]  # workers in rank order, then the ASP server if any
+    levels: dict[str, dict[str, Allocation]]
+    schedule: Schedule
+
+    def allocation(self, level: str, target: str) -> Allocation:
+        return self.levels[level][target]
+
+    def first_level(self) -> str:
+        return self.schedule.levels[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "targets": list(self.targets),
+            "levels": {lv: {t: a.to_dict() for t, a in m.items()} for lv, m in self.levels.items()},
+            "schedule": self.schedule.to_dict(),
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> EmulationPlan:
+        return EmulationPlan(
+            mode=d["mode"],
+            targets=tuple(d["targets"]),
+            levels={lv: {t: Allocation.from_dict(a) for t, a in m.items()} for lv, m in d["levels"].items()},
+            schedule=Schedule.from_dict(d["schedule"]),
+        )
+
+
+def _custom_table(cfg: JobConfig, key: str) -> dict[str, list[Any]]:
+    where = f"{cfg.source}: {key}"
+    table = cfg.emulation.levels or {}
+    for level, entries in table.items():
+        if len(entries) != cfg.workers:
+            raise UserError(f"{where}.{level}: has {len(entries)} entries for {cfg.workers} workers")
+        for i, entry in enumerate(entries):
+            if isinstance(entry, str):
+                try:
+                    parse_cpuset(entry)
+                except ValueError as e:
+                    raise UserError(f"{where}.{level}[{i}]: {e}") from None
+            elif isinstance(entry, (int, float)) and not isinstance(entry, bool):
+                if entry <= 0:
+                    raise UserError(f"{where}.{level}[{i}]: a CPU quota must be positive, not {entry}")
+            else:
+                raise UserError(f"{where}.{level}[{i}]: expected a cpuset string or a CPU count, "
+                                f"got {entry!r}")
+    return table
+
+
+def _check_cpusets(allocs: dict[str, Allocation], host: list[int], where: str) -> None:
+    """Cpusets must exist on the host, and in cpuset mode two workers must not share a CPU."""
+    seen: dict[int, str] = {}
+    for target, a in allocs.items():
+        if a.cpuset is None:
+            continue
+        cpus = parse_cpuset(a.cpuset)
+        missing = sorted(set(cpus) - set(host))
+        if missing:
+            raise UserError(f"{where}: {target}'s cpuset {a.cpuset} names CPUs this host lacks: "
+                            f"{format_cpuset(missing)} (host CPUs: {format_cpuset(host)})")
+        for c in cpus:
+            if c in seen:
+                raise UserError(f"{where}: {target} and {seen[c]} share CPU {c} in cpuset mode")
+            seen[c] = target
+
+
+def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, LevelTable] | None = None
+               ) -> EmulationPlan:
+    """Resolve every level the run can reach into allocations; every error names its source."""
+    host = host if host is not None else host_cpus()
+    e = cfg.emulation
+    where = cfg.source
+    if e.hl is not None:
+        schedule = Schedule.pinned(e.hl)
+    else:
+        try:
+            schedule = load_schedule(e.schedule)
+        except UserError as err:
+            raise UserError(f"{where}: emulation.schedule: {err}") from None
+    targets = [worker_target(cfg.mode, r) for r in range(cfg.workers)]
+    server_target = SERVER_TARGET if cfg.mode == "asp" else None
+    all_targets = tuple(targets + ([server_target] if server_target else []))
+    key = "emulation.hl" if e.hl is not None else "emulation.schedule"
+
+    if e.backend == "none":
+        mode = "none"
+    elif e.allocation != "auto":
+        mode = e.allocation
+    else:
+        mode = None  # decided below
+
+    levels: dict[str, dict[str, Allocation]] = {}
+    if e.levels:
+        custom = _custom_table(cfg, "emulation.levels")
+        if mode is None:
+            mode = "cpuset" if all(isinstance(x, str) for v in custom.values() for x in v) else "quota"
+        for level in dict.fromkeys(schedule.levels):
+            if level not in custom:
+                raise UserError(f"{where}: {key}: level {level!r} is not in emulation.levels "
+                                f"(defined: {', '.join(custom)})")
+            allocs = {}
+            for t, entry in zip(targets, custom[level], strict=True):
+                if mode == "none":
+                    allocs[t] = Allocation()
+                elif mode == "cpuset":
+                    if not isinstance(entry, str):
+                        raise UserError(f"{where}: emulation.levels.{level}: cpuset mode needs cpuset "
+                                        f"strings, got {entry!r}")
+                    allocs[t] = Allocation(cpuset=entry)
+                else:
+                    share = float(len(parse_cpuset(entry))) if isinstance(entry, str) else float(entry)
+                    if share > len(host):
+                        raise UserError(f"{where}: emulation.levels.{level}: {t} asks for {share} CPUs, "
+                                        f"the host has {len(host)}")
+                    allocs[t] = Allocation(cpus=share)
+            if server_target:
+                allocs[server_target] = Allocation()
+            if mode == "cpuset":
+                _check_cpusets(allocs, host, f"{where}: emulation.levels.{level}")
+            levels[level] = allocs
+    else:
+        table = (tables or load_tables())[cfg.mode]
+        if mode is None:
+            mode = "cpuset" if (len(host) >= table.server_cores and cfg.workers == table.workers) else "quota"
+        for level in dict.fromkeys(schedule.levels):
+            if level not in table.levels:
+                raise UserError(f"{where}: {key}: level {level!r} is not in the {cfg.mode.upper()} table "
+                                f"(known: {', '.join(table.levels)})")
+            try:
+                workers, server = resolve_level(table, level, cfg.workers, mode, host)
+            except UserError as err:
+                raise UserError(f"{where}: emulation.allocation: {err}") from None
+            allocs = dict(zip(targets, workers, strict=True))
+            if server_target:
+                allocs[server_target] = server or Allocation()
+            if mode == "cpuset":
+                _check_cpusets(allocs, host, f"{where}: {key} {level}")
+            levels[level] = allocs
+    return EmulationPlan(mode=mode, targets=all_targets, levels=levels, schedule=schedule)

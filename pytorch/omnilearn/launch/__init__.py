@@ -1,0 +1,1 @@
+"""Launchers: local processes (the embedded default) and Docker Swarm containers."""

@@ -1,0 +1,78 @@
+"""The job file: everything a worker needs, resolved by the launcher and written once.
+
+Workers (local processes, containers, or ranks under torchrun) read ``OUT/job.json`` and nothing
+else: the validated config, the emulation plan, where logs and metrics go.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omnilearn.config import JobConfig, from_dict
+from omnilearn.emulator.plan import EmulationPlan
+
+
+def new_job_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temporary name and rename: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@dataclass
+class JobSpec:
+    job_id: str
+    config: JobConfig
+    plan: EmulationPlan
+    out_dir: Path
+    backend: str  # the emulation backend actually used, e.g. "cgroup-v1"
+
+    @property
+    def log_dir(self) -> Path:
+        """Shared with the toggler: cpu-<rank>.log requests and the audit."""
+        return self.out_dir / "logs"
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.out_dir / "metrics"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "config": self.config.to_dict(),
+            "source": self.config.source,
+            "plan": self.plan.to_dict(),
+            "out_dir": str(self.out_dir),
+            "backend": self.backend,
+        }
+
+    def save(self) -> Path:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(exist_ok=True)
+        self.metrics_dir.mkdir(exist_ok=True)
+        path = self.out_dir / "job.json"
+        write_atomic(path, json.dumps(self.to_dict(), indent=2))
+        return path
+
+    @staticmethod
+    def load(path: Path, out_dir: Path | None = None) -> JobSpec:
+        """Read a job file; ``out_dir`` re-roots it (a container sees the run folder elsewhere)."""
+        d = json.loads(Path(path).read_text())
+        cfg = from_dict(d["config"], d.get("source", str(path)))
+        return JobSpec(
+            job_id=d["job_id"],
+            config=cfg,
+            plan=EmulationPlan.from_dict(d["plan"]),
+            out_dir=Path(out_dir) if out_dir is not None else Path(d["out_dir"]),
+            backend=d["backend"],
+        )

@@ -1,0 +1,1 @@
+"""Run summaries, tables and figures."""

@@ -1,0 +1,149 @@
+"""Summaries of finished runs, from the per-rank metrics files and the toggler's audit."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from omnilearn.launch.job import JobSpec, write_atomic
+from omnilearn.train.metrics import metrics_path, read_jsonl
+
+FINAL_WINDOW = 8  # steps per worker behind the "final" compute time (at the final batch size)
+
+
+def _by_kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("kind") == kind]
+
+
+def _final_compute_s(steps: list[dict[str, Any]], batch: int) -> float | None:
+    """Median compute time of the last steps run at the final batch size."""
+    tail: list[float] = []
+    for r in reversed(steps):
+        if r["batch"] != batch:
+            if tail:
+                break
+            continue  # a partial last step of an epoch
+        tail.append(r["compute_ms"] / 1e3)
+        if len(tail) == FINAL_WINDOW:
+            break
+    # The first step at a new size carries the change itself: drop it when there is enough else.
+    if len(tail) > 2:
+        tail = tail[:-1]
+    return statistics.median(tail) if tail else None
+
+
+def level_speeds(per_rank_steps: list[list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Measured samples/s of each worker at each level (median of b/t over that level's steps).
+
+    Nominal levels say what the allocation asked for; these say what the workers actually got.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    levels = {r.get("level") for steps in per_rank_steps for r in steps} - {None}
+    for level in sorted(levels):
+        speeds = []
+        for steps in per_rank_steps:
+            vals = [r["batch"] / (r["compute_ms"] / 1e3) for r in steps
+                    if r.get("level") == level and r["compute_ms"] > 0 and r["batch"] > 0]
+            speeds.append(statistics.median(vals) if vals else None)
+        known = [s for s in speeds if s]
+        out[level] = {
+            "samples_per_s": [round(s, 2) if s else None for s in speeds],
+            "measured_ratio": round(max(known) / min(known), 3) if known else None,
+        }
+    return out
+
+
+def summarize(out_dir: Path) -> dict[str, Any]:
+    """Build ``summary.json`` for one finished run folder and write it (atomically)."""
+    job = JobSpec.load(out_dir / "job.json", out_dir=out_dir)
+    cfg = job.config
+    ranks = [read_jsonl(metrics_path(out_dir, r)) for r in range(cfg.workers)]
+    steps = [_by_kind(recs, "step") for recs in ranks]
+    ends = [(_by_kind(recs, "end") or [None])[-1] for recs in ranks]
+    if any(e is None for e in ends):
+        missing = [r for r, e in enumerate(ends) if e is None]
+        raise RuntimeError(f"run in {out_dir} did not finish: no end record for ranks {missing}")
+    r0 = ranks[0]
+    end0 = ends[0]
+    train_time = end0["train_time_s"]
+    batches = end0["batch"]
+    compute = [_final_compute_s(s, b) for s, b in zip(steps, batches, strict=True)]
+    sync = [statistics.median([r["sync_ms"] for r in s[-FINAL_WINDOW:]]) if s else None for s in steps]
+    allocations = [s[-1].get("cpus") if s else None for s in steps]
+    evals = _by_kind(r0, "eval")
+    hl_events = _by_kind(r0, "hl_change")
+    run_start = end0["time"] - end0["wall_time_s"]
+    known = [c for c in compute if c]
+    ideal = sum(b / c for b, c in zip(batches, compute, strict=True) if c) if len(known) == len(compute) else None
+    summary: dict[str, Any] = {
+        "mode": cfg.mode,
+        "policy": cfg.control.policy,
+        "backend": job.backend,
+        "allocation_mode": job.plan.mode,
+        "workers": cfg.workers,
+        "model": cfg.model.name,
+        "dataset": cfg.data.name,
+        "global_batch": cfg.train.global_batch,
+        "epochs": cfg.train.epochs,
+        "steps": end0["steps"],
+        "samples": end0["samples"],
+        "wall_time_s": round(end0["wall_time_s"], 3),
+        "train_time_s": round(train_time, 3),
+        "samples_per_s": round(end0["samples"] / train_time, 3),
+        "final_accuracy": evals[-1]["accuracy"] if evals else None,
+        "final_loss": evals[-1]["loss"] if evals else None,
+        "accuracy_curve": [{"epoch": e["epoch"], "elapsed_s": round(e["elapsed_s"], 3),
+                            "accuracy": e["accuracy"]} for e in evals],
+        "batch_sizes": batches,
+        "allocations": allocations,
+        "threads": [s[-1].get("threads") if s else None for s in steps],
+        "compute_ms": [round(c * 1e3, 2) if c else None for c in compute],
+        "sync_ms": [round(s, 2) if s is not None else None for s in sync],
+        "imbalance": round(max(known) / min(known) - 1, 4) if known else None,
+        "ideal_samples_per_s": round(ideal, 3) if ideal else None,
+        "hl_changes": [{"time": round(e["time"] - run_start, 3), "epoch": e["epoch"], "level": e["level"]}
+                       for e in hl_events],
+        "batch_changes": sum(1 for e in _by_kind(r0, "batch_change") if e.get("reason") != "initial"),
+        "level_speeds": level_speeds(steps),
+        "schedule": job.plan.schedule.name,
+    }
+    write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+def ideal_speedup(uniform_dir: Path) -> float | None:
+    """What perfect balance would give, from the worker speeds measured in the uniform run.
+
+    For every step of the uniform run: its compute-bound time is the slowest worker's compute
+    time; perfectly balanced, the same global batch takes ``B / sum_i s_i`` with the measured
+    speeds ``s_i = b_i / t_i`` of that step. The ratio of the sums is the ideal speed-up.
+    """
+    job = JobSpec.load(uniform_dir / "job.json", out_dir=uniform_dir)
+    steps = [_by_kind(read_jsonl(metrics_path(uniform_dir, r)), "step") for r in range(job.config.workers)]
+    n = min(len(s) for s in steps)
+    slowest = balanced = 0.0
+    for k in range(n):
+        row = [s[k] for s in steps]
+        if any(r["batch"] <= 0 or r["compute_ms"] <= 0 for r in row):
+            continue
+        slowest += max(r["compute_ms"] for r in row)
+        balanced += row[0]["global_batch"] / sum(r["batch"] / r["compute_ms"] for r in row)
+    return round(slowest / balanced, 4) if balanced > 0 else None
+
+
+def compare(out_dir: Path, runs: dict[str, Path]) -> dict[str, Any]:
+    """``compare.json``: both summaries, the measured speed-up and the ideal one."""
+    summaries = {name: json.loads((d / "summary.json").read_text()) for name, d in runs.items()}
+    result: dict[str, Any] = {"runs": summaries}
+    if "uniform" in summaries and "dynamic" in summaries:
+        u, d = summaries["uniform"], summaries["dynamic"]
+        result["speedup"] = round(d["samples_per_s"] / u["samples_per_s"], 4)
+        result["ideal_speedup"] = ideal_speedup(runs["uniform"])
+        if result["ideal_speedup"]:
+            result["fraction_of_ideal"] = round(result["speedup"] / result["ideal_speedup"], 4)
+        if u.get("final_accuracy") is not None and d.get("final_accuracy") is not None:
+            result["accuracy_delta"] = round(d["final_accuracy"] - u["final_accuracy"], 4)
+    write_atomic(out_dir / "compare.json", json.dumps(result, indent=2))
+    return result

@@ -1,0 +1,60 @@
+"""Printed tables of run summaries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _fmt(v: Any, spec: str = "") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec) if spec else str(v)
+
+
+def worker_table(s: dict[str, Any]) -> Table:
+    t = Table(title=f"{s['policy']} · {s['mode'].upper()} · backend {s['backend']} · final state per worker")
+    for col in ("worker", "CPU share", "threads", "batch", "compute ms", "sync ms", "samples/s"):
+        t.add_column(col, justify="right")
+    for i in range(s["workers"]):
+        b, c = s["batch_sizes"][i], s["compute_ms"][i]
+        t.add_row(f"worker{i + 1}", _fmt(s["allocations"][i], ".3g"), _fmt(s["threads"][i]), str(b),
+                  _fmt(c, ".0f"), _fmt(s["sync_ms"][i], ".0f"), _fmt(b / c * 1e3 if c else None, ".1f"))
+    return t
+
+
+def job_table(summaries: dict[str, dict[str, Any]], compare: dict[str, Any] | None) -> Table:
+    t = Table(title="job")
+    t.add_column("policy")
+    for col in ("wall s", "train s", "samples/s", "ideal samples/s", "imbalance", "accuracy", "batch changes"):
+        t.add_column(col, justify="right")
+    for name, s in summaries.items():
+        t.add_row(name, _fmt(s["wall_time_s"], ".1f"), _fmt(s["train_time_s"], ".1f"),
+                  _fmt(s["samples_per_s"], ".1f"), _fmt(s["ideal_samples_per_s"], ".1f"),
+                  _fmt(s["imbalance"], ".3f"), _fmt(s["final_accuracy"], ".3f"), _fmt(s["batch_changes"]))
+    if compare and "speedup" in compare:
+        t.caption = (f"speed-up of dynamic over uniform: {compare['speedup']:.2f}x "
+                     f"(ideal from measured worker speeds: {_fmt(compare.get('ideal_speedup'), '.2f')}x, "
+                     f"{_fmt(compare.get('fraction_of_ideal'), '.0%')} of it)")
+    return t
+
+
+def level_table(s: dict[str, Any]) -> Table:
+    t = Table(title="measured worker speeds per level (samples/s): nominal vs effective heterogeneity")
+    t.add_column("level")
+    for i in range(s["workers"]):
+        t.add_column(f"worker{i + 1}", justify="right")
+    t.add_column("fast/slow", justify="right")
+    for level, row in s["level_speeds"].items():
+        t.add_row(level, *[_fmt(v, ".1f") for v in row["samples_per_s"]], _fmt(row["measured_ratio"], ".2f"))
+    return t
+
+
+def print_report(console: Console, summaries: dict[str, dict[str, Any]], compare: dict[str, Any] | None) -> None:
+    for s in summaries.values():
+        console.print(worker_table(s))
+    last = list(summaries.values())[-1]
+    console.print(level_table(last))
+    console.print(job_table(summaries, compare))

@@ -1,0 +1,1 @@
+"""Training: data, models, the BSP and ASP workers, metrics."""
