@@ -1,0 +1,414 @@
+"""Datasets held in memory as tensors, and the BSP global-batch sampler.
+
+Why tensors and not a ``DataLoader``: the controller resizes every worker's mini-batch every few
+steps, and the emulator measures per-step compute time. A batch must therefore be gathered with one
+index operation (no per-sample Python loop, no worker processes whose timing leaks into the
+measurement). :class:`TensorData` stores the raw pixels (``uint8`` for CIFAR: 4x less memory per
+worker than float) at their native resolution and applies the deterministic transforms (scale,
+resize, channel replication, normalisation) and the optional random augmentation to the gathered
+batch only, with torchvision's tensor functions.
+
+Why :class:`GlobalBatchSampler`: under BSP every worker must derive the same per-epoch permutation
+from ``(seed, epoch)``, take its own contiguous slice of each global step, and run the same number of
+steps whatever batch sizes the controller picks, so that every sample is used exactly once per epoch
+and nobody waits forever at a collective.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+from torchvision.transforms.v2 import functional as TF
+
+from omnilearn.errors import UserError
+
+KNOWN_DATASETS = ("digits", "cifar10", "cifar100", "synthetic")
+
+# Per-channel statistics of the CIFAR training sets (the values the literature uses).
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
+CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+
+
+class TensorData:
+    """A dataset of images and labels held as two tensors; batches are gathered in one op.
+
+    ``x`` is ``(N, C, H, W)``: ``uint8`` pixels (scaled to [0, 1] in :meth:`batch`) or floats (used as
+    they are). The optional transforms run on the gathered batch, in this order: resize to
+    ``image_size`` (bilinear, antialiased), replicate a single channel to ``channels``, normalise with
+    ``mean``/``std`` (one value per output channel, or one value for all), then augmentation when
+    asked for. Stored raw so that neither a large ``image_size`` nor several workers on one host
+    multiply the memory held.
+    """
+
+    def __init__(
+        self,
+        x: Tensor,
+        y: Tensor,
+        *,
+        image_size: int | None = None,
+        channels: int | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+    ) -> None:
+        assert x.dim() == 4, f"x must be (N, C, H, W), got {tuple(x.shape)}"
+        assert y.dim() == 1 and len(y) == len(x), "y must be (N,) and match x"
+        assert (mean is None) == (std is None), "mean and std go together"
+        assert channels is None or x.shape[1] in (1, channels), "only a single channel can be replicated"
+        self.x = x
+        self.y = y.long()
+        self.image_size = image_size
+        self.channels = channels
+        self.mean = None if mean is None else [float(v) for v in mean]
+        self.std = None if std is None else [float(v) for v in std]
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        """One sample, transformed like a batch: keeps the object usable as a ``Dataset``."""
+        xb, yb = self.batch(torch.tensor([index]))
+        return xb[0], yb[0]
+
+    @property
+    def targets(self) -> Tensor:
+        """All labels, ``(N,)`` int64 (class counts, stratification)."""
+        return self.y
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        """``(C, H, W)`` of one sample as :meth:`batch` returns it (what a model is built for)."""
+        c = self.channels or self.x.shape[1]
+        h = self.image_size or self.x.shape[2]
+        w = self.image_size or self.x.shape[3]
+        return c, h, w
+
+    def batch(
+        self, indices: Tensor, augment: bool = False, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Gather samples ``indices`` (one ``index_select``) and transform them as a float batch."""
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        xb = self.x.index_select(0, indices)
+        yb = self.y.index_select(0, indices)
+        xb = TF.to_dtype(xb, torch.float32, scale=True) if xb.dtype == torch.uint8 else xb.float()
+        if self.image_size is not None and xb.shape[-2:] != (self.image_size, self.image_size):
+            xb = TF.resize(xb, [self.image_size, self.image_size], antialias=True)
+        if self.channels is not None and xb.shape[1] != self.channels:
+            xb = xb.expand(-1, self.channels, -1, -1)
+        if self.mean is not None and self.std is not None:
+            c = xb.shape[1]
+            mean = self.mean * c if len(self.mean) == 1 else self.mean
+            std = self.std * c if len(self.std) == 1 else self.std
+            xb = TF.normalize(xb, mean, std)
+        if augment:
+            xb = augment_batch(xb, generator)
+        return xb.contiguous(), yb
+
+
+def augment_batch(x: Tensor, generator: torch.Generator | None = None, padding: int = 4) -> Tensor:
+    """Random crop after zero padding plus random horizontal flip, a different draw per sample.
+
+    torchvision's ``RandomCrop``/``RandomHorizontalFlip`` draw one decision per call, i.e. the same
+    crop for a whole batch; this draws per sample and applies crop and flip as a single gather.
+    Zero padding after normalisation pads with the dataset mean. Seeded by ``generator``.
+    """
+    n, _, h, w = x.shape
+    if n == 0:
+        return x
+    padded = torch.nn.functional.pad(x, (padding, padding, padding, padding))
+    dy = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    flip = torch.rand(n, generator=generator) < 0.5
+    rows = dy[:, None] + torch.arange(h)[None, :]  # (n, h)
+    cols_fwd = torch.arange(w)[None, :].expand(n, w)
+    cols = dx[:, None] + torch.where(flip[:, None], (w - 1) - cols_fwd, cols_fwd)  # (n, w)
+    sample = torch.arange(n)[:, None, None]
+    # Advanced indices around a slice: the result is (n, h, w, C).
+    out = padded[sample, :, rows[:, :, None], cols[:, None, :]]
+    return out.permute(0, 3, 1, 2)
+
+
+class LoadedData(NamedTuple):
+    """What :func:`load_dataset` returns; unpacks as ``train, test, num_classes``."""
+
+    train: TensorData
+    test: TensorData
+    num_classes: int
+
+
+def load_dataset(
+    name: str,
+    root: str | Path,
+    image_size: int,
+    download: bool = False,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    synthetic_size: int = 2048,
+    synthetic_classes: int = 10,
+) -> LoadedData:
+    """Load dataset ``name`` as train/test :class:`TensorData` of ``3 x image_size x image_size``.
+
+    ``test_fraction`` and ``seed`` choose the held-out split of ``digits`` and ``synthetic`` (CIFAR
+    has its official test set). ``download`` only matters for CIFAR. Raises :class:`UserError` for an
+    unknown name, bad sizes, or a CIFAR copy that is missing and cannot be downloaded.
+    """
+    if not isinstance(image_size, int) or image_size < 1:
+        raise UserError(f"dataset {name!r}: image_size must be a positive integer, got {image_size!r}")
+    if not 0.0 < test_fraction < 1.0:
+        raise UserError(f"dataset {name!r}: test_fraction must be in (0, 1), got {test_fraction!r}")
+    if name == "digits":
+        return _load_digits(image_size, test_fraction, seed)
+    if name in ("cifar10", "cifar100"):
+        return _load_cifar(name, Path(root), image_size, download)
+    if name == "synthetic":
+        return _make_synthetic(image_size, test_fraction, seed, synthetic_size, synthetic_classes)
+    raise UserError(f"unknown dataset {name!r}; known datasets: {', '.join(KNOWN_DATASETS)}")
+
+
+def split_indices(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified, seeded train/test split of ``range(len(labels))``: same seed, same split."""
+    from sklearn.model_selection import train_test_split
+
+    try:
+        train_idx, test_idx = train_test_split(
+            np.arange(len(labels)), test_size=test_fraction, random_state=seed, stratify=labels
+        )
+    except ValueError as err:  # e.g. fewer test samples than classes
+        raise UserError(f"cannot split {len(labels)} samples with test_fraction={test_fraction}: {err}") from err
+    return np.sort(train_idx), np.sort(test_idx)
+
+
+def _load_digits(image_size: int, test_fraction: float, seed: int) -> LoadedData:
+    """scikit-learn's bundled 8x8 digits (no download), upsampled and standardised on the train split."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = torch.from_numpy(bunch.images.astype(np.float32)).unsqueeze(1)  # (N, 1, 8, 8), 0..16
+    labels = torch.from_numpy(bunch.target.astype(np.int64))
+    train_idx, test_idx = split_indices(bunch.target, test_fraction, seed)
+    x_train, x_test = images[train_idx], images[test_idx]
+    # Statistics of the upsampled training images (upsampling smooths, so it changes the std).
+    mean, std = _grey_stats(x_train, image_size)
+    common = {"image_size": image_size, "channels": 3, "mean": [mean], "std": [std]}
+    train = TensorData(x_train, labels[train_idx], **common)
+    test = TensorData(x_test, labels[test_idx], **common)
+    return LoadedData(train, test, 10)
+
+
+def _grey_stats(x: Tensor, image_size: int, chunk: int = 256) -> tuple[float, float]:
+    """Mean and std of ``x`` after resizing to ``image_size``, in chunks to bound memory."""
+    total, total_sq, count = 0.0, 0.0, 0
+    for start in range(0, len(x), chunk):
+        part = x[start : start + chunk]
+        if part.shape[-1] != image_size:
+            part = TF.resize(part, [image_size, image_size], antialias=True)
+        part = part.double()
+        total += part.sum().item()
+        total_sq += (part * part).sum().item()
+        count += part.numel()
+    mean = total / count
+    std = math.sqrt(max(total_sq / count - mean * mean, 1e-12))
+    return mean, std
+
+
+def _load_cifar(name: str, root: Path, image_size: int, download: bool) -> LoadedData:
+    """CIFAR-10/100 through torchvision's own classes (their checks, their on-disk format)."""
+    from torchvision.datasets import CIFAR10, CIFAR100
+
+    if name == "cifar10":
+        cls, mean, std = CIFAR10, CIFAR10_MEAN, CIFAR10_STD
+    else:
+        cls, mean, std = CIFAR100, CIFAR100_MEAN, CIFAR100_STD
+    folder = root / cls.base_folder
+    extract = f"extract {cls.filename} ({cls.url}) into {root}"
+    splits = []
+    for train in (True, False):
+        try:
+            dataset = cls(str(root), train=train, download=download)
+        except RuntimeError as err:  # "Dataset not found or corrupted" / metadata missing or corrupted
+            how = "check the files or" if download else "set download to true (needs network access) or"
+            raise UserError(f"{name}: dataset not found or corrupted in {folder}; fix: {how} {extract}") from err
+        except OSError as err:  # download failed: URLError (an OSError), DNS, timeout, permissions
+            reason = str(err).replace("\n", " ")
+            raise UserError(
+                f"{name}: could not download the dataset to {root} ({reason}); "
+                f"fix: check network access or {extract}"
+            ) from err
+        x = torch.from_numpy(np.ascontiguousarray(dataset.data)).permute(0, 3, 1, 2).contiguous()
+        y = torch.tensor(dataset.targets, dtype=torch.long)
+        size = None if image_size == x.shape[-1] else image_size
+        splits.append((TensorData(x, y, image_size=size, mean=mean, std=std), len(dataset.classes)))
+    (train_data, num_classes), (test_data, _) = splits
+    return LoadedData(train_data, test_data, num_classes)
+
+
+def _make_synthetic(
+    image_size: int, test_fraction: float, seed: int, size: int, num_classes: int
+) -> LoadedData:
+    """A seeded classification problem a CNN learns in a few epochs: a smooth pattern per class + noise.
+
+    Each class has a random 3x4x4 pattern upsampled to 16x16 (smooth, so convolutions see it); every
+    sample is its class pattern plus i.i.d. Gaussian noise of 4x the pattern's amplitude, so a single
+    pixel says little and the model has to pool evidence over the image (smallcnn: about 95% after
+    2 epochs of batch 64, not after a few steps). Generated at 16x16 (less if ``image_size`` is
+    smaller) and resized per batch, so the task is equally hard at every larger ``image_size`` and
+    memory stays small.
+    """
+    if size < 2 * num_classes or num_classes < 2:
+        raise UserError(
+            f"synthetic dataset: need at least 2 classes and 2 samples per class, "
+            f"got {num_classes} classes and {size} samples"
+        )
+    native = min(image_size, 16)
+    gen = torch.Generator().manual_seed(seed)
+    patterns = torch.randn(num_classes, 3, 4, 4, generator=gen)
+    patterns = TF.resize(patterns, [native, native], antialias=True)
+    patterns = (patterns - patterns.mean()) / patterns.std()
+    labels = torch.randperm(size, generator=gen) % num_classes
+    noise = 4.0
+    x = patterns[labels] + noise * torch.randn(size, 3, native, native, generator=gen)
+    x = x / math.sqrt(1.0 + noise * noise)  # about unit variance
+    train_idx, test_idx = split_indices(labels.numpy(), test_fraction, seed)
+    resize = None if native == image_size else image_size
+    train = TensorData(x[train_idx], labels[train_idx], image_size=resize)
+    test = TensorData(x[test_idx], labels[test_idx], image_size=resize)
+    return LoadedData(train, test, num_classes)
+
+
+def proportional_split(total: int, weights: Sequence[int | float]) -> list[int]:
+    """Split ``total`` into integers proportional to ``weights`` (largest remainder, ties to lower rank).
+
+    The parts always sum to ``total`` exactly; with integer weights the arithmetic is exact.
+    """
+    assert total >= 0, total
+    assert len(weights) > 0 and all(w >= 0 for w in weights), weights
+    weight_sum = sum(weights)
+    assert weight_sum > 0, "at least one positive weight"
+    if all(isinstance(w, int) for w in weights):
+        floors = [total * int(w) // int(weight_sum) for w in weights]
+        remainders: list[float] = [total * int(w) % int(weight_sum) for w in weights]
+    else:
+        quotas = [total * float(w) / float(weight_sum) for w in weights]
+        floors = [math.floor(q) for q in quotas]
+        remainders = [q - f for q, f in zip(quotas, floors, strict=True)]
+    left = total - sum(floors)
+    order = sorted(range(len(weights)), key=lambda i: (-remainders[i], i))
+    for i in order[:left]:
+        floors[i] += 1
+    assert sum(floors) == total
+    return floors
+
+
+def eval_indices(n: int, shares: Sequence[int | float], rank: int) -> range:
+    """Rank ``rank``'s contiguous part of ``n`` evaluation samples, split in proportion to ``shares``.
+
+    Every sample belongs to exactly one rank, so a sum all-reduce of per-rank correct counts gives the
+    exact accuracy; proportional shares let slow workers evaluate less.
+    """
+    assert 0 <= rank < len(shares), (rank, len(shares))
+    parts = proportional_split(n, shares)
+    start = sum(parts[:rank])
+    return range(start, start + parts[rank])
+
+
+class GlobalBatchSampler:
+    """BSP data semantics: step ``s`` uses positions ``[s*B, s*B + B)`` of the epoch's permutation.
+
+    The permutation comes from ``(seed, epoch)`` alone, so every rank computes the same one without
+    communicating. Worker ``r`` takes the contiguous slice of length ``batch_sizes[r]`` after the
+    slices of ranks ``0..r-1``. Because the batch sizes of a step always sum to ``B``, they may change
+    at every step and still every sample is used exactly once per epoch and every rank runs
+    :attr:`steps_per_epoch` steps. A partial last step of ``R < B`` samples (``drop_last=False``) is
+    split in proportion to the batch sizes; a worker left with fewer than ``min_local`` (but more than
+    zero) samples hands them to the worker with the largest share, because BatchNorm cannot train on
+    one sample. Workers may get zero samples in that step: they still join the collectives.
+    """
+
+    def __init__(
+        self, dataset_size: int, global_batch: int, seed: int, drop_last: bool = False, min_local: int = 2
+    ) -> None:
+        if dataset_size < 1:
+            raise UserError(f"the training set is empty (size {dataset_size})")
+        if global_batch < 1:
+            raise UserError(f"global batch size must be positive, got {global_batch}")
+        if drop_last and global_batch > dataset_size:
+            raise UserError(
+                f"global batch size {global_batch} exceeds the training set size {dataset_size} "
+                "with drop_last: an epoch would have no step"
+            )
+        assert min_local >= 1, min_local
+        self.dataset_size = dataset_size
+        self.global_batch = global_batch
+        self.seed = seed
+        self.drop_last = drop_last
+        self.min_local = min_local
+        self.epoch = 0
+        self._perm: Tensor | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose permutation the following calls use."""
+        assert epoch >= 0, epoch
+        if epoch != self.epoch:
+            self._perm = None
+        self.epoch = epoch
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """``ceil(N / B)``, or ``floor(N / B)`` with ``drop_last``: the same on every rank."""
+        if self.drop_last:
+            return self.dataset_size // self.global_batch
+        return -(-self.dataset_size // self.global_batch)
+
+    @property
+    def permutation(self) -> Tensor:
+        """The current epoch's permutation of ``range(N)`` (computed once per epoch)."""
+        if self._perm is None:
+            # SeedSequence mixes (seed, epoch) into a well-spread 63-bit seed: nearby seeds and
+            # epochs give unrelated permutations, and every rank derives the same one.
+            state = np.random.SeedSequence([self.seed, self.epoch]).generate_state(2, dtype=np.uint32)
+            mixed = (int(state[0]) << 31) ^ int(state[1])
+            generator = torch.Generator().manual_seed(mixed & ((1 << 63) - 1))
+            self._perm = torch.randperm(self.dataset_size, generator=generator)
+        return self._perm
+
+    def step_size(self, step: int) -> int:
+        """Number of samples step ``step`` consumes in total (``B`` except in a partial last step)."""
+        assert 0 <= step < self.steps_per_epoch, (step, self.steps_per_epoch)
+        return min(self.global_batch, self.dataset_size - step * self.global_batch)
+
+    def step_sizes(self, step: int, batch_sizes: Sequence[int]) -> list[int]:
+        """Per-rank sample counts actually used at ``step``; they sum to :meth:`step_size`."""
+        assert len(batch_sizes) > 0 and all(int(b) == b and b >= 0 for b in batch_sizes), batch_sizes
+        assert sum(batch_sizes) == self.global_batch, (
+            f"batch sizes {list(batch_sizes)} sum to {sum(batch_sizes)}, not the global batch {self.global_batch}"
+        )
+        remaining = self.step_size(step)
+        if remaining == self.global_batch:
+            return [int(b) for b in batch_sizes]
+        sizes = proportional_split(remaining, [int(b) for b in batch_sizes])
+        receiver = max(range(len(sizes)), key=lambda i: (sizes[i], batch_sizes[i], -i))
+        for i, size in enumerate(sizes):
+            if i != receiver and 0 < size < self.min_local:
+                sizes[receiver] += size
+                sizes[i] = 0
+        assert sum(sizes) == remaining
+        return sizes
+
+    def step_indices(self, step: int) -> Tensor:
+        """All sample indices of step ``step`` (every rank's slices, in rank order)."""
+        start = step * self.global_batch
+        return self.permutation[start : start + self.step_size(step)]
+
+    def local_indices(self, step: int, batch_sizes: Sequence[int], rank: int) -> Tensor:
+        """Sample indices rank ``rank`` uses at ``step`` of the current epoch (may be empty)."""
+        assert 0 <= rank < len(batch_sizes), (rank, len(batch_sizes))
+        sizes = self.step_sizes(step, batch_sizes)
+        start = step * self.global_batch + sum(sizes[:rank])
+        return self.permutation[start : start + sizes[rank]]

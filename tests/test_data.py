@@ -1,0 +1,282 @@
+"""Datasets (digits, CIFAR through torchvision from fixture files, synthetic) and the BSP sampler."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from pathlib import Path
+from urllib.error import URLError
+
+import numpy as np
+import pytest
+import torch
+
+from fixtures import skip_cifar_checksums, write_cifar_fixture
+from omnilearn.errors import UserError
+from omnilearn.train.data import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    GlobalBatchSampler,
+    TensorData,
+    augment_batch,
+    eval_indices,
+    load_dataset,
+    proportional_split,
+    split_indices,
+)
+
+# ---------------------------------------------------------------- sampler
+
+
+def random_composition(rng: random.Random, total: int, parts: int, allow_zero: bool = False) -> list[int]:
+    """A random list of ``parts`` non-negative (positive unless allow_zero) ints summing to ``total``."""
+    low = 0 if allow_zero else 1
+    cuts = sorted(rng.randint(0, total - parts * low) for _ in range(parts - 1))
+    bounds = [0, *cuts, total - parts * low]
+    return [bounds[i + 1] - bounds[i] + low for i in range(parts)]
+
+
+def run_epoch(samplers: list[GlobalBatchSampler], compositions: list[list[int]]) -> list[list[torch.Tensor]]:
+    """Every rank (one sampler object each, as in separate processes) walks the epoch."""
+    steps = {s.steps_per_epoch for s in samplers}
+    assert len(steps) == 1, "every rank must run the same number of steps"
+    per_step = []
+    for step in range(steps.pop()):
+        sizes = compositions[step]
+        per_step.append([s.local_indices(step, sizes, rank) for rank, s in enumerate(samplers)])
+    return per_step
+
+
+@pytest.mark.parametrize("dataset_size", [103, 96, 5])
+def test_every_sample_once_with_batch_sizes_changing_every_step(dataset_size: int) -> None:
+    world, global_batch = 4, 16
+    rng = random.Random(dataset_size)
+    samplers = [GlobalBatchSampler(dataset_size, global_batch, seed=7) for _ in range(world)]
+    for epoch in range(3):
+        for s in samplers:
+            s.set_epoch(epoch)
+        steps = samplers[0].steps_per_epoch
+        assert steps == -(-dataset_size // global_batch)
+        comps = [random_composition(rng, global_batch, world, allow_zero=step % 3 == 0) for step in range(steps)]
+        comps[-1] = [1, 5, 5, 5] if epoch == 0 else comps[-1]  # a worker with batch 1 in the last step
+        used = []
+        for step, parts in enumerate(run_epoch(samplers, comps)):
+            sizes = samplers[0].step_sizes(step, comps[step])
+            assert [len(p) for p in parts] == sizes
+            assert sum(sizes) == samplers[0].step_size(step) == min(global_batch, dataset_size - step * global_batch)
+            used.extend(torch.cat(parts).tolist())
+        assert sorted(used) == list(range(dataset_size)), "each sample exactly once per epoch"
+
+
+def test_partial_last_step_proportional_and_no_single_sample_worker() -> None:
+    sampler = GlobalBatchSampler(dataset_size=103, global_batch=16, seed=0)
+    last = sampler.steps_per_epoch - 1
+    assert sampler.step_size(last) == 7
+    # 7 * [1, 5, 5, 5] / 16 -> largest remainder [1, 2, 2, 2]; rank 0's single sample moves to rank 1.
+    assert sampler.step_sizes(last, [1, 5, 5, 5]) == [0, 3, 2, 2]
+    assert sampler.step_sizes(last, [8, 8]) == [4, 3]
+    assert sampler.step_sizes(last, [12, 2, 2]) == [7, 0, 0]  # 5.25, 0.875, 0.875 -> [5, 1, 1] -> [7, 0, 0]
+    # Full steps use the batch sizes as given, even a batch of 1.
+    assert sampler.step_sizes(0, [1, 5, 5, 5]) == [1, 5, 5, 5]
+    rng = random.Random(1)
+    for _ in range(200):
+        sizes = sampler.step_sizes(last, random_composition(rng, 16, rng.randint(1, 6), allow_zero=True))
+        assert sum(sizes) == 7
+        assert 1 not in sizes
+
+
+def test_permutation_same_on_every_rank_and_changes_with_epoch_and_seed() -> None:
+    a, b = GlobalBatchSampler(50, 8, seed=3), GlobalBatchSampler(50, 8, seed=3)
+    a.set_epoch(2)
+    b.set_epoch(2)
+    assert torch.equal(a.permutation, b.permutation)
+    assert sorted(a.permutation.tolist()) == list(range(50))
+    sizes = [3, 5]
+    assert torch.equal(torch.cat([a.local_indices(1, sizes, 0), b.local_indices(1, sizes, 1)]), a.step_indices(1))
+    first = a.permutation.clone()
+    a.set_epoch(3)
+    assert not torch.equal(first, a.permutation)
+    a.set_epoch(2)
+    assert torch.equal(first, a.permutation), "an epoch's permutation is reproducible"
+    c = GlobalBatchSampler(50, 8, seed=4)
+    c.set_epoch(2)
+    assert not torch.equal(first, c.permutation)
+
+
+def test_drop_last() -> None:
+    world, global_batch = 3, 10
+    samplers = [GlobalBatchSampler(47, global_batch, seed=1, drop_last=True) for _ in range(world)]
+    assert samplers[0].steps_per_epoch == 4
+    rng = random.Random(0)
+    comps = [random_composition(rng, global_batch, world) for _ in range(4)]
+    used = torch.cat([torch.cat(parts) for parts in run_epoch(samplers, comps)]).tolist()
+    assert len(used) == 40 and len(set(used)) == 40
+    with pytest.raises(UserError, match="exceeds the training set"):
+        GlobalBatchSampler(5, 10, seed=0, drop_last=True)
+
+
+def test_sampler_rejects_bad_input() -> None:
+    with pytest.raises(UserError, match="global batch"):
+        GlobalBatchSampler(10, 0, seed=0)
+    sampler = GlobalBatchSampler(10, 4, seed=0)
+    with pytest.raises(AssertionError, match="sum to 5"):
+        sampler.local_indices(0, [2, 3], 0)
+
+
+def test_proportional_split_and_eval_indices_cover_exactly_once() -> None:
+    rng = random.Random(5)
+    for _ in range(300):
+        n = rng.randint(0, 500)
+        shares = [rng.choice([0, rng.randint(1, 64), rng.random() * 10]) for _ in range(rng.randint(1, 6))]
+        if sum(shares) == 0:
+            shares[0] = 1
+        parts = proportional_split(n, shares)
+        assert sum(parts) == n
+        assert all(abs(p - n * s / sum(shares)) < 1 for p, s in zip(parts, shares, strict=True))
+        covered = [i for rank in range(len(shares)) for i in eval_indices(n, shares, rank)]
+        assert covered == list(range(n))
+    assert eval_indices(10, [1, 1, 2], 2) == range(5, 10)
+
+
+# ---------------------------------------------------------------- TensorData and augmentation
+
+
+def test_tensor_data_gathers_rows_in_one_batch() -> None:
+    x = torch.arange(5 * 3 * 4 * 4, dtype=torch.float32).reshape(5, 3, 4, 4)
+    y = torch.tensor([0, 1, 2, 3, 4])
+    data = TensorData(x, y)
+    xb, yb = data.batch(torch.tensor([4, 0, 2]))
+    assert torch.equal(xb, x[[4, 0, 2]]) and yb.tolist() == [4, 0, 2]
+    assert len(data) == 5 and data.sample_shape == (3, 4, 4)
+    x0, y0 = data[1]
+    assert torch.equal(x0, x[1]) and int(y0) == 1
+    empty_x, empty_y = data.batch(torch.tensor([], dtype=torch.long), augment=True)
+    assert empty_x.shape == (0, 3, 4, 4) and empty_y.shape == (0,)
+
+
+def test_augment_is_seeded_per_sample_crop_and_flip() -> None:
+    x = torch.randn(64, 3, 8, 8)
+    a = augment_batch(x, torch.Generator().manual_seed(0))
+    assert torch.equal(a, augment_batch(x, torch.Generator().manual_seed(0)))
+    assert not torch.equal(a, augment_batch(x, torch.Generator().manual_seed(1)))
+    padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
+    flipped = 0
+    for i in range(len(x)):
+        crops = [padded[i, :, dy : dy + 8, dx : dx + 8] for dy in range(9) for dx in range(9)]
+        plain = any(torch.equal(a[i], c) for c in crops)
+        mirrored = any(torch.equal(a[i], c.flip(-1)) for c in crops)
+        assert plain or mirrored, f"sample {i} is not a crop of its padded image"
+        flipped += mirrored and not plain
+    assert 10 < flipped < 54, "about half the samples are flipped"
+
+
+# ---------------------------------------------------------------- datasets
+
+
+def test_digits_shapes_split_and_normalisation() -> None:
+    from sklearn.datasets import load_digits
+
+    train, test, num_classes = load_dataset("digits", "unused", image_size=16, test_fraction=0.2, seed=3)
+    assert num_classes == 10
+    assert len(train) + len(test) == 1797 and len(test) == 360
+    xb, yb = train.batch(torch.arange(len(train)))
+    assert xb.shape == (len(train), 3, 16, 16) and xb.dtype == torch.float32
+    assert torch.equal(xb[:, 0], xb[:, 2]), "grey replicated to three channels"
+    assert abs(xb.mean().item()) < 1e-3 and abs(xb.std().item() - 1) < 1e-3
+    assert set(yb.tolist()) == set(range(10)) and set(test.targets.tolist()) == set(range(10))
+    again = load_dataset("digits", "unused", image_size=16, test_fraction=0.2, seed=3).train
+    assert torch.equal(again.batch(torch.arange(len(again)))[0], xb), "deterministic for a seed"
+    other = load_dataset("digits", "unused", image_size=16, test_fraction=0.2, seed=4).test
+    assert not torch.equal(other.targets, test.targets)
+
+    # At 8x8 (no resize) train + test is exactly the original set: no sample in both, none lost.
+    train8, test8, _ = load_dataset("digits", "unused", image_size=8, seed=0)
+    both = torch.cat([train8.batch(torch.arange(len(train8)))[0], test8.batch(torch.arange(len(test8)))[0]])
+    rows = both[:, 0].reshape(len(both), -1).numpy()
+    original = load_digits().data
+    scale = lambda a: np.round((a - a.min()) / (a.max() - a.min()), 4)  # noqa: E731 - same affine map
+    assert sorted(map(tuple, scale(rows))) == sorted(map(tuple, scale(original)))
+
+
+def test_split_indices_is_stratified_disjoint_and_complete() -> None:
+    labels = np.repeat(np.arange(4), 25)
+    train, test = split_indices(labels, 0.2, seed=0)
+    assert set(train).isdisjoint(test) and sorted([*train, *test]) == list(range(100))
+    assert np.bincount(labels[test]).tolist() == [5, 5, 5, 5]
+
+
+@pytest.mark.parametrize("num_classes", [10, 100])
+def test_cifar_loads_fixture_through_torchvision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, num_classes: int
+) -> None:
+    skip_cifar_checksums(monkeypatch)
+    folder = write_cifar_fixture(tmp_path, num_classes=num_classes, train=50, test=20, seed=1)
+    name = f"cifar{num_classes}"
+    train, test, classes = load_dataset(name, tmp_path, image_size=32)
+    assert classes == num_classes and (len(train), len(test)) == (50, 20)
+    xb, yb = test.batch(torch.arange(20))
+    assert xb.shape == (20, 3, 32, 32) and xb.dtype == torch.float32
+    with open(folder / ("test_batch" if num_classes == 10 else "test"), "rb") as f:
+        raw = pickle.load(f, encoding="bytes")  # the CIFAR page's recipe: bytes keys
+    assert yb.tolist() == raw[b"labels" if num_classes == 10 else b"fine_labels"]
+    if num_classes == 10:
+        mean, std = torch.tensor(CIFAR10_MEAN)[:, None, None], torch.tensor(CIFAR10_STD)[:, None, None]
+        pixels = torch.from_numpy(raw[b"data"]).reshape(20, 3, 32, 32).float() / 255
+        assert torch.allclose(xb * std + mean, pixels, atol=1e-5)
+    resized = load_dataset(name, tmp_path, image_size=24).train
+    assert resized.batch(torch.arange(4))[0].shape == (4, 3, 24, 24) and resized.sample_shape == (3, 24, 24)
+
+
+def test_cifar_missing_or_undownloadable_is_a_user_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "no-cifar-here"
+    with pytest.raises(UserError, match="cifar10") as info:
+        load_dataset("cifar10", root, image_size=32, download=False)
+    assert str(root) in str(info.value) and "download" in str(info.value) and "\n" not in str(info.value)
+
+    import torchvision.datasets.cifar as cifar
+
+    def offline(*args: object, **kwargs: object) -> None:
+        raise URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(cifar, "download_and_extract_archive", offline)
+    with pytest.raises(UserError, match="could not download") as info:
+        load_dataset("cifar100", root, image_size=32, download=True)
+    assert str(root) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unknown_dataset_and_bad_arguments() -> None:
+    with pytest.raises(UserError, match="digits, cifar10, cifar100, synthetic"):
+        load_dataset("imagenet", "x", image_size=32)
+    with pytest.raises(UserError, match="test_fraction"):
+        load_dataset("digits", "x", image_size=32, test_fraction=1.5)
+    with pytest.raises(UserError, match="image_size"):
+        load_dataset("synthetic", "x", image_size=0)
+
+
+def test_synthetic_is_deterministic_and_learnable() -> None:
+    from omnilearn.train.models import build_model
+
+    train, test, num_classes = load_dataset("synthetic", "x", image_size=16, seed=0, synthetic_size=1024)
+    assert (len(train), len(test), num_classes) == (819, 205, 10)
+    assert torch.equal(train.x, load_dataset("synthetic", "x", image_size=16, seed=0, synthetic_size=1024).train.x)
+    assert not torch.equal(train.x, load_dataset("synthetic", "x", image_size=16, seed=1, synthetic_size=1024).train.x)
+    assert load_dataset("synthetic", "x", image_size=40).train.sample_shape == (3, 40, 40)
+
+    model = build_model("smallcnn", num_classes, 16, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sampler = GlobalBatchSampler(len(train), 64, seed=0)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        x_test, y_test = test.batch(torch.arange(len(test)))
+        before = (model(x_test).argmax(1) == y_test).float().mean().item()
+    for epoch in range(4):  # 52 steps of 64
+        sampler.set_epoch(epoch)
+        for step in range(sampler.steps_per_epoch):
+            xb, yb = train.batch(sampler.local_indices(step, [64], 0), augment=False, generator=generator)
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        after = (model(x_test).argmax(1) == y_test).float().mean().item()
+    assert before < 0.3 and after > 0.8, (before, after)
