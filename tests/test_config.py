@@ -163,3 +163,14 @@ def test_shipped_configs_are_valid() -> None:
         if path.name in ("levels.yaml", "schedules.yaml"):
             continue
         build_plan(config.build(path, []), host=[0, 1])
+
+
+def test_cli_missing_data_exits_2_before_starting(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = run_cli("run", "--dataset", "cifar10", "--set", f"data.root={tmp_path / 'nodata'}", "--out", str(out),
+                cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "cifar10" in r.stderr and "nodata" in r.stderr
+    assert not out.exists()
+    r = run_cli("run", "--model", "resnet9000", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 2 and "resnet9000" in r.stderr and not out.exists()

@@ -62,3 +62,60 @@ def test_local_job_moves_batch_toward_allocation(tmp_path: Path) -> None:
     assert (out / "run.png").stat().st_size > 10_000
     if os.geteuid() == 0:
         assert s["backend"].startswith("cgroup")
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_workers_and_removes_cgroups(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "omnilearn", "run", "--model", "smallcnn", "--dataset",
+                             "synthetic", "--workers", "2", "--epochs", "50", "--hl", "HL8", "--out", str(out),
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = out / "metrics" / "rank-0.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and '"kind":"step"' in metrics.read_text()):
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.2)
+    job = json.loads((out / "job.json").read_text())
+    worker_pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                   and str(out / "job.json") in Path(p, "cmdline").read_bytes().decode(errors="replace")]
+    assert len(worker_pids) == 2
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert "interrupted" in output
+    for pid in worker_pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    for ctrl in ("cpu", "cpuset"):
+        assert not Path(f"/sys/fs/cgroup/{ctrl}/omnilearn/{job['job_id']}").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_worker_stops_the_job_with_its_rank(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "omnilearn", "run", "--model", "smallcnn", "--dataset",
+                             "synthetic", "--workers", "3", "--epochs", "50", "--out", str(out), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = out / "metrics" / "rank-1.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and '"kind":"step"' in metrics.read_text()):
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.2)
+    job = json.loads((out / "job.json").read_text())
+    victim = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+              and str(out / "job.json") in Path(p, "cmdline").read_bytes().decode(errors="replace")
+              and "RANK=1" in Path(p, "environ").read_bytes().decode(errors="replace").split("\0")]
+    assert len(victim) == 1
+    t0 = time.time()
+    os.kill(victim[0], signal.SIGKILL)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, output
+    assert "worker rank 1 exited with status -9" in output
+    assert time.time() - t0 < 15
+    for ctrl in ("cpu", "cpuset"):
+        assert not Path(f"/sys/fs/cgroup/{ctrl}/omnilearn/{job['job_id']}").exists()

@@ -55,21 +55,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     from omnilearn.report.plot import plot_compare, plot_run
     from omnilearn.report.summary import compare, summarize
     from omnilearn.report.table import print_report
+    from omnilearn.train.preflight import preflight
 
     cfg = config.build(args.config, _overrides(args))
     plan = build_plan(cfg)  # every table, schedule and cpuset check happens here, before anything starts
     if cfg.emulation.backend == "docker":
         raise UserError("--backend docker: the container launcher is not available in this version")
     check_local_prerequisites()
+    facts = preflight(cfg)  # data present (or downloaded once), model builds, batch fits the data
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     _prepare_out(out, args.force)
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 130)  # logs and CI get the whole table
     policies = ["uniform", "dynamic"] if args.compare else [cfg.control.policy]
     runs: dict[str, Path] = {}
     summaries: dict[str, dict[str, Any]] = {}
-    console.print(f"[bold]omnilearn[/] {cfg.mode.upper()} · {cfg.workers} workers · {cfg.model.name} on "
-                  f"{cfg.data.name} · B={cfg.train.global_batch} · schedule {plan.schedule.name} "
-                  f"({' → '.join(plan.schedule.levels)}) · allocation {plan.mode} · results in {out}")
+    console.print(f"[bold]omnilearn[/] {cfg.mode.upper()} · {cfg.workers} workers · {cfg.model.name} "
+                  f"({facts['parameters'] / 1e6:.1f}M parameters) on {cfg.data.name} ({facts['train_samples']} "
+                  f"training samples, {facts['steps_per_epoch']} steps/epoch) · B={cfg.train.global_batch} · "
+                  f"schedule {plan.schedule.name} ({' → '.join(plan.schedule.levels)}) · allocation {plan.mode} · "
+                  f"results in {out}")
     for policy in policies:
         run_cfg = dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, policy=policy))
         run_dir = out / policy if args.compare else out

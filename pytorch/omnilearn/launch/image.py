@@ -1,0 +1,547 @@
+"""Docker images for the container launcher: a base image made locally when no registry answers, and the
+worker image (``Dockerfile`` at the project root) built on top of it.
+
+Why this module exists: workers of a Docker-backed job run in containers, so the image must hold exactly
+the pinned environment of ``requirements.lock`` and the project's current code. Many clusters (and this
+project's CI machines) reach PyPI and a Debian mirror but no image registry, so ``python:3.11-slim``
+cannot be pulled; :func:`build_base_image` then makes an equivalent Debian base with debootstrap and
+imports it. :func:`ensure_images` is what a launcher calls: it builds only what is missing or stale, judged
+by labels that hold hashes of the lock file and of the project's sources.
+
+Everything talks to the daemon through the Docker SDK for Python; the only subprocesses are debootstrap
+and umount, with argument lists (never a shell string). ``docker`` is imported lazily: importing it costs
+~0.2 s, which ``omnilearn --help`` and every worker would otherwise pay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from omnilearn.errors import UserError
+
+if TYPE_CHECKING:
+    import docker
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_IMAGE = "python:3.11-slim"
+"""The Dockerfile's default base: the official slim Python image, for hosts that reach Docker Hub."""
+LOCAL_BASE_IMAGE = "omnilearn-base:bookworm"
+"""The debootstrap'd Debian base :func:`ensure_images` makes when the default base cannot be pulled."""
+WORKER_IMAGE = "omnilearn-worker:latest"
+DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
+DEFAULT_SUITE = "bookworm"
+BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+"""What the Dockerfile needs from any base: python3 >= 3.10 with venv, and a CA store."""
+
+LABEL_LOCK = "omnilearn.lock-sha256"
+LABEL_SOURCE = "omnilearn.source-sha256"
+LABEL_BASE = "omnilearn.base-image"
+LABEL_CA = "omnilearn.ca-sha256"
+LABEL_SUITE = "omnilearn.base.suite"
+
+CA_DIR = Path("docker") / "ca"
+CA_BUILD_NAME = "omnilearn-build-ca.crt"
+"""Reserved file name in ``docker/ca/``: ``--ca-bundle`` is copied there for one build, then removed."""
+
+LOG_TAIL_LINES = 40
+LogFn = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResult:
+    """One worker image build: what a user wants to know afterwards (how long, how big)."""
+
+    tag: str
+    seconds: float
+    size_bytes: int
+    image_id: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSet:
+    """What :func:`ensure_images` settled on, and what it had to build to get there."""
+
+    base_image: str
+    worker_image: str
+    base_built: bool
+    worker_build: BuildResult | None  # None: the existing worker image was up to date
+    reason: str  # why the worker image was (or was not) rebuilt
+
+
+# ---------------------------------------------------------------------------------------------- daemon
+def _docker() -> Any:
+    """Import the SDK on first use (see the module docstring for why not at import time)."""
+    import docker
+
+    return docker
+
+
+def daemon_client(timeout: int = 60) -> docker.DockerClient:
+    """A client for the daemon named by DOCKER_HOST (default: the local socket) that has answered a ping.
+
+    Raises UserError with one line naming the address, so a missing daemon is a user-facing condition
+    with a remedy rather than a traceback from deep inside requests.
+    """
+    import requests
+
+    dk = _docker()
+    host = os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+    try:
+        client = dk.from_env(timeout=timeout)
+        client.ping()
+    except (dk.errors.DockerException, requests.exceptions.RequestException, OSError) as e:
+        if "permission denied" in str(e).lower():
+            raise UserError(f"no access to the Docker daemon at {host}: permission denied (run as root, or "
+                            f"add your user to the docker group)") from e
+        raise UserError(f"no Docker daemon at {host}: start it with ./docker_install.sh") from e
+    return client
+
+
+def _image_or_none(client: docker.DockerClient, ref: str) -> Any | None:
+    dk = _docker()
+    try:
+        return client.images.get(ref)
+    except dk.errors.ImageNotFound:
+        return None
+
+
+def _split_tag(ref: str) -> tuple[str, str]:
+    """``repo[:tag]`` -> (repo, tag); a registry port (``host:5000/name``) is not mistaken for a tag."""
+    repo, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag:
+        return ref, "latest"
+    return repo, tag
+
+
+def _emit(on_log: LogFn | None) -> LogFn:
+    return on_log if on_log is not None else log.info
+
+
+# ------------------------------------------------------------------------------------- project hashing
+def project_root() -> Path:
+    """The source checkout this package runs from (pytorch/omnilearn/launch/image.py -> 3 levels up)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def lock_digest(context: Path | None = None) -> str:
+    """sha256 of requirements.lock: when it changes the image's environment must be rebuilt."""
+    lock = (context or project_root()) / "requirements.lock"
+    if not lock.is_file():
+        raise UserError(f"{lock}: not found (the worker image installs its pins)")
+    return _sha256_file(lock)
+
+
+def _source_files(context: Path) -> Iterator[Path]:
+    """Files whose content ends up in the worker image (what the Dockerfile copies, and itself)."""
+    for name in ("Dockerfile", ".dockerignore", "requirements.lock", "pyproject.toml", "README.md"):
+        if (context / name).is_file():
+            yield context / name
+    for folder in ("pytorch", "configs", str(CA_DIR)):
+        root = context / folder
+        if not root.is_dir():
+            continue
+        for path in sorted(root.rglob("*")):
+            parts = path.relative_to(context).parts
+            if (not path.is_file() or "__pycache__" in parts or path.suffix == ".pyc"
+                    or any(p.endswith(".egg-info") for p in parts) or path.name == CA_BUILD_NAME):
+                continue
+            yield path
+
+
+def source_digest(context: Path | None = None) -> str:
+    """sha256 over the names and contents of everything the image is built from.
+
+    A worker image whose label differs runs other code than the checkout: rebuilding is cheap then,
+    since only the last layer (the project itself) changes unless the lock did too.
+    """
+    context = context or project_root()
+    h = hashlib.sha256()
+    for path in _source_files(context):
+        h.update(str(path.relative_to(context)).encode() + b"\0")
+        h.update(_sha256_file(path).encode() + b"\n")
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------ base image
+def _find_debootstrap() -> str:
+    for candidate in (shutil.which("debootstrap"), "/usr/sbin/debootstrap"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise UserError("debootstrap not found: install it (apt-get install debootstrap, or run "
+                    "./docker_install.sh, which installs it) to build the base image locally")
+
+
+def _run_streaming(cmd: list[str], on_log: LogFn, env: Mapping[str, str] | None = None) -> tuple[int, list[str]]:
+    """Run cmd (an argument list), passing each output line to on_log; return (status, last lines)."""
+    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                          text=True, errors="replace", env=dict(env) if env is not None else None) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail.append(line)
+            on_log(line)
+        status = proc.wait()
+    return status, list(tail)
+
+
+def _unmount_below(root: Path) -> None:
+    """Unmount whatever an interrupted debootstrap left mounted inside root (proc, sys), deepest first.
+
+    Without this, removing the temp dir could walk into a live /proc or /sys mount.
+    """
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return
+    prefix = str(root.resolve())
+    targets = []
+    for line in mounts:
+        fields = line.split()
+        if len(fields) > 1:
+            target = fields[1].replace("\\040", " ")
+            if target == prefix or target.startswith(prefix + "/"):
+                targets.append(target)
+    for target in sorted(targets, key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", target], check=False, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+
+
+def _tar_rootfs(rootfs: Path, out: Path) -> None:
+    """A plain tar of rootfs for ``docker import``: numeric owners, devices and hard links preserved.
+
+    Package caches and apt lists are left out: they only make the image bigger.
+    """
+    skip = {"var/cache/apt/archives", "var/lib/apt/lists"}
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        name = info.name.removeprefix("./")
+        for s in skip:
+            if name.startswith(s + "/") and not info.isdir():
+                return None
+        info.uname = info.gname = ""  # docker import uses the numeric ids; host names would be misleading
+        return info
+
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        tar.add(str(rootfs), arcname=".", recursive=True, filter=keep)
+
+
+def build_base_image(tag: str = LOCAL_BASE_IMAGE, suite: str = DEFAULT_SUITE, mirror: str | None = None, *,
+                     force: bool = False, client: docker.DockerClient | None = None,
+                     on_log: LogFn | None = None) -> str:
+    """Make a minimal Debian image with python3/venv/pip by debootstrap, import it as ``tag``, return tag.
+
+    For hosts without a reachable registry (``python:3.11-slim`` cannot be pulled). Skips all work when
+    the tag exists, unless force. Needs root (debootstrap chroots and creates device nodes). The temp
+    dir is removed whatever happens.
+    """
+    emit = _emit(on_log)
+    client = client or daemon_client()
+    if not force and _image_or_none(client, tag) is not None:
+        emit(f"base image {tag} exists: kept (force=True rebuilds it)")
+        return tag
+    debootstrap = _find_debootstrap()
+    if os.geteuid() != 0:
+        raise UserError(f"building the base image {tag} runs debootstrap, which needs root: run as root "
+                        f"(or sudo), or pass a base image that exists (--base)")
+    start = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="omnilearn-base-"))
+    rootfs = tmp / "rootfs"
+    try:
+        cmd = [debootstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, str(rootfs)]
+        if mirror:
+            cmd.append(mirror)
+        emit(f"debootstrap {suite} into {rootfs} (about a minute)")
+        env = dict(os.environ)
+        env["PATH"] = env.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin"
+        status, tail = _run_streaming(cmd, emit, env=env)
+        if status != 0:
+            last = "\n".join(tail[-15:])
+            raise UserError(f"debootstrap {suite} failed (exit {status}); last lines:\n{last}")
+        _unmount_below(rootfs)
+        archive = tmp / "rootfs.tar"
+        emit(f"packing {rootfs} for docker import")
+        _tar_rootfs(rootfs, archive)
+        repo, version = _split_tag(tag)
+        emit(f"importing {archive.stat().st_size / 1e6:.0f} MB as {tag}")
+        changes = ["ENV LANG=C.UTF-8",
+                   "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                   f"LABEL {LABEL_SUITE}={suite}",
+                   'CMD ["/bin/bash"]']
+        client.api.import_image(src=str(archive), repository=repo, tag=version, changes=changes)
+    finally:
+        _unmount_below(rootfs)
+        shutil.rmtree(tmp, ignore_errors=True)
+    image = _image_or_none(client, tag)
+    assert image is not None, f"docker import reported success but {tag} is missing"
+    emit(f"base image {tag} built in {time.monotonic() - start:.0f} s "
+         f"({image.attrs.get('Size', 0) / 1e6:.0f} MB)")
+    return tag
+
+
+# ---------------------------------------------------------------------------------------- worker image
+def _check_ca_bundle(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"--ca-bundle {path}: cannot read it ({e.strerror})") from e
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise UserError(f"--ca-bundle {path}: no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)")
+    if b"PRIVATE KEY-----" in data:
+        raise UserError(f"--ca-bundle {path}: holds a private key; it would end up inside the image")
+    return data
+
+
+def _worker_labels(context: Path, base_ref: str, base_id: str, ca_data: bytes | None) -> dict[str, str]:
+    return {
+        LABEL_LOCK: lock_digest(context),
+        LABEL_SOURCE: source_digest(context),
+        LABEL_BASE: f"{base_ref}@{base_id}" if base_id else base_ref,
+        LABEL_CA: hashlib.sha256(ca_data).hexdigest() if ca_data else "",
+    }
+
+
+def build_worker_image(tag: str = WORKER_IMAGE, base_image: str | None = None, ca_bundle: Path | None = None,
+                       context: Path | None = None, *, client: docker.DockerClient | None = None,
+                       on_log: LogFn | None = None, nocache: bool = False,
+                       buildargs: Mapping[str, str] | None = None) -> BuildResult:
+    """Build the Dockerfile of context (default: this checkout) as tag, streaming the log to on_log.
+
+    base_image (None: the Dockerfile's default, python:3.11-slim) must exist locally or be pullable.
+    ca_bundle is a PEM file the image must trust (a TLS-inspecting proxy between the build and PyPI); it
+    is copied to docker/ca/ for this build only. The image is labelled with the hashes that
+    :func:`ensure_images` compares. A failed build raises UserError with the tail of the log.
+    """
+    emit = _emit(on_log)
+    dk = _docker()
+    client = client or daemon_client()
+    context = (context or project_root()).resolve()
+    if not (context / "Dockerfile").is_file():
+        raise UserError(f"{context}: no Dockerfile there (the worker image is built from a source checkout; "
+                        f"pass the checkout as the build context)")
+    ca_data = _check_ca_bundle(Path(ca_bundle)) if ca_bundle is not None else None
+    base_ref = base_image or DEFAULT_BASE_IMAGE
+    base = _image_or_none(client, base_ref)
+    args = dict(buildargs or {})
+    if base_image:
+        args["BASE_IMAGE"] = base_image
+    labels = _worker_labels(context, base_ref, base.id if base is not None else "", ca_data)
+
+    ca_copy = context / CA_DIR / CA_BUILD_NAME
+    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    error: str | None = None
+    start = time.monotonic()
+    emit(f"building {tag} from {context} on {base_ref}" + (f" with extra CAs from {ca_bundle}" if ca_data else ""))
+    try:
+        if ca_data is not None:
+            ca_copy.parent.mkdir(parents=True, exist_ok=True)
+            ca_copy.write_bytes(ca_data)
+        stream = client.api.build(path=str(context), tag=tag, buildargs=args, labels=labels, rm=True,
+                                  forcerm=True, nocache=nocache, pull=False, decode=True)
+        for chunk in stream:
+            if "error" in chunk:
+                error = str(chunk["error"]).strip()
+                tail.append(error)
+                continue
+            text = chunk.get("stream") or chunk.get("status")
+            if text:
+                for line in str(text).splitlines():
+                    if line.strip():
+                        tail.append(line)
+                        emit(line)
+    except dk.errors.APIError as e:
+        error = str(e.explanation or e)
+    finally:
+        ca_copy.unlink(missing_ok=True)
+    if error is not None:
+        hint = ""
+        if base is None and ("pull" in error or "no such host" in error or "not found" in error):
+            hint = (f"\n(the base image {base_ref} is not on this host and could not be pulled: build a local "
+                    f"one with `omnilearn image base`, or let `omnilearn image build` do it)")
+        last = "\n".join(tail)
+        raise UserError(f"docker build of {tag} failed: {error}{hint}\n--- last lines of the build log ---\n{last}")
+    image = _image_or_none(client, tag)
+    if image is None:
+        raise UserError(f"docker build of {tag} ended without an image; last lines:\n" + "\n".join(tail))
+    seconds = time.monotonic() - start
+    size = int(image.attrs.get("Size", 0))
+    emit(f"built {tag} in {seconds:.0f} s: {size / 1e9:.2f} GB")
+    return BuildResult(tag=tag, seconds=seconds, size_bytes=size, image_id=image.id)
+
+
+# -------------------------------------------------------------------------------------------- ensure
+def resolve_base_image(base_image: str | None = None, *, client: docker.DockerClient | None = None,
+                       on_log: LogFn | None = None) -> tuple[str, bool]:
+    """The base to build on, and whether it had to be built: (tag, built).
+
+    An explicit base_image must be here or pullable. Without one: python:3.11-slim if present or
+    pullable, else the local debootstrap base (made once, then reused without trying the registry again).
+    """
+    dk = _docker()
+    emit = _emit(on_log)
+    client = client or daemon_client()
+    if base_image:
+        if _image_or_none(client, base_image) is None:
+            try:
+                emit(f"pulling {base_image}")
+                client.images.pull(*_split_tag(base_image))
+            except dk.errors.DockerException as e:
+                raise UserError(f"--base {base_image}: not on this host and cannot be pulled ({e})") from e
+        return base_image, False
+    if _image_or_none(client, DEFAULT_BASE_IMAGE) is not None:
+        return DEFAULT_BASE_IMAGE, False
+    if _image_or_none(client, LOCAL_BASE_IMAGE) is not None:
+        return LOCAL_BASE_IMAGE, False
+    try:
+        emit(f"pulling {DEFAULT_BASE_IMAGE}")
+        client.images.pull(*_split_tag(DEFAULT_BASE_IMAGE))
+        return DEFAULT_BASE_IMAGE, False
+    except dk.errors.DockerException as e:
+        emit(f"cannot pull {DEFAULT_BASE_IMAGE} ({str(e).splitlines()[0][:160]}): "
+             f"building {LOCAL_BASE_IMAGE} with debootstrap instead")
+    return build_base_image(LOCAL_BASE_IMAGE, client=client, on_log=on_log), True
+
+
+def default_ca_bundle() -> Path | None:
+    """The CA bundle this host's own clients trust, if one is configured: the image should trust it too.
+
+    OMNILEARN_CA_BUNDLE first, then PIP_CERT, REQUESTS_CA_BUNDLE, SSL_CERT_FILE: behind a TLS-inspecting
+    proxy these name the bundle that holds the proxy's CA, without which pip in the build cannot reach
+    PyPI. On an ordinary host none is set and the image keeps its base's trust store.
+    """
+    for var in ("OMNILEARN_CA_BUNDLE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        value = os.environ.get(var)
+        if value and Path(value).is_file():
+            return Path(value)
+    return None
+
+
+def ensure_images(worker_tag: str = WORKER_IMAGE, base_image: str | None = None,
+                  ca_bundle: Path | Literal["auto"] | None = "auto", context: Path | None = None, *,
+                  client: docker.DockerClient | None = None, on_log: LogFn | None = None,
+                  force: bool = False) -> ImageSet:
+    """Make sure a worker image matching this checkout exists; build only what is missing or stale.
+
+    Stale means a label differs: the lock hash (a full dependency reinstall), the source hash (only the
+    project layer is rebuilt, from cache otherwise), the base image id, or (when ca_bundle is given
+    explicitly, a file or None for none) the extra CA bundle. ca_bundle="auto" builds with
+    :func:`default_ca_bundle` and does not count a different bundle as staleness: a trust store is not
+    a reason to rebuild 5 GB, and a host whose variables differ must not trigger a build it cannot finish.
+    """
+    emit = _emit(on_log)
+    client = client or daemon_client()
+    context = (context or project_root()).resolve()
+    compare_ca = ca_bundle != "auto"
+    if ca_bundle == "auto":
+        ca_bundle = default_ca_bundle()
+        if ca_bundle is not None:
+            emit(f"extra CAs for the build: {ca_bundle} (this host's clients trust it; "
+                 f"OMNILEARN_CA_BUNDLE overrides)")
+    ca_data = _check_ca_bundle(Path(ca_bundle)) if ca_bundle is not None else None
+    base_ref, base_built = resolve_base_image(base_image, client=client, on_log=on_log)
+    base = _image_or_none(client, base_ref)
+    wanted = _worker_labels(context, base_ref, base.id if base is not None else "", ca_data)
+    current = _image_or_none(client, worker_tag)
+    if current is None:
+        reason = f"{worker_tag} does not exist"
+    elif force:
+        reason = "rebuild forced"
+    else:
+        have = current.labels or {}
+        names = {LABEL_LOCK: "requirements.lock", LABEL_BASE: "base image", LABEL_CA: "CA bundle",
+                 LABEL_SOURCE: "project sources"}
+        if not compare_ca:
+            del names[LABEL_CA]
+        changed = [what for key, what in names.items() if have.get(key, "") != wanted[key]]
+        if not changed:
+            emit(f"{worker_tag} is up to date (lock {wanted[LABEL_LOCK][:12]}, sources {wanted[LABEL_SOURCE][:12]})")
+            return ImageSet(base_ref, worker_tag, base_built, None, "up to date")
+        reason = "changed since the last build: " + ", ".join(changed)
+    emit(f"building {worker_tag}: {reason}")
+    result = build_worker_image(worker_tag, base_image=None if base_ref == DEFAULT_BASE_IMAGE else base_ref,
+                                ca_bundle=Path(ca_bundle) if ca_bundle is not None else None,
+                                context=context, client=client, on_log=on_log)
+    return ImageSet(base_ref, worker_tag, base_built, result, reason)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``omnilearn image build|base|status`` to the CLI's subparsers (cli.py calls this once)."""
+    p = subparsers.add_parser("image", help="build the Docker images the container launcher runs")
+    sub = p.add_subparsers(dest="image_command", required=True)
+    b = sub.add_parser("build", help="build the worker image if missing or stale (and a base if none can be pulled)")
+    b.add_argument("--base", help=f"base image (default: {DEFAULT_BASE_IMAGE} if it can be had, else "
+                                  f"{LOCAL_BASE_IMAGE} made with debootstrap)")
+    b.add_argument("--ca-bundle", type=Path,
+                   help="PEM file of extra CAs the image must trust, for a TLS-inspecting proxy (default: the "
+                        "bundle named by OMNILEARN_CA_BUNDLE or PIP_CERT, if any)")
+    b.add_argument("--tag", default=WORKER_IMAGE, help=f"worker image tag (default {WORKER_IMAGE})")
+    b.add_argument("--force", action="store_true", help="rebuild even when the labels say it is up to date")
+    b.set_defaults(func=cmd_image_build)
+    s = sub.add_parser("base", help=f"make the Debian base image with debootstrap (default tag {LOCAL_BASE_IMAGE})")
+    s.add_argument("--tag", default=LOCAL_BASE_IMAGE)
+    s.add_argument("--suite", default=DEFAULT_SUITE, help="Debian/Ubuntu suite (default bookworm)")
+    s.add_argument("--mirror", help="package mirror (default: debootstrap's)")
+    s.add_argument("--force", action="store_true", help="rebuild even if the tag exists")
+    s.set_defaults(func=cmd_image_base)
+    st = sub.add_parser("status", help="show the images and whether the worker image matches this checkout")
+    st.add_argument("--tag", default=WORKER_IMAGE)
+    st.set_defaults(func=cmd_image_status)
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def cmd_image_build(args: argparse.Namespace) -> int:
+    ca: Path | Literal["auto"] = args.ca_bundle if args.ca_bundle is not None else "auto"
+    result = ensure_images(args.tag, base_image=args.base, ca_bundle=ca, force=args.force, on_log=_print)
+    if result.worker_build is None:
+        print(f"{result.worker_image}: up to date (base {result.base_image})")
+    else:
+        b = result.worker_build
+        print(f"{b.tag}: built in {b.seconds:.0f} s, {b.size_bytes / 1e9:.2f} GB (base {result.base_image}; "
+              f"{result.reason})")
+    return 0
+
+
+def cmd_image_base(args: argparse.Namespace) -> int:
+    build_base_image(args.tag, suite=args.suite, mirror=args.mirror, force=args.force, on_log=_print)
+    return 0
+
+
+def cmd_image_status(args: argparse.Namespace) -> int:
+    client = daemon_client()
+    for ref in (DEFAULT_BASE_IMAGE, LOCAL_BASE_IMAGE, args.tag):
+        image = _image_or_none(client, ref)
+        print(f"{ref:28} " + (f"{image.short_id}  {image.attrs.get('Size', 0) / 1e9:.2f} GB" if image else "absent"))
+    image = _image_or_none(client, args.tag)
+    if image is not None:
+        have = image.labels or {}
+        lock_ok = have.get(LABEL_LOCK) == lock_digest()
+        src_ok = have.get(LABEL_SOURCE) == source_digest()
+        print(f"{args.tag}: requirements.lock {'matches' if lock_ok else 'CHANGED'}, "
+              f"sources {'match' if src_ok else 'CHANGED'} (omnilearn image build brings it up to date)")
+    return 0
