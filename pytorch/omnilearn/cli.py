@@ -52,6 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from omnilearn.emulator.plan import build_plan
     from omnilearn.launch.job import JobSpec, new_job_id
     from omnilearn.launch.local import WorkerFailed, check_local_prerequisites, run_local
+    from omnilearn.launch.swarm import WorkerFailed as SwarmWorkerFailed
     from omnilearn.report.plot import plot_compare, plot_run
     from omnilearn.report.summary import compare, summarize
     from omnilearn.report.table import print_report
@@ -59,9 +60,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = config.build(args.config, _overrides(args))
     plan = build_plan(cfg)  # every table, schedule and cpuset check happens here, before anything starts
-    if cfg.emulation.backend == "docker":
-        raise UserError("--backend docker: the container launcher is not available in this version")
-    check_local_prerequisites()
+    docker = cfg.emulation.backend == "docker"
+    if docker:
+        from omnilearn.launch.image import daemon_client
+        daemon_client()  # no daemon: one clear message before anything is made
+    else:
+        check_local_prerequisites()
     facts = preflight(cfg)  # data present (or downloaded once), model builds, batch fits the data
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     _prepare_out(out, args.force)
@@ -79,8 +83,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_dir = out / policy if args.compare else out
         job = JobSpec(job_id=new_job_id(), config=run_cfg, plan=plan, out_dir=run_dir.resolve(), backend="")
         try:
-            run_local(job, console, label=policy, show_progress=not args.no_progress)
-        except WorkerFailed as e:
+            if docker:
+                from omnilearn.launch.swarm import run_docker
+                run_docker(job, console, label=policy, show_progress=not args.no_progress)
+            else:
+                run_local(job, console, label=policy, show_progress=not args.no_progress)
+        except (WorkerFailed, SwarmWorkerFailed) as e:
             console.print(f"[red]{e}[/]")
             return 1
         summaries[policy] = summarize(run_dir)
@@ -106,11 +114,100 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not job_path.is_file():
         raise UserError(f"--job {job_path}: job file not found")
     job = JobSpec.load(job_path, out_dir=Path(args.out_dir) if args.out_dir else job_path.parent)
+    if args.data_root:  # a container sees the host's data folder where the launcher mounted it
+        job.config.data.root = args.data_root
     if job.config.mode == "bsp":
         from omnilearn.train import bsp
         bsp.run(job)
+    elif job.config.mode == "asp":
+        from omnilearn.train import asp
+        asp.run(job)  # rank 0: the parameter server; ranks 1..N: workers
     else:
         raise UserError(f"mode {job.config.mode!r} is not available in this version")
+    return 0
+
+
+def _job_for_cluster(args: argparse.Namespace):
+    """Config, plan and saved job file for ``cluster up`` (the same checks as ``run``)."""
+    from omnilearn.emulator.plan import build_plan
+    from omnilearn.launch.job import JobSpec, new_job_id
+    from omnilearn.train.preflight import preflight
+
+    overrides = _overrides(args) + [("emulation.backend", "docker")]
+    cfg = config.build(args.config, overrides)
+    plan = build_plan(cfg)
+    preflight(cfg)
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    _prepare_out(out, args.force)
+    job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="docker")
+    job.save()
+    return job
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from omnilearn.launch import swarm
+    from omnilearn.launch.job import JobSpec
+
+    console = Console()
+    if args.cluster_command == "up":
+        job = _job_for_cluster(args)
+        swarm.up(job, console)
+        console.print(f"job {job.job_id} running in {job.out_dir}; apply HL changes with "
+                      f"`omnilearn toggle --out {job.out_dir}` (scripts/exec_HL.sh)")
+        return 0
+    if args.cluster_command == "status":
+        out = Path(args.out)
+        for row in swarm.status(out):
+            console.print(row)
+        return 0
+    # down: by run folder, or by job id after the folder is gone
+    if args.job:
+        job_id, hosts = args.job, {}
+    else:
+        if not args.out or not (Path(args.out) / "job.json").is_file():
+            raise UserError("cluster down needs --out RUN_DIR (with its job.json) or --job JOB_ID")
+        job = JobSpec.load(Path(args.out) / "job.json", out_dir=Path(args.out))
+        job_id, hosts = job.job_id, job.config.docker.hosts
+    removed = swarm.down(job_id, hosts, leave_swarm=args.leave_swarm)
+    console.print("removed: " + (", ".join(removed) if removed else "nothing (already gone)"))
+    return 0
+
+
+def cmd_toggle(args: argparse.Namespace) -> int:
+    """The host-side toggler for a job whose containers were started by ``cluster up``."""
+    import threading
+
+    from rich.console import Console
+
+    from omnilearn.emulator.docker_backend import DockerBackend
+    from omnilearn.emulator.toggler import Toggler, toggler_lock
+    from omnilearn.launch import swarm
+    from omnilearn.launch.job import JobSpec
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    out = Path(args.out)
+    if not (out / "job.json").is_file():
+        raise UserError(f"--out {out}: not a run folder (no job.json)")
+    job = JobSpec.load(out / "job.json", out_dir=out)
+    default, remote = swarm.clients_for(job)
+    backend = DockerBackend(job.job_id, default, clients=remote)
+    console = Console()
+    stop = threading.Event()
+    with toggler_lock(job.log_dir):
+        toggler = Toggler(job.log_dir, backend, job.plan.targets, console=console)
+        console.print(f"toggler for job {job.job_id}: watching {job.log_dir}/cpu-*.log (Ctrl-C to stop)")
+        try:
+            while not stop.is_set():
+                toggler.poll_once()
+                if args.until_done and all(r["status"] in ("exited", "dead", "absent")
+                                           for r in swarm.status(out)):
+                    toggler.poll_once()
+                    break
+                stop.wait(args.interval)
+        except KeyboardInterrupt:
+            toggler.poll_once()
     return 0
 
 
@@ -178,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run one rank of a job (started by the launchers)")
     w.add_argument("--job", required=True, help="the job file written by the launcher")
     w.add_argument("--out-dir", help="the run folder as this process sees it (default: the job file's)")
+    w.add_argument("--data-root", help="the data folder as this process sees it (default: data.root)")
     w.set_defaults(func=cmd_worker)
 
     lv = sub.add_parser("levels", help="print the heterogeneity levels as allocated on this host")
@@ -190,6 +288,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("cleanup", help="remove cgroups left behind by killed runs")
     c.set_defaults(func=cmd_cleanup)
+
+    cl = sub.add_parser("cluster", help="Docker Swarm containers for a job: up | status | down")
+    cl_sub = cl.add_subparsers(dest="cluster_command", required=True)
+    cu = cl_sub.add_parser("up", help="start one container per rank with the first level's allocation")
+    for flag in ("--config", "--mode", "--hl", "--schedule", "--policy", "--model", "--dataset", "--out"):
+        cu.add_argument(flag)
+    cu.add_argument("--set", action="append", metavar="KEY=VALUE")
+    cu.add_argument("--workers", type=int)
+    cu.add_argument("--epochs", type=int)
+    cu.add_argument("--global-batch", type=int)
+    cu.add_argument("--force", action="store_true")
+    cu.set_defaults(func=cmd_cluster, backend=None)
+    cs = cl_sub.add_parser("status", help="the job's containers and their CPU limits")
+    cs.add_argument("--out", required=True)
+    cs.set_defaults(func=cmd_cluster)
+    cd = cl_sub.add_parser("down", help="remove the job's containers and network (also after a crash)")
+    cd.add_argument("--out")
+    cd.add_argument("--job", help="job id (label omnilearn.job), when the run folder is gone")
+    cd.add_argument("--leave-swarm", action="store_true", help="also leave the swarm if no job network remains")
+    cd.set_defaults(func=cmd_cluster)
+
+    tg = sub.add_parser("toggle", help="host-side toggler: apply the workers' CPU requests to their containers")
+    tg.add_argument("--out", required=True, help="the job's run folder (holds job.json and logs/)")
+    tg.add_argument("--interval", type=float, default=0.2)
+    tg.add_argument("--until-done", action="store_true", help="stop when every container of the job has exited")
+    tg.set_defaults(func=cmd_toggle)
+
+    from omnilearn.launch.image import add_cli
+    add_cli(sub)
     return p
 
 

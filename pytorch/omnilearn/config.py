@@ -101,6 +101,42 @@ class EmulationConfig:
 
 
 @dataclass
+class AspConfig:
+    """Asynchronous training (mode: asp): one parameter server, workers push gradients."""
+
+    lr_reference_batch: int | None = None
+    """b_ref: a gradient of a b-sample batch is applied with lr * b / b_ref (default: global_batch / workers)."""
+    staleness_damping: bool = False
+    """Also divide a gradient's learning rate by 1 + its staleness."""
+    eval_interval: float = 1.0
+    """Epochs (samples applied / training-set size) between snapshots of the server's model; each
+    snapshot is evaluated on the held-out split after training (the end is always snapshotted)."""
+    worker_timeout_s: float = 60.0
+    """A worker silent for this long (no pull or push) stops the job, after a server checkpoint."""
+
+
+@dataclass
+class DockerConfig:
+    """The container launcher (``emulation.backend: docker``)."""
+
+    image: str = "omnilearn-worker:latest"
+    build: bool = True
+    """Build the image first when it is missing or older than this checkout (``omnilearn image build``)."""
+    network: str | None = None
+    """Attachable overlay network; default ``omnilearn-<job id>``, created and removed with the job."""
+    encrypted: bool = False
+    """Encrypt the overlay network's traffic (IPsec between hosts)."""
+    advertise_addr: str | None = None
+    """Address for ``docker swarm init`` when this host is not in a swarm yet (default: Docker's choice,
+    falling back to 127.0.0.1 on a host with no routable address)."""
+    hosts: dict[str, str] = field(default_factory=dict)
+    """Target (worker1, ...) -> daemon URL (``ssh://user@host``, ``tcp://...``); others run locally.
+    The run folder must be the same path on every host (a shared file system)."""
+    master_port: int = 29500
+    stop_timeout: float = 10.0
+
+
+@dataclass
 class JobConfig:
     mode: str = "bsp"
     workers: int = 4
@@ -109,6 +145,8 @@ class JobConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
+    asp: AspConfig = field(default_factory=AspConfig)
+    docker: DockerConfig = field(default_factory=DockerConfig)
     source: str = "<defaults>"
     """Where the config came from (for messages); not a YAML key."""
 
@@ -170,6 +208,18 @@ class JobConfig:
                       f"must be one of {', '.join(ALLOCATION_MODES)}, not {e.allocation!r}")
         if e.ack_timeout <= 0:
             raise bad("emulation.ack_timeout", "must be positive")
+        a = self.asp
+        if a.lr_reference_batch is not None and a.lr_reference_batch < 1:
+            raise bad("asp.lr_reference_batch", f"must be at least 1, not {a.lr_reference_batch}")
+        if a.eval_interval <= 0:
+            raise bad("asp.eval_interval", f"must be positive, not {a.eval_interval}")
+        if a.worker_timeout_s <= 0:
+            raise bad("asp.worker_timeout_s", f"must be positive, not {a.worker_timeout_s}")
+        if not 0 < self.docker.master_port < 65536:
+            raise bad("docker.master_port", f"must be a TCP port, not {self.docker.master_port}")
+        for target, url in self.docker.hosts.items():
+            if not url.startswith(("unix://", "tcp://", "ssh://", "http://", "https://")):
+                raise bad(f"docker.hosts.{target}", f"{url!r} is not a daemon URL (unix://, tcp://, ssh://)")
         return self
 
 

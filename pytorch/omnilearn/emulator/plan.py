@@ -24,22 +24,30 @@ from omnilearn.errors import UserError
 
 
 def worker_target(mode: str, rank: int) -> str:
-    """Container/target name of a training rank, in the paper's words (BSP: worker1...)."""
+    """Container/target name of training worker ``rank`` (0-based), in the paper's words.
+
+    BSP: worker1, worker2, ... ASP: aspworker2, aspworker3, ... (aspworker1 is the parameter server).
+    """
     return f"worker{rank + 1}" if mode == "bsp" else f"aspworker{rank + 2}"
 
 
 SERVER_TARGET = "aspworker1"
+"""The ASP parameter server's target: process rank 0, so ASP worker ``i`` is process rank ``i + 1``."""
 
 
 @dataclass(frozen=True)
 class EmulationPlan:
     mode: str  # "cpuset" | "quota" | "none"
-    targets: tuple[str, ...]  # workers in rank order, then the ASP server if any
+    targets: tuple[str, ...]  # one per process, in rank order: BSP workers; ASP server (rank 0), then workers
     levels: dict[str, dict[str, Allocation]]
     schedule: Schedule
 
     def allocation(self, level: str, target: str) -> Allocation:
         return self.levels[level][target]
+
+    def target(self, rank: int) -> str:
+        """The target of process ``rank`` (the world size is ``len(targets)``)."""
+        return self.targets[rank]
 
     def first_level(self) -> str:
         return self.schedule.levels[0]
@@ -63,11 +71,14 @@ class EmulationPlan:
 
 
 def _custom_table(cfg: JobConfig, key: str) -> dict[str, list[Any]]:
+    """The config's own levels; ASP may give workers + 1 entries, the server's first (rank order)."""
     where = f"{cfg.source}: {key}"
     table = cfg.emulation.levels or {}
+    sizes = (cfg.workers, cfg.workers + 1) if cfg.mode == "asp" else (cfg.workers,)
     for level, entries in table.items():
-        if len(entries) != cfg.workers:
-            raise UserError(f"{where}.{level}: has {len(entries)} entries for {cfg.workers} workers")
+        if len(entries) not in sizes:
+            server = f" (or {cfg.workers + 1}: the server's first)" if cfg.mode == "asp" else ""
+            raise UserError(f"{where}.{level}: has {len(entries)} entries for {cfg.workers} workers{server}")
         for i, entry in enumerate(entries):
             if isinstance(entry, str):
                 try:
@@ -115,7 +126,7 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
             raise UserError(f"{where}: emulation.schedule: {err}") from None
     targets = [worker_target(cfg.mode, r) for r in range(cfg.workers)]
     server_target = SERVER_TARGET if cfg.mode == "asp" else None
-    all_targets = tuple(targets + ([server_target] if server_target else []))
+    all_targets = tuple(([server_target] if server_target else []) + targets)
     key = "emulation.hl" if e.hl is not None else "emulation.schedule"
 
     if e.backend == "none":
@@ -135,7 +146,15 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
                 raise UserError(f"{where}: {key}: level {level!r} is not in emulation.levels "
                                 f"(defined: {', '.join(custom)})")
             allocs = {}
-            for t, entry in zip(targets, custom[level], strict=True):
+            entries = custom[level]
+            named = list(zip(targets, entries[-len(targets):], strict=True))
+            if server_target:
+                # No server entry: the server runs unlimited.
+                named.insert(0, (server_target, entries[0] if len(entries) > len(targets) else None))
+            for t, entry in named:
+                if entry is None:
+                    allocs[t] = Allocation()
+                    continue
                 if mode == "none":
                     allocs[t] = Allocation()
                 elif mode == "cpuset":
@@ -149,8 +168,6 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
                         raise UserError(f"{where}: emulation.levels.{level}: {t} asks for {share} CPUs, "
                                         f"the host has {len(host)}")
                     allocs[t] = Allocation(cpus=share)
-            if server_target:
-                allocs[server_target] = Allocation()
             if mode == "cpuset":
                 _check_cpusets(allocs, host, f"{where}: emulation.levels.{level}")
             levels[level] = allocs
@@ -166,9 +183,8 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
                 workers, server = resolve_level(table, level, cfg.workers, mode, host)
             except UserError as err:
                 raise UserError(f"{where}: emulation.allocation: {err}") from None
-            allocs = dict(zip(targets, workers, strict=True))
-            if server_target:
-                allocs[server_target] = server or Allocation()
+            allocs = {server_target: server or Allocation()} if server_target else {}
+            allocs.update(zip(targets, workers, strict=True))
             if mode == "cpuset":
                 _check_cpusets(allocs, host, f"{where}: {key} {level}")
             levels[level] = allocs

@@ -8,12 +8,14 @@ one stopped: nothing is lost, nothing is applied twice.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,6 +30,7 @@ from omnilearn.emulator.requests import (
     read_complete_lines,
     read_jsonl,
 )
+from omnilearn.errors import UserError
 
 log = logging.getLogger("omnilearn.toggler")
 
@@ -178,3 +181,19 @@ def read_audit(log_dir: Path, status: str | None = "applied") -> list[dict[str, 
 def timeline(log_dir: Path) -> list[tuple[float, str, Allocation]]:
     """(time, target, effective allocation) of every applied change, in the order applied."""
     return [(r["time"], r["target"], Allocation.from_dict(r["effective"])) for r in read_audit(log_dir)]
+
+
+@contextlib.contextmanager
+def toggler_lock(log_dir: Path) -> Iterator[None]:
+    """Hold ``toggler.lock`` in the log directory: one toggler per job, or changes would be applied twice."""
+    path = Path(log_dir) / "toggler.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another toggler is already running for {log_dir} (lock {path})") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -57,7 +57,7 @@ CA_DIR = Path("docker") / "ca"
 CA_BUILD_NAME = "omnilearn-build-ca.crt"
 """Reserved file name in ``docker/ca/``: ``--ca-bundle`` is copied there for one build, then removed."""
 
-LOG_TAIL_LINES = 40
+LOG_TAIL_LINES = 40  # lines of build/debootstrap output kept for an error message
 LogFn = Callable[[str], None]
 
 
@@ -348,6 +348,7 @@ def build_worker_image(tag: str = WORKER_IMAGE, base_image: str | None = None, c
     if base_image:
         args["BASE_IMAGE"] = base_image
     labels = _worker_labels(context, base_ref, base.id if base is not None else "", ca_data)
+    previous = _image_or_none(client, tag)
 
     ca_copy = context / CA_DIR / CA_BUILD_NAME
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
@@ -388,7 +389,25 @@ def build_worker_image(tag: str = WORKER_IMAGE, base_image: str | None = None, c
     seconds = time.monotonic() - start
     size = int(image.attrs.get("Size", 0))
     emit(f"built {tag} in {seconds:.0f} s: {size / 1e9:.2f} GB")
+    if previous is not None and previous.id != image.id:
+        _remove_if_dangling(client, previous.id, emit)
     return BuildResult(tag=tag, seconds=seconds, size_bytes=size, image_id=image.id)
+
+
+def _remove_if_dangling(client: docker.DockerClient, image_id: str, emit: LogFn) -> None:
+    """Drop the image a rebuild replaced, if nothing else names or runs it.
+
+    Why: each lock change leaves a multi-GB untagged image behind, and a few of those fill a disk.
+    """
+    dk = _docker()
+    old = _image_or_none(client, image_id)
+    if old is None or old.tags:
+        return
+    try:
+        client.images.remove(image_id)
+        emit(f"removed the replaced image {old.short_id}")
+    except dk.errors.APIError as e:  # still used by a container: leave it to the user
+        emit(f"kept the replaced image {old.short_id}: {e.explanation or e}")
 
 
 # -------------------------------------------------------------------------------------------- ensure
@@ -456,9 +475,6 @@ def ensure_images(worker_tag: str = WORKER_IMAGE, base_image: str | None = None,
     compare_ca = ca_bundle != "auto"
     if ca_bundle == "auto":
         ca_bundle = default_ca_bundle()
-        if ca_bundle is not None:
-            emit(f"extra CAs for the build: {ca_bundle} (this host's clients trust it; "
-                 f"OMNILEARN_CA_BUNDLE overrides)")
     ca_data = _check_ca_bundle(Path(ca_bundle)) if ca_bundle is not None else None
     base_ref, base_built = resolve_base_image(base_image, client=client, on_log=on_log)
     base = _image_or_none(client, base_ref)
@@ -480,6 +496,8 @@ def ensure_images(worker_tag: str = WORKER_IMAGE, base_image: str | None = None,
             return ImageSet(base_ref, worker_tag, base_built, None, "up to date")
         reason = "changed since the last build: " + ", ".join(changed)
     emit(f"building {worker_tag}: {reason}")
+    if not compare_ca and ca_bundle is not None:
+        emit(f"extra CAs for the build: {ca_bundle} (this host's clients trust it; OMNILEARN_CA_BUNDLE overrides)")
     result = build_worker_image(worker_tag, base_image=None if base_ref == DEFAULT_BASE_IMAGE else base_ref,
                                 ca_bundle=Path(ca_bundle) if ca_bundle is not None else None,
                                 context=context, client=client, on_log=on_log)

@@ -96,7 +96,7 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
     toggler_thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
     procs: list[subprocess.Popen] = []
     logs: list[Path] = []
-    world = cfg.workers
+    world = len(job.plan.targets)  # one process per target: BSP workers; ASP server (rank 0) + workers
     port = free_port()
     try:
         with _terminate_on_sigterm():
@@ -111,8 +111,12 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
                         start_new_session=True)  # Ctrl-C reaches the launcher, which stops workers
                 procs.append(proc)
                 backend.add_process(job.plan.targets[rank], proc.pid)
-            with JobProgress(metrics_path(job.out_dir, 0), label, console) if show_progress \
-                    else contextlib.nullcontext() as progress:
+            if cfg.mode == "asp":
+                from omnilearn.train.asp import AspProgress
+                progress_cm = AspProgress(job.out_dir, label, console)
+            else:
+                progress_cm = JobProgress(metrics_path(job.out_dir, 0), label, console)
+            with progress_cm if show_progress else contextlib.nullcontext() as progress:
                 if progress:
                     progress.set_epochs(cfg.train.epochs)
                 while True:
@@ -120,7 +124,11 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
                     failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
                     if failed:
                         r = failed[0]
-                        raise WorkerFailed(f"worker rank {r} exited with status {codes[r]}; "
+                        who = f"worker rank {r}"
+                        if cfg.mode == "asp":
+                            role = "parameter server" if r == 0 else "ASP worker"
+                            who = f"{role} rank {r} ({job.plan.target(r)})"
+                        raise WorkerFailed(f"{who} exited with status {codes[r]}; "
                                            f"end of {logs[r]}:\n{tail(logs[r])}")
                     if all(c == 0 for c in codes):
                         break
@@ -133,6 +141,12 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
         if toggler_thread.is_alive():
             toggler_thread.join(timeout=10)
         backend.close()
+    if cfg.mode == "asp":  # after the emulation ends: scoring the snapshots takes no worker's CPU
+        from omnilearn.train.asp import evaluate_snapshots
+        evals = evaluate_snapshots(job)
+        if evals:
+            console.print(f"{label}: evaluated {len(evals)} snapshots of the server's model; final held-out "
+                          f"accuracy {evals[-1]['accuracy']:.3f}")
 
 
 def check_local_prerequisites() -> None:

@@ -59,6 +59,10 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     """Build ``summary.json`` for one finished run folder and write it (atomically)."""
     job = JobSpec.load(out_dir / "job.json", out_dir=out_dir)
     cfg = job.config
+    if cfg.mode == "asp":
+        summary = summarize_asp(out_dir, job)
+        write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
+        return summary
     ranks = [read_jsonl(metrics_path(out_dir, r)) for r in range(cfg.workers)]
     steps = [_by_kind(recs, "step") for recs in ranks]
     ends = [(_by_kind(recs, "end") or [None])[-1] for recs in ranks]
@@ -113,6 +117,112 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     return summary
 
 
+RATE_WINDOW = 0.5  # update rates are measured over the last half of the time to the target samples
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolation percentile (numpy's default), without numpy."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def update_rates(updates: list[dict[str, Any]], workers: int, t_from: float, t_to: float) -> list[float]:
+    """Updates per second each worker (1..N) got applied at the server between two times."""
+    span = max(t_to - t_from, 1e-9)
+    counts = [0] * workers
+    for u in updates:
+        if t_from <= u["time"] <= t_to:
+            counts[u["worker"] - 1] += 1
+    return [c / span for c in counts]
+
+
+def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
+    """The ASP summary: the keys BSP has, plus update rates and staleness, from the server's records.
+
+    ``update_rates``: updates/s of each worker applied at the server over the last half of the time
+    until the target samples were reached (``update_rate_window_s``; the first half holds the
+    controller's convergence); ``update_rates_run``: the same over the whole run.
+    """
+    cfg = job.config
+    server = read_jsonl(metrics_path(out_dir, 0))
+    workers = [read_jsonl(metrics_path(out_dir, r)) for r in range(1, cfg.workers + 1)]
+    end = (_by_kind(server, "end") or [None])[-1]
+    missing = [r for r, recs in enumerate(workers, start=1) if not _by_kind(recs, "end")]
+    if end is None or missing:
+        ranks = ([0] if end is None else []) + missing
+        raise RuntimeError(f"run in {out_dir} did not finish: no end record for ranks {ranks}")
+    start = _by_kind(server, "train_start")[-1]["time"]
+    updates = _by_kind(server, "update")
+    steps = [_by_kind(recs, "step") for recs in workers]
+    evals = read_jsonl(out_dir / "metrics" / "eval.jsonl")
+    if not evals and (out_dir / "snapshots").is_dir():  # a launcher that did not score them (e.g. Docker)
+        from omnilearn.train.asp import evaluate_snapshots
+        evals = evaluate_snapshots(job)
+    batches = end["batch"]
+    compute = [_final_compute_s(s, b) for s, b in zip(steps, batches, strict=True)]
+    comm = [statistics.median([r["sync_ms"] for r in s[-FINAL_WINDOW:]]) if s else None for s in steps]
+    known = [c for c in compute if c]
+    ideal = sum(b / c for b, c in zip(batches, compute, strict=True) if c) if len(known) == len(compute) else None
+    t_done = start + end["done_time_s"]
+    t_from = t_done - RATE_WINDOW * end["done_time_s"]
+    rates = update_rates(updates, cfg.workers, t_from, t_done)
+    rates_run = update_rates(updates, cfg.workers, start, start + end["wall_time_s"])
+    staleness = [float(u["staleness"]) for u in updates]
+    per_worker = [[float(u["staleness"]) for u in updates if u["worker"] == w] for w in range(1, cfg.workers + 1)]
+    wall = end["wall_time_s"]
+    return {
+        "mode": cfg.mode,
+        "policy": cfg.control.policy,
+        "backend": job.backend,
+        "allocation_mode": job.plan.mode,
+        "workers": cfg.workers,
+        "model": cfg.model.name,
+        "dataset": cfg.data.name,
+        "global_batch": sum(batches),
+        "epochs": cfg.train.epochs,
+        "steps": len(updates),
+        "samples": end["samples"],
+        "wall_time_s": round(wall, 3),
+        "train_time_s": round(end["train_time_s"], 3),
+        "samples_per_s": round(end["samples"] / wall, 3),
+        "final_accuracy": evals[-1]["accuracy"] if evals else None,
+        "final_loss": evals[-1]["loss"] if evals else None,
+        "accuracy_curve": [{"epoch": round(e["epoch"], 4), "elapsed_s": round(e["elapsed_s"], 3),
+                            "accuracy": e["accuracy"]} for e in evals],
+        "batch_sizes": batches,
+        "allocations": [s[-1].get("cpus") if s else None for s in steps],
+        "server_allocation": next((e["effective"].get("cpus") for e in reversed(_by_kind(server, "hl_change"))),
+                                  None),
+        "threads": [s[-1].get("threads") if s else None for s in steps],
+        "compute_ms": [round(c * 1e3, 2) if c else None for c in compute],
+        "sync_ms": [round(c, 2) if c is not None else None for c in comm],
+        "imbalance": round(max(known) / min(known) - 1, 4) if known else None,
+        "ideal_samples_per_s": round(ideal, 3) if ideal else None,
+        "hl_changes": [{"time": round(e["time"] - start, 3), "epoch": e["epoch"], "level": e["level"]}
+                       for e in _by_kind(server, "hl_change")],
+        "batch_changes": sum(1 for e in _by_kind(server, "batch_change") if e.get("reason") != "initial"),
+        "level_speeds": level_speeds(steps),
+        "schedule": job.plan.schedule.name,
+        "updates": [sum(1 for u in updates if u["worker"] == w) for w in range(1, cfg.workers + 1)],
+        "update_rates": [round(r, 4) for r in rates],
+        "update_rate_spread": round(max(rates) / min(rates), 4) if min(rates) > 0 else None,
+        "update_rate_window_s": [round(t_from - start, 3), round(t_done - start, 3)],
+        "update_rates_run": [round(r, 4) for r in rates_run],
+        "staleness_mean": round(statistics.fmean(staleness), 4) if staleness else None,
+        "staleness_p95": _percentile(staleness, 95),
+        "staleness_max": max(staleness) if staleness else None,
+        "staleness_by_worker": [round(statistics.fmean(v), 4) if v else None for v in per_worker],
+        "lr_reference_batch": _by_kind(server, "start")[-1].get("lr_reference_batch"),
+        "staleness_damping": cfg.asp.staleness_damping,
+        "duplicates": end.get("duplicates", 0),
+    }
+
+
 def ideal_speedup(uniform_dir: Path) -> float | None:
     """What perfect balance would give, from the worker speeds measured in the uniform run.
 
@@ -140,8 +250,12 @@ def compare(out_dir: Path, runs: dict[str, Path]) -> dict[str, Any]:
     if "uniform" in summaries and "dynamic" in summaries:
         u, d = summaries["uniform"], summaries["dynamic"]
         result["speedup"] = round(d["samples_per_s"] / u["samples_per_s"], 4)
-        result["ideal_speedup"] = ideal_speedup(runs["uniform"])
-        if result["ideal_speedup"]:
+        if u["mode"] == "asp":  # no synchronous steps to rebalance: compare update rates and staleness
+            for key in ("update_rate_spread", "staleness_mean", "staleness_p95", "final_accuracy"):
+                result[key] = {"uniform": u.get(key), "dynamic": d.get(key)}
+        else:
+            result["ideal_speedup"] = ideal_speedup(runs["uniform"])
+        if result.get("ideal_speedup"):
             result["fraction_of_ideal"] = round(result["speedup"] / result["ideal_speedup"], 4)
         if u.get("final_accuracy") is not None and d.get("final_accuracy") is not None:
             result["accuracy_delta"] = round(d["final_accuracy"] - u["final_accuracy"], 4)

@@ -14,7 +14,41 @@ def _fmt(v: Any, spec: str = "") -> str:
     return format(v, spec) if spec else str(v)
 
 
+def _name(s: dict[str, Any], i: int) -> str:
+    return f"aspworker{i + 2}" if s["mode"] == "asp" else f"worker{i + 1}"
+
+
+def asp_worker_table(s: dict[str, Any]) -> Table:
+    t = Table(title=f"{s['policy']} · ASP · backend {s['backend']} · per worker (server: "
+                    f"{_fmt(s.get('server_allocation'), '.3g')} CPU)")
+    for col in ("worker", "CPU share", "threads", "batch", "compute ms", "pull+push ms", "updates",
+                "updates/s", "staleness"):
+        t.add_column(col, justify="right")
+    for i in range(s["workers"]):
+        t.add_row(_name(s, i), _fmt(s["allocations"][i], ".3g"), _fmt(s["threads"][i]), str(s["batch_sizes"][i]),
+                  _fmt(s["compute_ms"][i], ".0f"), _fmt(s["sync_ms"][i], ".0f"), _fmt(s["updates"][i]),
+                  _fmt(s["update_rates"][i], ".2f"), _fmt(s["staleness_by_worker"][i], ".1f"))
+    t.caption = (f"updates/s over {s['update_rate_window_s'][0]:.0f}-{s['update_rate_window_s'][1]:.0f} s "
+                 f"(the last half of the time to the target samples)")
+    return t
+
+
+def asp_job_table(summaries: dict[str, dict[str, Any]]) -> Table:
+    t = Table(title="job (ASP)")
+    t.add_column("policy")
+    for col in ("wall s", "samples/s", "update-rate spread", "staleness mean", "staleness p95", "accuracy",
+                "batch changes"):
+        t.add_column(col, justify="right")
+    for name, s in summaries.items():
+        t.add_row(name, _fmt(s["wall_time_s"], ".1f"), _fmt(s["samples_per_s"], ".1f"),
+                  _fmt(s["update_rate_spread"], ".2f"), _fmt(s["staleness_mean"], ".2f"),
+                  _fmt(s["staleness_p95"], ".1f"), _fmt(s["final_accuracy"], ".3f"), _fmt(s["batch_changes"]))
+    return t
+
+
 def worker_table(s: dict[str, Any]) -> Table:
+    if s["mode"] == "asp":
+        return asp_worker_table(s)
     t = Table(title=f"{s['policy']} · {s['mode'].upper()} · backend {s['backend']} · final state per worker")
     for col in ("worker", "CPU share", "threads", "batch", "compute ms", "sync ms", "samples/s"):
         t.add_column(col, justify="right")
@@ -45,7 +79,7 @@ def level_table(s: dict[str, Any]) -> Table:
     t = Table(title="measured worker speeds per level (samples/s): nominal vs effective heterogeneity")
     t.add_column("level")
     for i in range(s["workers"]):
-        t.add_column(f"worker{i + 1}", justify="right")
+        t.add_column(_name(s, i), justify="right")
     t.add_column("fast/slow", justify="right")
     for level, row in s["level_speeds"].items():
         t.add_row(level, *[_fmt(v, ".1f") for v in row["samples_per_s"]], _fmt(row["measured_ratio"], ".2f"))
@@ -57,4 +91,4 @@ def print_report(console: Console, summaries: dict[str, dict[str, Any]], compare
         console.print(worker_table(s))
     last = list(summaries.values())[-1]
     console.print(level_table(last))
-    console.print(job_table(summaries, compare))
+    console.print(asp_job_table(summaries) if last["mode"] == "asp" else job_table(summaries, compare))

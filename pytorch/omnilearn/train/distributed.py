@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import fcntl
+import ipaddress
 import os
+import socket
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +37,45 @@ def env_int(name: str, default: int | None = None) -> int:
         raise UserError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
+def interface_addresses() -> dict[str, str]:
+    """IPv4 address of every network interface of this process's namespace (SIOCGIFADDR)."""
+    out = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                req = struct.pack("256s", name.encode()[:15])
+                out[name] = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])
+            except OSError:
+                continue  # no IPv4 address on this interface
+    return out
+
+
+def select_interface(subnet: str) -> str | None:
+    """The interface whose address lies in ``subnet`` (a container's overlay network)."""
+    net = ipaddress.ip_network(subnet, strict=False)
+    for name, addr in interface_addresses().items():
+        if ipaddress.ip_address(addr) in net:
+            return name
+    return None
+
+
+def use_overlay_interface() -> None:
+    """In a container on several networks, make gloo and TensorPipe use the job's overlay network.
+
+    The launcher passes the overlay's subnet as OMNILEARN_SUBNET; without this, gloo may pick the
+    docker_gwbridge interface, which other hosts cannot reach.
+    """
+    subnet = os.environ.get("OMNILEARN_SUBNET")
+    if not subnet or "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    name = select_interface(subnet)
+    if name is None:
+        raise UserError(f"no network interface in the job's overlay subnet {subnet} "
+                        f"(interfaces: {interface_addresses()})")
+    os.environ["GLOO_SOCKET_IFNAME"] = name
+    os.environ.setdefault("TP_SOCKET_IFNAME", name)
+
+
 def init(backend: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     """Join the process group described by RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK.
 
@@ -43,6 +86,7 @@ def init(backend: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if name not in os.environ:
             raise UserError(f"environment variable {name} is not set (run under `omnilearn run` or torchrun)")
+    use_overlay_interface()
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":

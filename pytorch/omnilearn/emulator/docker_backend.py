@@ -1,0 +1,143 @@
+"""The Docker backend: an allocation is a container update (what ``docker update`` does), via the SDK.
+
+The toggler calls :meth:`DockerBackend.apply` for a target (a container name such as ``worker2``).
+Only containers labelled with this job are ever touched. After an update the backend reads back
+what the daemon recorded (``HostConfig``) and, when the container's cgroup is visible on this host,
+what the kernel enforces, and returns that as the effective allocation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omnilearn.emulator.levels import Allocation
+from omnilearn.errors import UserError
+
+log = logging.getLogger("omnilearn.docker")
+
+LABEL_JOB = "omnilearn.job"
+LABEL_TARGET = "omnilearn.target"
+LABEL_RANK = "omnilearn.rank"
+PERIOD_US = 100_000
+CGROUP_V1 = Path("/sys/fs/cgroup")
+
+
+class ForeignContainer(Exception):
+    """A container of that name exists but belongs to another job (or to nobody we know)."""
+
+
+def update_kwargs(allocation: Allocation, host_cpus: int) -> dict[str, Any]:
+    """``Container.update`` arguments for an allocation; ``None`` fields lift the limit."""
+    kwargs: dict[str, Any] = {
+        "cpu_period": PERIOD_US,
+        # -1 would be the kernel's "no limit", but the daemon refuses it: 0 clears the quota.
+        "cpu_quota": int(round(allocation.cpus * PERIOD_US)) if allocation.cpus is not None else 0,
+        "cpuset_cpus": allocation.cpuset if allocation.cpuset is not None else f"0-{host_cpus - 1}",
+    }
+    if allocation.memory is not None:
+        kwargs["mem_limit"] = allocation.memory
+        kwargs["memswap_limit"] = allocation.memory
+    return kwargs
+
+
+def run_kwargs(allocation: Allocation) -> dict[str, Any]:
+    """``containers.run`` arguments giving a new container its first allocation."""
+    kwargs: dict[str, Any] = {}
+    if allocation.cpus is not None:
+        kwargs.update(cpu_period=PERIOD_US, cpu_quota=int(round(allocation.cpus * PERIOD_US)))
+    if allocation.cpuset is not None:
+        kwargs["cpuset_cpus"] = allocation.cpuset
+    if allocation.memory is not None:
+        kwargs.update(mem_limit=allocation.memory, memswap_limit=allocation.memory)
+    return kwargs
+
+
+def effective_allocation(attrs: Mapping[str, Any], kernel: Mapping[str, str] | None = None) -> Allocation:
+    """What a container is limited to: the kernel's cgroup values when given, else the daemon's record."""
+    hc = attrs.get("HostConfig", {})
+    quota, period = hc.get("CpuQuota") or 0, hc.get("CpuPeriod") or PERIOD_US
+    nano = hc.get("NanoCpus") or 0
+    cpuset = hc.get("CpusetCpus") or None
+    memory = hc.get("Memory") or None
+    if kernel:
+        if "quota" in kernel and "period" in kernel:
+            quota, period = int(kernel["quota"]), int(kernel["period"])
+        cpuset = kernel.get("cpuset", cpuset) or None
+    cpus = quota / period if quota and quota > 0 else (nano / 1e9 if nano else None)
+    return Allocation(cpuset=cpuset, cpus=round(cpus, 4) if cpus is not None else None, memory=memory)
+
+
+def read_kernel_v1(container_id: str, root: Path = CGROUP_V1) -> dict[str, str] | None:
+    """The container's CFS quota/period and cpuset from this host's cgroup v1 files (cgroupfs driver)."""
+    cpu = root / "cpu" / "docker" / container_id
+    cpuset = root / "cpuset" / "docker" / container_id
+    if not cpu.is_dir():
+        return None
+    out = {"quota": (cpu / "cpu.cfs_quota_us").read_text().strip(),
+           "period": (cpu / "cpu.cfs_period_us").read_text().strip()}
+    if (cpuset / "cpuset.cpus").exists():
+        out["cpuset"] = (cpuset / "cpuset.cpus").read_text().strip()
+    return out
+
+
+@dataclass
+class DockerBackend:
+    """Applies allocations to this job's containers; ``clients`` maps a target to its host's daemon.
+
+    Targets without an entry use ``default``. A target whose container has vanished, or a daemon
+    that does not answer, raises: the toggler records the request as rejected and goes on.
+    """
+
+    job_id: str
+    default: Any  # docker.DockerClient
+    clients: dict[str, Any] = field(default_factory=dict)
+    host_cpus: dict[str, int] = field(default_factory=dict)
+    name: str = "docker"
+
+    def _client(self, target: str) -> Any:
+        return self.clients.get(target, self.default)
+
+    def container(self, target: str) -> Any:
+        container = self._client(target).containers.get(target)
+        labels = container.labels or {}
+        if labels.get(LABEL_JOB) != self.job_id:
+            raise ForeignContainer(f"container {target} belongs to job {labels.get(LABEL_JOB)!r}, not "
+                                   f"{self.job_id!r}: not touched")
+        return container
+
+    def add_process(self, target: str, pid: int) -> None:  # noqa: ARG002 - containers carry their own cgroup
+        return None
+
+    def _ncpus(self, target: str) -> int:
+        if target not in self.host_cpus:
+            self.host_cpus[target] = int(self._client(target).info().get("NCPU", 1))
+        return self.host_cpus[target]
+
+    def apply(self, target: str, allocation: Allocation) -> Allocation:
+        container = self.container(target)
+        container.update(**update_kwargs(allocation, self._ncpus(target)))
+        container.reload()
+        kernel = read_kernel_v1(container.id) if self._client(target) is self.default else None
+        effective = effective_allocation(container.attrs, kernel)
+        if allocation.cpus is not None and effective.cpus is not None and abs(effective.cpus - allocation.cpus) > 0.01:
+            raise RuntimeError(f"{target}: asked for {allocation.cpus} CPUs, the container reports {effective.cpus}")
+        if allocation.cpuset is not None and effective.cpuset != allocation.cpuset:
+            raise RuntimeError(f"{target}: asked for cpuset {allocation.cpuset}, the container reports "
+                               f"{effective.cpuset}")
+        return effective
+
+    def close(self) -> None:
+        return None
+
+
+def docker_sdk() -> Any:
+    """The SDK, imported on first use (workers never need it)."""
+    try:
+        import docker
+    except ImportError as e:  # pragma: no cover - a pinned dependency
+        raise UserError("the Docker SDK for Python (package 'docker') is not installed") from e
+    return docker

@@ -1,0 +1,308 @@
+"""The container launcher: one Docker container per rank on an attachable Swarm overlay network.
+
+``up`` joins or initialises Swarm, creates the job's overlay network and starts the containers
+(``worker1``..``workerN`` for BSP; ``aspworker1`` = parameter server, ``aspworker2``.. for ASP), each
+with the first level's allocation, the run folder bind-mounted, labels naming the job. A container
+runs the worker entry point directly, so its life is the worker's life. ``down`` removes everything
+the job made, found by label, so it also works after a crash. All through the Docker SDK.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from omnilearn.emulator.docker_backend import (
+    LABEL_JOB,
+    LABEL_RANK,
+    LABEL_TARGET,
+    DockerBackend,
+    docker_sdk,
+    run_kwargs,
+)
+from omnilearn.emulator.toggler import Toggler, toggler_lock
+from omnilearn.errors import UserError
+from omnilearn.launch.image import daemon_client, ensure_images
+from omnilearn.launch.job import JobSpec, write_atomic
+from omnilearn.launch.progress import JobProgress
+from omnilearn.train.metrics import metrics_path
+
+log = logging.getLogger("omnilearn.swarm")
+
+RUN_MOUNT = "/run/omnilearn"  # the run folder inside every container
+DATA_MOUNT = "/data"
+STATE_FILE = "cluster.json"
+
+
+class WorkerFailed(Exception):
+    """A worker container exited with an error; the message holds the end of its log."""
+
+
+@dataclass
+class ClusterState:
+    """What ``up`` made, written to ``OUT/cluster.json`` so ``status``/``down`` find it again."""
+
+    job_id: str
+    network: str
+    subnet: str | None
+    containers: dict[str, str] = field(default_factory=dict)  # target -> container id
+    hosts: dict[str, str] = field(default_factory=dict)  # target -> daemon URL (absent: local)
+    swarm_initialized: bool = False
+
+    def save(self, out_dir: Path) -> None:
+        write_atomic(out_dir / STATE_FILE, json.dumps(self.__dict__, indent=2))
+
+    @staticmethod
+    def load(out_dir: Path) -> ClusterState:
+        path = out_dir / STATE_FILE
+        if not path.is_file():
+            raise UserError(f"{out_dir}: no {STATE_FILE} (was `omnilearn cluster up` run with this --out?)")
+        return ClusterState(**json.loads(path.read_text()))
+
+
+def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
+    """The local (manager) daemon and one client per remotely placed target."""
+    default = daemon_client()
+    dk = docker_sdk()
+    remote: dict[str, Any] = {}
+    by_url: dict[str, Any] = {}
+    for target, url in job.config.docker.hosts.items():
+        if target not in job.plan.targets:
+            raise UserError(f"{job.config.source}: docker.hosts.{target}: not a target of this job "
+                            f"({', '.join(job.plan.targets)})")
+        if url not in by_url:
+            try:
+                client = dk.DockerClient(base_url=url, use_ssh_client=url.startswith("ssh://"))
+                client.ping()
+            except Exception as e:  # noqa: BLE001 - any failure to reach a daemon is the same user error
+                raise UserError(f"docker.hosts.{target}: no Docker daemon answers at {url} ({e})") from e
+            by_url[url] = client
+        remote[target] = by_url[url]
+    return default, remote
+
+
+def ensure_swarm(client: Any, advertise_addr: str | None) -> bool:
+    """Make this daemon a Swarm manager if it is in no swarm; returns True when it initialised one."""
+    info = client.info().get("Swarm", {})
+    if info.get("LocalNodeState") == "active":
+        if not info.get("ControlAvailable"):
+            log.info("this host is a Swarm worker: the overlay network must exist on the manager")
+        return False
+    dk = docker_sdk()
+    try:
+        client.swarm.init(advertise_addr=advertise_addr)
+    except dk.errors.APIError as e:
+        if advertise_addr is None and "advertise" in str(e).lower():
+            client.swarm.init(advertise_addr="127.0.0.1")  # a host with no routable address (CI, laptops)
+        else:
+            raise UserError(f"docker swarm init failed: {e.explanation or e}") from e
+    return True
+
+
+def _check_names_free(job: JobSpec, default: Any, remote: dict[str, Any]) -> None:
+    dk = docker_sdk()
+    for target in job.plan.targets:
+        client = remote.get(target, default)
+        try:
+            c = client.containers.get(target)
+        except dk.errors.NotFound:
+            continue
+        owner = (c.labels or {}).get(LABEL_JOB)
+        raise UserError(f"a container named {target} already exists ({'job ' + owner if owner else 'not omnilearn'}"
+                        f", {c.status}): remove it first" + (f" with `omnilearn cluster down --job {owner}`"
+                                                             if owner else ""))
+
+
+def _data_mount(job: JobSpec) -> tuple[dict[str, dict[str, str]], str | None]:
+    root = Path(job.config.data.root).resolve()
+    if root.is_dir():
+        return {str(root): {"bind": DATA_MOUNT, "mode": "rw" if job.config.data.download else "ro"}}, DATA_MOUNT
+    return {}, None
+
+
+def up(job: JobSpec, console: Console | None = None) -> ClusterState:
+    """Start the job's containers (the job file must already be saved in ``job.out_dir``)."""
+    cfg = job.config
+    dk = docker_sdk()
+    default, remote = clients_for(job)
+    if cfg.docker.build:
+        images = ensure_images(cfg.docker.image, client=default, on_log=log.debug)
+        if console:
+            b = images.worker_build
+            console.print(f"image {cfg.docker.image}: " + (images.reason if b is None else
+                          f"built in {b.seconds:.0f} s ({b.size_bytes / 1e9:.2f} GB; {images.reason})"))
+    initialized = ensure_swarm(default, cfg.docker.advertise_addr)
+    _check_names_free(job, default, remote)
+    net_name = cfg.docker.network or f"omnilearn-{job.job_id}"
+    labels = {LABEL_JOB: job.job_id}
+    state = ClusterState(job_id=job.job_id, network=net_name, subnet=None, hosts=dict(cfg.docker.hosts),
+                         swarm_initialized=initialized)
+    state.save(job.out_dir)  # before anything is made: `down` can always find the job
+    options = {"encrypted": "true"} if cfg.docker.encrypted else None
+    try:
+        network = default.networks.create(net_name, driver="overlay", attachable=True, labels=labels,
+                                          options=options, check_duplicate=True)
+    except dk.errors.APIError as e:
+        raise UserError(f"cannot create overlay network {net_name}: {e.explanation or e}") from e
+    network.reload()
+    ipam = (network.attrs.get("IPAM") or {}).get("Config") or [{}]
+    state.subnet = ipam[0].get("Subnet")
+    volumes, data_root = _data_mount(job)
+    volumes[str(job.out_dir)] = {"bind": RUN_MOUNT, "mode": "rw"}
+    command = ["omnilearn", "worker", "--job", f"{RUN_MOUNT}/job.json", "--out-dir", RUN_MOUNT]
+    if data_root:
+        command += ["--data-root", data_root]
+    world = len(job.plan.targets)
+    first = job.plan.first_level()
+    for rank, target in enumerate(job.plan.targets):
+        env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "MASTER_ADDR": job.plan.targets[0], "MASTER_PORT": str(cfg.docker.master_port),
+               "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+        if state.subnet:
+            env["OMNILEARN_SUBNET"] = state.subnet  # the worker finds its overlay interface for gloo
+        client = remote.get(target, default)
+        container = client.containers.run(
+            cfg.docker.image, command=command, name=target, hostname=target, detach=True, init=True,
+            network=net_name, environment=env, volumes=volumes, working_dir=RUN_MOUNT,
+            labels={**labels, LABEL_TARGET: target, LABEL_RANK: str(rank)},
+            **run_kwargs(job.plan.allocation(first, target)))
+        state.containers[target] = container.id
+        state.save(job.out_dir)
+    if console:
+        console.print(f"cluster up: {world} containers on overlay network {net_name} ({state.subnet}), "
+                      f"level {first}")
+    return state
+
+
+def _job_containers(client: Any, job_id: str) -> list[Any]:
+    return client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"})
+
+
+def status(out_dir: Path) -> list[dict[str, Any]]:
+    """One row per container of the job: state, exit code, CPU limits as the daemon has them."""
+    job = JobSpec.load(out_dir / "job.json", out_dir=out_dir)
+    default, remote = clients_for(job)
+    rows = []
+    for target in job.plan.targets:
+        client = remote.get(target, default)
+        found = [c for c in _job_containers(client, job.job_id) if c.name == target]
+        if not found:
+            rows.append({"target": target, "status": "absent"})
+            continue
+        c = found[0]
+        hc = c.attrs.get("HostConfig", {})
+        rows.append({"target": target, "status": c.status, "exit_code": c.attrs["State"].get("ExitCode"),
+                     "cpus": (hc.get("CpuQuota") or 0) / (hc.get("CpuPeriod") or 100_000) or None,
+                     "cpuset": hc.get("CpusetCpus") or None, "id": c.short_id})
+    return rows
+
+
+def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = False,
+         timeout: float = 10.0) -> list[str]:
+    """Remove every container and network labelled with ``job_id``; returns what was removed."""
+    dk = docker_sdk()
+    default = daemon_client()
+    clients = [default] + [dk.DockerClient(base_url=u) for u in sorted(set((hosts or {}).values()))]
+    removed: list[str] = []
+    for client in clients:
+        for c in _job_containers(client, job_id):
+            with contextlib.suppress(dk.errors.NotFound):
+                c.remove(force=True)
+                removed.append(f"container {c.name}")
+    for net in default.networks.list(filters={"label": f"{LABEL_JOB}={job_id}"}):
+        for attempt in range(10):  # a just-removed container may still hold its endpoint briefly
+            try:
+                net.remove()
+                removed.append(f"network {net.name}")
+                break
+            except dk.errors.NotFound:
+                break
+            except dk.errors.APIError:
+                if attempt == 9:
+                    raise
+                time.sleep(0.5)
+    if leave_swarm and not default.networks.list(filters={"label": LABEL_JOB}):
+        with contextlib.suppress(dk.errors.APIError):
+            default.swarm.leave(force=True)
+            removed.append("swarm membership")
+    return removed
+
+
+def _container_states(default: Any, remote: dict[str, Any], state: ClusterState) -> dict[str, tuple[str, int]]:
+    dk = docker_sdk()
+    out = {}
+    for target, cid in state.containers.items():
+        client = remote.get(target, default)
+        try:
+            c = client.containers.get(cid)
+            out[target] = (c.status, int(c.attrs["State"].get("ExitCode", 0)))
+        except dk.errors.NotFound:
+            out[target] = ("vanished", -1)
+    return out
+
+
+def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool = True) -> None:
+    """``omnilearn run --backend docker``: up, toggler, wait, and always down."""
+    job.backend = "docker"
+    job.save()
+    default, remote = clients_for(job)
+    backend = DockerBackend(job.job_id, default, clients=remote)
+    stop = threading.Event()
+    thread: threading.Thread | None = None
+    state: ClusterState | None = None
+    try:
+        with toggler_lock(job.log_dir):
+            toggler = Toggler(job.log_dir, backend, job.plan.targets)
+            thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
+            thread.start()
+            state = up(job, console)
+            with JobProgress(metrics_path(job.out_dir, 0), label, console) if show_progress \
+                    else contextlib.nullcontext() as progress:
+                if progress:
+                    progress.set_epochs(job.config.train.epochs)
+                while True:
+                    states = _container_states(default, remote, state)
+                    failed = [t for t, (s, code) in states.items() if s in ("exited", "dead", "vanished") and code != 0]
+                    if failed:
+                        target = failed[0]
+                        raise WorkerFailed(f"container {target} (rank {job.plan.targets.index(target)}) ended: "
+                                           f"{states[target][0]}, exit code {states[target][1]}; last lines:\n"
+                                           f"{_tail_logs(remote.get(target, default), state.containers[target])}")
+                    if all(s == "exited" for s, _ in states.values()):
+                        break
+                    if progress:
+                        progress.update()
+                    time.sleep(1.0)
+            stop.set()
+            thread.join(timeout=10)
+    finally:
+        stop.set()
+        if thread is not None and thread.is_alive():
+            thread.join(timeout=10)
+        if state is not None:
+            save_logs(default, remote, state, job.log_dir)
+        removed = down(job.job_id, job.config.docker.hosts,
+                       leave_swarm=bool(state and state.swarm_initialized))
+        log.info("cluster down: %s", ", ".join(removed))
+
+
+def save_logs(default: Any, remote: dict[str, Any], state: ClusterState, log_dir: Path) -> None:
+    """Keep each container's output (``logs/worker-<rank>.out``) before the container is removed."""
+    for rank, (target, cid) in enumerate(state.containers.items()):
+        with contextlib.suppress(Exception):
+            data = remote.get(target, default).containers.get(cid).logs()
+            (log_dir / f"worker-{rank}.out").write_bytes(data)
+
+
+def _tail_logs(client: Any, cid: str, lines: int = 15) -> str:
+    with contextlib.suppress(Exception):
+        return client.containers.get(cid).logs(tail=lines).decode(errors="replace")
+    return "(no logs)"

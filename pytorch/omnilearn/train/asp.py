@@ -1,0 +1,248 @@
+"""Asynchronous training (ASP): workers of a parameter server, and the evaluation of its snapshots.
+
+Process rank 0 is the parameter server (:mod:`omnilearn.train.parameter_server`, target
+``aspworker1``); ranks 1..N are the workers (``aspworker2``...). One step of a worker, with no barrier
+and no waiting for the others:
+
+1. pull: the server's parameters and BatchNorm statistics (one flat tensor) and their version;
+2. compute (timed): forward and backward of its next ``b_i`` samples;
+3. push: the mean gradient followed by the change of the running statistics (one flat tensor), the
+   version it was computed on and the worker's compute-time estimate. The reply gives the batch
+   size of the next step (the controller runs at the server), the server's epoch and level, and
+   whether training is over; a new level is requested from the toggler like in BSP.
+
+Data: each worker streams the whole training set, pass after pass, each pass in its own order seeded
+by ``(seed, rank, pass)``; a batch that runs past the end of a pass continues into the next. An epoch
+is the server's count of applied samples divided by the training-set size.
+
+Evaluation must not take CPU from the emulated training: the server saves snapshots of its model at
+fixed epoch intervals (``asp.eval_interval``) and at the end, and :func:`evaluate_snapshots` scores
+every one on the held-out split after the job, outside the emulated allocations
+(``metrics/eval.jsonl``: accuracy over the server's wall time and epochs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.rpc as rpc
+import torch.nn.functional as F
+
+from omnilearn.control.controller import ComputeWindow
+from omnilearn.emulator.client import AllocationClient
+from omnilearn.emulator.plan import SERVER_TARGET
+from omnilearn.launch.job import JobSpec
+from omnilearn.launch.progress import JobProgress
+from omnilearn.train import parameter_server as ps
+from omnilearn.train.bsp import GradBuffer
+from omnilearn.train.data import TensorData, load_dataset
+from omnilearn.train.distributed import env_int
+from omnilearn.train.metrics import MetricsWriter, metrics_path, read_jsonl
+from omnilearn.train.models import build_model, count_parameters
+
+log = logging.getLogger("omnilearn.worker")
+
+EVAL_FILE = "eval.jsonl"  # in the run's metrics folder
+RPC_ATTEMPTS = 3  # a pull or push that times out is sent again (a push at most once is applied)
+
+
+class IndexStream:
+    """One worker's endless stream of training indices: pass after pass over the whole set.
+
+    Pass ``p`` is a permutation seeded by ``(seed, rank, p)``: workers see the data in different
+    orders, and every sample once per pass of each worker, whatever batch sizes it is given.
+    """
+
+    def __init__(self, size: int, seed: int, rank: int) -> None:
+        assert size > 0
+        self.size, self.seed, self.rank = size, seed, rank
+        self.passes = 0
+        self._perm = self._permutation(0)
+        self._pos = 0
+
+    def _permutation(self, n: int) -> torch.Tensor:
+        state = np.random.SeedSequence([self.seed, self.rank, n]).generate_state(2, dtype=np.uint32)
+        mixed = ((int(state[0]) << 31) ^ int(state[1])) & ((1 << 63) - 1)
+        return torch.randperm(self.size, generator=torch.Generator().manual_seed(mixed))
+
+    def take(self, count: int) -> torch.Tensor:
+        parts = []
+        while count > 0:
+            if self._pos == self.size:
+                self.passes += 1
+                self._perm, self._pos = self._permutation(self.passes), 0
+            n = min(count, self.size - self._pos)
+            parts.append(self._perm[self._pos:self._pos + n])
+            self._pos += n
+            count -= n
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.long)
+
+
+def _call(fn: Any, args: tuple, timeout: float) -> Any:
+    """``rpc_sync`` to the server, sent again after a timeout (the server drops a repeated push)."""
+    for attempt in range(1, RPC_ATTEMPTS + 1):
+        try:
+            return rpc.rpc_sync(SERVER_TARGET, fn, args=args, timeout=timeout)
+        except RuntimeError as e:
+            if "time" not in str(e).lower() or attempt == RPC_ATTEMPTS:  # "timed out", "timeout"
+                raise
+            log.warning("%s to the parameter server timed out (attempt %d); sending it again", fn.__name__, attempt)
+    raise AssertionError("unreachable")
+
+
+def run(job: JobSpec) -> None:
+    """Entry point of every ASP process: rank 0 serves, the other ranks train."""
+    if env_int("RANK") == 0:
+        ps.run_server(job)
+    else:
+        run_worker(job)
+
+
+def run_worker(job: JobSpec) -> None:
+    cfg = job.config
+    t_cfg, c_cfg = cfg.train, cfg.control
+    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
+    assert 1 <= rank and world == cfg.workers + 1, (rank, world, cfg.workers)
+    train, test, classes = load_dataset(cfg.data.name, cfg.data.root, cfg.data.image_size, cfg.data.download,
+                                        cfg.data.test_fraction, t_cfg.seed, synthetic_size=cfg.data.synthetic_size)
+    model = build_model(cfg.model.name, classes, cfg.data.image_size, stem=cfg.model.stem).train()
+    state, n_params = ps.flat_state(model)
+    grads = GradBuffer(list(model.parameters()), extra=state.numel() - n_params)  # gradient, then BN change
+    target = job.plan.target(rank)
+    client = AllocationClient(job.plan, job.log_dir, rank, target, cfg.emulation.ack_timeout)
+    metrics = MetricsWriter(metrics_path(job.out_dir, rank))
+    stream = IndexStream(len(train), t_cfg.seed, rank)
+    augment = torch.Generator().manual_seed(t_cfg.seed * 1000 + rank)
+    window = ComputeWindow(size=c_cfg.window, skip=c_cfg.skip_after_change)
+    timeout = cfg.asp.worker_timeout_s
+    metrics.write("start", rank=rank, world=world, target=target, role="worker", params=count_parameters(model),
+                  train_samples=len(train), test_samples=len(test), policy=c_cfg.policy)
+
+    def follow(control: dict[str, Any], step: int) -> None:
+        """Adopt the level the server's epoch (or clock) implies for this worker's own target."""
+        event = client.ensure(control["level"], control["epoch"])
+        if event is not None:
+            metrics.write("hl_change", step=step, elapsed_s=control["elapsed"], **event)
+            window.reset()  # a new allocation: old measurements no longer describe this worker
+
+    follow({"level": job.plan.schedule.level_at(0), "epoch": 0.0, "elapsed": 0.0}, 0)
+    rpc.init_rpc(target, rank=rank, world_size=world, rpc_backend_options=ps.rpc_options(timeout, cfg.workers))
+    control = rpc.rpc_sync(SERVER_TARGET, ps.rpc_hello, args=(rank, timeout), timeout=2 * timeout)
+    t_start = time.time()
+    batch = control["batch"]
+    step = seq = samples = 0
+    while not control["stop"]:
+        follow(control, step)
+        t0 = time.perf_counter()
+        pulled, control = _call(ps.rpc_pull, (rank,), timeout)
+        if pulled is None:  # training ended while this worker was busy
+            break
+        version = control["version"]
+        state.copy_(pulled)
+        t1 = time.perf_counter()
+        grads.zero()
+        x, y = train.batch(stream.take(batch), augment=cfg.data.augment, generator=augment)
+        out = model(x)
+        loss_sum = F.cross_entropy(out, y, reduction="sum")
+        (loss_sum / batch).backward()
+        torch.sub(state[n_params:], pulled[n_params:], out=grads.extra)  # what this batch did to BN stats
+        t2 = time.perf_counter()
+        window.add(t2 - t1)
+        estimate = window.estimate()
+        seq += 1
+        stats = {"loss": float(loss_sum.detach()), "correct": int((out.detach().argmax(1) == y).sum()),
+                 "compute_s": t2 - t1, "estimate_s": estimate, "count": window.count, "level": client.level}
+        control = _call(ps.rpc_push, (rank, seq, version, grads.flat, batch, stats), timeout)
+        t3 = time.perf_counter()
+        step += 1
+        samples += batch
+        metrics.write("step", step=step, seq=seq, version=version, staleness=control["staleness"], batch=batch,
+                      compute_ms=round((t2 - t1) * 1e3, 3), pull_ms=round((t1 - t0) * 1e3, 3),
+                      push_ms=round((t3 - t2) * 1e3, 3), sync_ms=round((t1 - t0 + t3 - t2) * 1e3, 3),
+                      loss=stats["loss"] / batch, train_acc=stats["correct"] / batch, lr=control["lr"],
+                      epoch=control["epoch"], level=client.level, cpus=client.allocation.share,
+                      threads=client.threads)
+        if control["batch"] != batch:
+            batch = control["batch"]
+            window.reset()  # measurements at the old size no longer describe the next steps
+    metrics.write("end", wall_time_s=time.time() - t_start, steps=step, pushes=seq, samples=samples, batch=batch,
+                  level=client.level)
+    metrics.close()
+    ps._shutdown()
+
+
+# ---------------------------------------------------------------------- evaluation after the job
+
+@torch.no_grad()
+def evaluate_model(model: torch.nn.Module, test: TensorData, chunk: int = 256) -> tuple[float, float]:
+    """(accuracy, mean loss) of ``model`` on the whole held-out split."""
+    model.eval()
+    correct, loss, n = 0, 0.0, len(test)
+    for start in range(0, n, chunk):
+        x, y = test.batch(torch.arange(start, min(start + chunk, n)))
+        out = model(x)
+        loss += float(F.cross_entropy(out, y, reduction="sum"))
+        correct += int((out.argmax(1) == y).sum())
+    model.train()
+    return correct / n, loss / n
+
+
+def evaluate_snapshots(job: JobSpec) -> list[dict[str, Any]]:
+    """Score every snapshot the server saved; writes and returns the ``eval`` records, in order."""
+    cfg = job.config
+    _, test, classes = load_dataset(cfg.data.name, cfg.data.root, cfg.data.image_size, cfg.data.download,
+                                    cfg.data.test_fraction, cfg.train.seed, synthetic_size=cfg.data.synthetic_size)
+    model = build_model(cfg.model.name, classes, cfg.data.image_size, stem=cfg.model.stem)
+    state, _ = ps.flat_state(model)
+    path = job.metrics_dir / EVAL_FILE
+    path.unlink(missing_ok=True)
+    writer = MetricsWriter(path)
+    records = []
+    for snap_file in sorted((job.out_dir / ps.SNAPSHOT_DIR).glob("snapshot-*.pt")):
+        snap = torch.load(snap_file, weights_only=True)
+        state.copy_(snap["state"])
+        accuracy, loss = evaluate_model(model, test)
+        rec = {"kind": "eval", "snapshot": snap_file.name, "epoch": snap["epoch"], "version": snap["version"],
+               "samples": snap["samples"], "elapsed_s": snap["elapsed_s"], "final": snap["final"],
+               "accuracy": accuracy, "loss": loss, "test_samples": len(test)}
+        writer.write(**rec)
+        records.append(rec)
+    writer.close()
+    return records
+
+
+def read_evals(out_dir: Path) -> list[dict[str, Any]]:
+    return read_jsonl(Path(out_dir) / "metrics" / EVAL_FILE)
+
+
+class AspProgress(JobProgress):
+    """``epoch 1.4/3 · HL8 · batch 13/13/13/89 · loss 0.41 · staleness 2.1`` over the applied samples."""
+
+    def __init__(self, out_dir: Path, label: str, console: Any = None) -> None:
+        super().__init__(metrics_path(out_dir, 0), label, console)
+        self.epoch_f = 0.0
+        self.staleness = 0.0
+
+    def update(self) -> None:
+        for rec in self.tail.read():
+            kind = rec.get("kind")
+            if kind == "start":
+                self.progress.update(self.task, total=rec["target_samples"])
+            elif kind == "update":
+                self.progress.update(self.task, completed=rec["samples"])
+                self.epoch_f = rec["epoch"]
+                self.loss = rec["loss"] if self.loss != self.loss else 0.9 * self.loss + 0.1 * rec["loss"]
+                self.staleness = 0.9 * self.staleness + 0.1 * rec["staleness"]
+            elif kind == "batch_change":
+                self.batch = rec["batch"]
+            elif kind == "hl_change":
+                self.level = rec["level"]
+        batch = "/".join(map(str, self.batch)) if self.batch else "initial"
+        desc = (f"epoch {self.epoch_f:.2f}/{self.epochs} · {self.level} · batch {batch} · loss {self.loss:.3f} · "
+                f"staleness {self.staleness:.1f}")
+        self.progress.update(self.task, description=desc)

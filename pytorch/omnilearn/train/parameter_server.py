@@ -1,0 +1,488 @@
+"""The ASP parameter server: applies every pushed gradient exactly once, and balances the workers.
+
+Process rank 0 of an ASP job (target ``aspworker1``); the workers (:mod:`omnilearn.train.asp`, ranks
+1..N) call it through three RPCs on ``torch.distributed.rpc`` (TensorPipe):
+
+- ``rpc_hello(rank)``: registration; answers once every worker has registered, so all start together.
+- ``rpc_pull(rank)``: the parameters and the BatchNorm running statistics as ONE flat tensor, with
+  their version (the number of gradients applied so far).
+- ``rpc_push(rank, seq, version, flat, ...)``: ONE flat tensor holding the mean gradient of the worker's
+  batch followed by the change its forward pass made to the running statistics, the version the
+  gradient was computed on, and the worker's compute-time estimate. The reply carries that worker's
+  batch size for its next step, the server's epoch, level and elapsed time, and ``stop``.
+
+Gradients, never parameters, travel to the server: a worker that pushed parameters would overwrite
+every update applied since its pull (last writer wins), which is what the paper's released code did.
+
+**Exactly once.** A push is applied inside the RPC handler under one lock, so updates never
+interleave. Every push carries ``(rank, seq)``, ``seq`` counting that worker's pushes from 1: a push
+whose ``seq`` was already applied (a retry after an RPC timeout) is not applied again but answered
+with the reply it got the first time; a gap in ``seq`` is an internal error. Every applied push
+bumps the version by one and writes one ``update`` record to ``metrics/rank-0.jsonl`` with its
+staleness: the server's version when it was applied minus the version it was computed on.
+
+**Learning rate.** A gradient of a ``b``-sample batch is applied with ``lr * b / b_ref`` (linear
+scaling; ``b_ref`` is ``asp.lr_reference_batch``, by default ``global_batch / workers``), divided by
+``1 + staleness`` with ``asp.staleness_damping``. It is implemented by scaling the gradient, not by
+changing the optimizer's lr: with momentum, a per-update lr would rescale every earlier gradient still
+held in the momentum buffer, while a scaled gradient keeps its own weight for as long as it lives there.
+
+**BatchNorm.** The running statistics travel like gradients: a worker pushes the *change* its forward
+pass made to the statistics it pulled, and the server adds it. Each batch's statistics thus enter the
+server's exponential average once, and no worker overwrites the contributions others made since its
+pull (copying the latest worker's statistics would). ``num_batches_tracked`` counts applied updates.
+
+**Controller.** The workers' compute-time estimates arrive with their pushes; the server keeps the
+latest of each worker (only if measured at the worker's current batch size and level) and, without
+any barrier, re-decides with the shared policies (:class:`BatchController`) whenever every worker has
+``control.min_samples`` fresh measurements. Each worker learns its new size in its next push reply.
+The sum of the batch sizes is ``train.global_batch`` at all times.
+
+**End and faults.** Training ends when the applied samples reach ``epochs * training-set size``:
+every later pull or push is answered with ``stop`` (a gradient already computed is still applied).
+A watchdog stops the job, with ``OUT/checkpoint.pt`` saved, when a worker has not called for
+``asp.worker_timeout_s``; SIGTERM (the launcher stopping the job) also saves the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.rpc as rpc
+
+from omnilearn.control.controller import BatchController
+from omnilearn.control.policies import Bounds
+from omnilearn.emulator.client import AllocationClient
+from omnilearn.emulator.plan import SERVER_TARGET, worker_target
+from omnilearn.launch.job import JobSpec
+from omnilearn.train.bsp import GradBuffer
+from omnilearn.train.data import load_dataset
+from omnilearn.train.distributed import env_int
+from omnilearn.train.metrics import MetricsWriter, metrics_path
+from omnilearn.train.models import build_model, count_parameters
+
+log = logging.getLogger("omnilearn.server")
+
+SNAPSHOT_DIR = "snapshots"
+CHECKPOINT = "checkpoint.pt"
+SHUTDOWN_TIMEOUT_S = 30.0
+
+
+class WorkerTimeout(Exception):
+    """A worker stopped calling the server (dead or hung)."""
+
+
+class Terminated(Exception):
+    """SIGTERM: the launcher is stopping the job."""
+
+
+def flat_state(model: torch.nn.Module) -> tuple[torch.Tensor, int]:
+    """Move the model's parameters and floating-point buffers into one flat tensor; return it.
+
+    Parameters and buffers become views into the returned tensor (parameters first, in
+    ``model.parameters()`` order, then the buffers in ``model.modules()`` order), so a pull is one
+    ``copy_`` and a snapshot one ``clone``. Also returns the number of parameter elements.
+    """
+    params = list(model.parameters())
+    assert all(p.requires_grad for p in params), "every parameter is trained"
+    buffers = [(m, name, b) for m in model.modules() for name, b in m.named_buffers(recurse=False)
+               if b.dtype.is_floating_point]
+    n_params = sum(p.numel() for p in params)
+    flat = torch.cat([p.detach().reshape(-1) for p in params] + [b.reshape(-1) for _, _, b in buffers])
+    offset = 0
+    for p in params:
+        p.data = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    for m, name, b in buffers:
+        setattr(m, name, flat[offset:offset + b.numel()].view_as(b))
+        offset += b.numel()
+    return flat, n_params
+
+
+def batchnorm_counters(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [m.num_batches_tracked for m in model.modules()
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.num_batches_tracked is not None]
+
+
+def rpc_options(cfg_timeout: float, workers: int) -> rpc.TensorPipeRpcBackendOptions:
+    """TensorPipe options from torchrun's MASTER_ADDR/MASTER_PORT (the ``env://`` rendezvous)."""
+    env_int("MASTER_PORT")  # a clear message when the launcher's variables are missing
+    # One thread per worker can sit in hello; the rest answer pulls and pushes.
+    return rpc.TensorPipeRpcBackendOptions(num_worker_threads=2 * workers + 4, rpc_timeout=cfg_timeout,
+                                           init_method="env://")
+
+
+class _LockedWriter:
+    """A MetricsWriter shared by the RPC threads and the main loop."""
+
+    def __init__(self, path: Path) -> None:
+        self._writer = MetricsWriter(path)
+        self._lock = threading.Lock()
+
+    def write(self, kind: str, **fields: Any) -> None:
+        with self._lock:
+            self._writer.write(kind, **fields)
+
+    def close(self) -> None:
+        with self._lock:
+            self._writer.close()
+
+
+class ParameterServer:
+    """The server's model, optimizer, version and controller; the RPC handlers are its methods."""
+
+    def __init__(self, job: JobSpec, model: torch.nn.Module, train_size: int, metrics: _LockedWriter) -> None:
+        cfg = job.config
+        t, c = cfg.train, cfg.control
+        self.job, self.cfg, self.metrics = job, cfg, metrics
+        self.workers = cfg.workers
+        self.schedule = job.plan.schedule
+        self.model = model.train()
+        self.state, self.n_params = flat_state(model)
+        params = list(model.parameters())
+        self.grads = GradBuffer(params, extra=0)
+        self.counters = batchnorm_counters(model)
+        self.optimizer = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+        self.b_ref = float(cfg.asp.lr_reference_batch or t.global_batch / cfg.workers)
+        self.train_size = train_size
+        self.target_samples = t.epochs * train_size
+        self.worker_targets = [worker_target("asp", i) for i in range(self.workers)]
+        self.controller = BatchController(
+            policy=c.policy, global_batch=t.global_batch,
+            bounds=Bounds.make(self.workers, c.min_batch, c.max_batch, t.global_batch),
+            interval=c.interval, window=c.window, min_samples=c.min_samples, deadband=c.deadband,
+            skip=c.skip_after_change)
+        self.level = self.schedule.level_at(0)
+        self.controller.initial(self.shares(self.level))
+        # RLock: the SIGTERM handler (main thread) may checkpoint while the main thread holds it.
+        self.lock = threading.RLock()
+        self.ready = threading.Condition(self.lock)
+        self.version = 0
+        self.samples = 0
+        self.t_start: float | None = None
+        self.t_done: float | None = None  # when the applied samples reached the target
+        self.t_end: float | None = None  # when the last worker was told to stop
+        self.stopping = False
+        self.registered: set[int] = set()
+        self.stopped = [False] * self.workers
+        self.last_seq = [0] * self.workers
+        self.updates = [0] * self.workers
+        self.last_contact = [time.time()] * self.workers
+        self.replies: list[dict[str, Any] | None] = [None] * self.workers
+        self.estimates: list[float | None] = [None] * self.workers
+        self.counts = [0] * self.workers
+        self.duplicates = 0
+
+    # ------------------------------------------------------------------ state
+
+    def shares(self, level: str) -> list[float | None]:
+        return [self.job.plan.allocation(level, t).share for t in self.worker_targets]
+
+    @property
+    def epoch(self) -> float:
+        return self.samples / self.train_size
+
+    def elapsed(self, now: float | None = None) -> float:
+        return 0.0 if self.t_start is None else (now or time.time()) - self.t_start
+
+    def base_lr(self) -> float:
+        t = self.cfg.train
+        return t.lr * t.gamma ** sum(1 for m in t.milestones if self.epoch >= m)
+
+    def _index(self, rank: int) -> int:
+        assert 1 <= rank <= self.workers, f"rank {rank} is not a worker of this job"
+        return rank - 1
+
+    def _control(self, i: int) -> dict[str, Any]:
+        """What every answer tells a worker; marks it stopped when training is over."""
+        if self.stopping:
+            self.stopped[i] = True
+        return {"batch": self.controller.batch[i], "level": self.level, "epoch": self.epoch,
+                "elapsed": self.elapsed(), "version": self.version, "stop": self.stopping}
+
+    # ------------------------------------------------------------------ RPC handlers
+
+    def hello(self, rank: int, timeout: float) -> dict[str, Any]:
+        i = self._index(rank)
+        with self.ready:
+            self.registered.add(i)
+            self.last_contact[i] = time.time()
+            self.ready.notify_all()
+            if not self.ready.wait_for(lambda: self.t_start is not None, timeout=timeout):
+                raise RuntimeError(f"the parameter server did not start within {timeout:.0f} s")
+            self.last_contact[i] = time.time()
+            return self._control(i)
+
+    def pull(self, rank: int) -> tuple[torch.Tensor | None, dict[str, Any]]:
+        i = self._index(rank)
+        with self.lock:
+            self.last_contact[i] = time.time()
+            control = self._control(i)
+            # A clone: the tensor is serialised after the handler returns, outside the lock.
+            return (None if self.stopping else self.state.clone()), control
+
+    def push(self, rank: int, seq: int, version: int, flat: torch.Tensor, batch: int, stats: dict[str, Any]
+             ) -> dict[str, Any]:
+        """Apply one gradient (once), feed the controller, answer with the worker's next orders.
+
+        ``stats``: ``loss`` and ``correct`` of the batch, ``compute_s`` of this step, and the worker's
+        ``estimate_s`` (median of its window) over ``count`` steps at ``batch`` and ``level``.
+        """
+        i = self._index(rank)
+        assert flat.numel() == self.state.numel(), (flat.numel(), self.state.numel())
+        with self.lock:
+            now = time.time()
+            self.last_contact[i] = now
+            if seq <= self.last_seq[i]:
+                self.duplicates += 1
+                self.metrics.write("duplicate", worker=rank, seq=seq, applied_seq=self.last_seq[i])
+                reply = self.replies[i]
+                assert reply is not None and seq == self.last_seq[i], (seq, self.last_seq[i])
+                return reply
+            assert seq == self.last_seq[i] + 1, f"worker {rank}: push seq {seq} after {self.last_seq[i]}"
+            staleness = self.version - version
+            assert 0 <= staleness, (self.version, version)
+            scale = batch / self.b_ref
+            if self.cfg.asp.staleness_damping:
+                scale /= 1 + staleness
+            base = self.base_lr()
+            self.grads.flat.copy_(flat[:self.n_params]).mul_(scale)
+            for group in self.optimizer.param_groups:
+                group["lr"] = base
+            self.optimizer.step()
+            self.state[self.n_params:].add_(flat[self.n_params:])  # running-statistics change
+            for counter in self.counters:
+                counter += 1
+            self.version += 1
+            self.samples += batch
+            self.updates[i] += 1
+            self.last_seq[i] = seq
+            self.metrics.write("update", worker=rank, seq=seq, version=self.version, grad_version=version,
+                               staleness=staleness, batch=batch, scale=scale, lr=base * scale,
+                               samples=self.samples, epoch=self.epoch, elapsed_s=self.elapsed(now),
+                               loss=stats["loss"] / max(batch, 1), compute_ms=round(stats["compute_s"] * 1e3, 3),
+                               time=now)
+            self._observe(i, batch, stats)
+            self.advance()
+            reply = {**self._control(i), "staleness": staleness, "lr": base * scale}
+            self.replies[i] = reply
+            return reply
+
+    # ------------------------------------------------------------------ controller and schedule
+
+    def _observe(self, i: int, batch: int, stats: dict[str, Any]) -> None:
+        """Keep worker i's estimate if it describes its current batch and level; maybe decide."""
+        fresh = batch == self.controller.batch[i] and stats.get("level") == self.level
+        self.estimates[i] = stats.get("estimate_s") if fresh else None
+        self.counts[i] = int(stats.get("count", 0)) if fresh and self.estimates[i] is not None else 0
+        if self.controller.policy != "dynamic" or self.stopping:
+            return
+        old = list(self.controller.batch)
+        new = self.controller.decide(self.estimates, self.counts, self.shares(self.level))
+        if new is None:
+            return
+        self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=old, batch=new,
+                           compute_ms=[None if e is None else round(e * 1e3, 3) for e in self.estimates],
+                           reason="compute-time")
+        for j, (a, b) in enumerate(zip(old, new, strict=True)):
+            if a != b:  # that worker's measurements describe its old size
+                self.estimates[j], self.counts[j] = None, 0
+
+    def advance(self) -> None:
+        """Follow the schedule (by epoch or by seconds) and the end of training; call under the lock."""
+        position = self.epoch if self.schedule.unit == "epoch" else self.elapsed()
+        level = self.schedule.level_at(position)
+        if level != self.level:
+            self.level = level
+            self.estimates = [None] * self.workers  # new allocations: old measurements are void
+            self.counts = [0] * self.workers
+            old = list(self.controller.batch)
+            if self.controller.policy == "static":
+                new = self.controller.decide([None] * self.workers, [0] * self.workers, self.shares(level))
+                if new is not None:
+                    self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=old,
+                                       batch=new, reason="allocation")
+        if not self.stopping and self.samples >= self.target_samples:
+            self.stopping = True
+            self.t_done = time.time()
+            self.metrics.write("done", version=self.version, samples=self.samples, epoch=self.epoch,
+                               elapsed_s=self.elapsed(self.t_done))
+
+    # ------------------------------------------------------------------ snapshots and checkpoint
+
+    def snapshot(self, final: bool = False) -> Path:
+        """Save the model (flat) with its version, epoch and time, for evaluation after training."""
+        with self.lock:
+            snap = {"state": self.state.clone(), "n_params": self.n_params, "version": self.version,
+                    "samples": self.samples, "epoch": self.epoch, "elapsed_s": self.elapsed(), "final": final}
+        folder = self.job.out_dir / SNAPSHOT_DIR
+        folder.mkdir(exist_ok=True)
+        path = folder / f"snapshot-{len(list(folder.glob('snapshot-*.pt'))):03d}.pt"
+        _save_atomic(snap, path)
+        self.metrics.write("snapshot", file=path.name, version=snap["version"], epoch=snap["epoch"],
+                           samples=snap["samples"], elapsed_s=snap["elapsed_s"], final=final)
+        return path
+
+    def save_checkpoint(self) -> Path:
+        """``OUT/checkpoint.pt``: everything needed to resume the server (model, optimizer, progress)."""
+        path = self.job.out_dir / CHECKPOINT
+        with self.lock:
+            _save_atomic({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                          "version": self.version, "samples": self.samples, "epoch": self.epoch,
+                          "batch": list(self.controller.batch), "updates": list(self.updates),
+                          "last_seq": list(self.last_seq), "level": self.level}, path)
+        return path
+
+    # ------------------------------------------------------------------ main loop
+
+    def serve(self, client: AllocationClient, poll: float = 0.05) -> None:
+        """Start the workers together, then watch: level, snapshots, watchdog, end of training."""
+        timeout = self.cfg.asp.worker_timeout_s
+        deadline = time.time() + timeout
+        with self.ready:
+            while len(self.registered) < self.workers:
+                if time.time() > deadline:
+                    missing = sorted(set(range(self.workers)) - self.registered)
+                    raise WorkerTimeout(self._describe(missing, f"did not register within {timeout:g} s"))
+                self.ready.wait(poll)
+            self.t_start = time.time()
+            self.last_contact = [self.t_start] * self.workers
+            self.ready.notify_all()
+        self.metrics.write("train_start", batch=list(self.controller.batch), level=self.level,
+                           target_samples=self.target_samples)
+        interval = self.cfg.asp.eval_interval
+        next_snapshot = interval
+        while True:
+            with self.lock:
+                self.advance()
+                level, epoch, done = self.level, self.epoch, all(self.stopped)
+                silent = [i for i in range(self.workers)
+                          if not self.stopped[i] and time.time() - self.last_contact[i] > timeout]
+            if done:
+                break
+            if silent:
+                raise WorkerTimeout(self._describe(silent, f"sent nothing for more than {timeout:g} s "
+                                                           f"(asp.worker_timeout_s)"))
+            if level != client.level:
+                event = client.ensure(level, epoch)
+                if event is not None:
+                    self.metrics.write("hl_change", version=self.version, elapsed_s=self.elapsed(), **event)
+            if epoch >= next_snapshot and not self.stopping:
+                self.snapshot()
+                while next_snapshot <= epoch:
+                    next_snapshot += interval
+            time.sleep(poll)
+        self.t_end = time.time()
+        self.snapshot(final=True)
+
+    def _describe(self, indices: list[int], what: str) -> str:
+        names = ", ".join(f"rank {i + 1} ({self.worker_targets[i]})" for i in indices)
+        return f"ASP worker {names} {what}"
+
+
+def _save_atomic(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+# The RPC entry points: TensorPipe calls module-level functions, which reach the one server of this
+# process (set by run_server before the RPC agent starts; workers never touch it).
+_SERVER: ParameterServer | None = None
+
+
+def _server() -> ParameterServer:
+    assert _SERVER is not None, "no parameter server in this process"
+    return _SERVER
+
+
+def rpc_hello(rank: int, timeout: float) -> dict[str, Any]:
+    return _server().hello(rank, timeout)
+
+
+def rpc_pull(rank: int) -> tuple[torch.Tensor | None, dict[str, Any]]:
+    return _server().pull(rank)
+
+
+def rpc_push(rank: int, seq: int, version: int, flat: torch.Tensor, batch: int, stats: dict[str, Any]
+             ) -> dict[str, Any]:
+    return _server().push(rank, seq, version, flat, batch, stats)
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:  # noqa: ARG001
+    raise Terminated
+
+
+def run_server(job: JobSpec) -> None:
+    """Rank 0 of an ASP job: serve until the target samples are applied, then snapshot and stop."""
+    global _SERVER
+    cfg = job.config
+    t = cfg.train
+    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
+    assert rank == 0 and world == cfg.workers + 1, (rank, world, cfg.workers)
+    torch.manual_seed(t.seed)
+    train, test, classes = load_dataset(cfg.data.name, cfg.data.root, cfg.data.image_size, cfg.data.download,
+                                        cfg.data.test_fraction, t.seed, synthetic_size=cfg.data.synthetic_size)
+    model = build_model(cfg.model.name, classes, cfg.data.image_size, stem=cfg.model.stem)
+    metrics = _LockedWriter(metrics_path(job.out_dir, 0))
+    server = ParameterServer(job, model, len(train), metrics)
+    metrics.write("start", rank=0, world=world, target=SERVER_TARGET, role="server", params=count_parameters(model),
+                  train_samples=len(train), test_samples=len(test), target_samples=server.target_samples,
+                  policy=cfg.control.policy, lr_reference_batch=server.b_ref,
+                  staleness_damping=cfg.asp.staleness_damping, workers=cfg.workers)
+    metrics.write("batch_change", version=0, epoch=0.0, batch=list(server.controller.batch), reason="initial")
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    client = AllocationClient(job.plan, job.log_dir, 0, SERVER_TARGET, cfg.emulation.ack_timeout)
+    try:
+        event = client.ensure(server.level, 0.0)
+        if event is not None:
+            metrics.write("hl_change", version=0, elapsed_s=0.0, **event)
+        _SERVER = server
+        rpc.init_rpc(SERVER_TARGET, rank=0, world_size=world,
+                     rpc_backend_options=rpc_options(cfg.asp.worker_timeout_s, cfg.workers))
+        server.serve(client)
+    except BaseException as e:  # noqa: BLE001 - every way out of training leaves a checkpoint
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the checkpoint short
+        if not isinstance(e, (WorkerTimeout, Terminated, KeyboardInterrupt)):
+            traceback.print_exc()
+        path = server.save_checkpoint()
+        reason = str(e) if isinstance(e, WorkerTimeout) else (
+            "stopped by the launcher" if isinstance(e, (Terminated, KeyboardInterrupt))
+            else f"parameter server failed: {type(e).__name__}: {e}")
+        metrics.write("fault", message=reason, checkpoint=str(path), version=server.version,
+                      samples=server.samples, epoch=server.epoch)
+        metrics.close()
+        print(f"omnilearn: error: {reason}; job stopped, server checkpoint saved to {path}", file=sys.stderr,
+              flush=True)
+        # No RPC shutdown: it would wait for the worker that is gone. The launcher stops the rest.
+        os._exit(143 if isinstance(e, Terminated) else 1)
+    signal.signal(signal.SIGTERM, previous)
+    assert server.t_start is not None and server.t_done is not None and server.t_end is not None
+    wall = server.t_end - server.t_start  # until the last worker stopped: every gradient applied
+    metrics.write("end", wall_time_s=wall, train_time_s=wall, done_time_s=server.t_done - server.t_start,
+                  samples=server.samples, target_samples=server.target_samples, updates=list(server.updates),
+                  version=server.version, duplicates=server.duplicates, batch=list(server.controller.batch),
+                  level=server.level, epoch=server.epoch)
+    metrics.close()
+    _shutdown()
+
+
+def _shutdown() -> None:
+    """Graceful RPC shutdown (every rank reaches it), bounded: a vanished peer must not hang us."""
+    try:
+        rpc.shutdown(graceful=True, timeout=SHUTDOWN_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - any failure here only means a peer left first
+        log.warning("graceful RPC shutdown failed (%s); shutting down locally", e)
+        try:
+            rpc.shutdown(graceful=False)
+        except Exception:  # noqa: BLE001
+            pass
