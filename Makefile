@@ -18,8 +18,13 @@ $(STAMP): requirements.lock pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/omnilearn run --config configs/demo.yaml --compare --out runs/demo
 
+# Everything, the Docker suite included when a daemon answers or can be started (root + apt).
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# Only the Docker integration suite; a missing daemon is a failure here, not a skip.
+test-docker: $(STAMP)
+	OMNILEARN_REQUIRE_DOCKER=1 $(PY) -m pytest -q -m docker tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pytorch tests

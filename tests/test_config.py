@@ -118,7 +118,7 @@ def test_cpuset_mode_on_a_48_core_host_uses_the_paper_sets() -> None:
     cfg = config.build(None, [("emulation.hl", "HL4")])
     plan = build_plan(cfg, host=list(range(48)))
     assert plan.mode == "cpuset"
-    assert [plan.allocation("HL4", f"worker{i}").cpuset for i in (1, 2, 3, 4)] == ["0-8", "9-16", "17-22", "23-47"]
+    assert [plan.allocation("HL4", f"worker{i}").cpuset for i in (1, 2, 3, 4)] == ["0-8", "9-17", "18-23", "24-47"]
 
 
 def test_named_schedules() -> None:

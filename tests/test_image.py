@@ -7,12 +7,12 @@ machine pays the multi-minute build.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +25,9 @@ INSTALL = ROOT / "docker_install.sh"
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[object]:
-    """A client for a daemon that answers, or a skip that says why not."""
-    try:
-        c = image.daemon_client(timeout=30)
-    except UserError as e:
-        pytest.skip(f"no Docker daemon: {e}")
-    yield c
-    c.close()
+def client(docker_client: object) -> object:
+    """The session's daemon (started through docker_install.sh when possible; see conftest.py)."""
+    return docker_client
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +144,48 @@ def test_default_ca_bundle_prefers_explicit_variable(tmp_path: Path, monkeypatch
     assert image.default_ca_bundle() == mine
 
 
+def test_cli_parses_image_commands() -> None:
+    parser = argparse.ArgumentParser(prog="omnilearn")
+    image.add_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["image", "build", "--base", "debian-py:12", "--ca-bundle", "proxy.crt"])
+    assert args.func is image.cmd_image_build
+    assert (args.base, args.ca_bundle, args.tag, args.force) == ("debian-py:12", Path("proxy.crt"), image.WORKER_IMAGE, False)
+    assert parser.parse_args(["image", "build"]).ca_bundle is None  # None: the "auto" CA policy
+    args = parser.parse_args(["image", "base", "--suite", "trixie", "--force"])
+    assert (args.func, args.tag, args.suite, args.mirror, args.force) == (
+        image.cmd_image_base, image.LOCAL_BASE_IMAGE, "trixie", None, True)
+    assert parser.parse_args(["image", "status"]).func is image.cmd_image_status
+
+
+def test_missing_debootstrap_is_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(image.shutil, "which", lambda name: None)
+    monkeypatch.setattr(image.os, "access", lambda path, mode: False)
+    with pytest.raises(UserError, match="debootstrap not found"):
+        image._find_debootstrap()
+
+
+def test_install_script_upstream_refuses_next_to_docker_io() -> None:
+    status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", "docker.io"], capture_output=True, text=True)
+    if status.stdout != "install ok installed":
+        pytest.skip("docker.io is not installed here")
+    if os.geteuid() != 0 and shutil.which("sudo") is None:
+        pytest.skip("needs root or sudo")
+    result = subprocess.run([str(INSTALL), "--upstream"], capture_output=True, text=True, timeout=30,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode != 0
+    assert "conflicts with docker-ce" in result.stderr
+
+
 # ------------------------------------------------------------------------------------ with a daemon
+@pytest.mark.docker
+def test_base_image_is_not_rebuilt_when_present(client: object, worker: image.ImageSet) -> None:
+    lines: list[str] = []
+    start = time.monotonic()
+    assert image.build_base_image(worker.base_image, client=client, on_log=lines.append) == worker.base_image
+    assert time.monotonic() - start < 5
+    assert any("exists" in line for line in lines)
+
+
 @pytest.mark.docker
 def test_install_script_second_run_is_quick(client: object) -> None:
     if os.geteuid() != 0 and shutil.which("sudo") is None:

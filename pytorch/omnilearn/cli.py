@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -116,6 +117,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     job = JobSpec.load(job_path, out_dir=Path(args.out_dir) if args.out_dir else job_path.parent)
     if args.data_root:  # a container sees the host's data folder where the launcher mounted it
         job.config.data.root = args.data_root
+    log = logging.getLogger("omnilearn.worker")
+    log.info("job %s: rank %s of %s (%s, %s, %s), run folder %s", job.job_id, os.environ.get("RANK"),
+             os.environ.get("WORLD_SIZE"), job.config.mode, job.config.control.policy, job.backend, job.out_dir)
+    started = time.time()
     if job.config.mode == "bsp":
         from omnilearn.train import bsp
         bsp.run(job)
@@ -124,6 +129,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         asp.run(job)  # rank 0: the parameter server; ranks 1..N: workers
     else:
         raise UserError(f"mode {job.config.mode!r} is not available in this version")
+    log.info("job %s: rank %s finished after %.1f s", job.job_id, os.environ.get("RANK"), time.time() - started)
     return 0
 
 

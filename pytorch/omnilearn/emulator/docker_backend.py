@@ -34,8 +34,8 @@ def update_kwargs(allocation: Allocation, host_cpus: int) -> dict[str, Any]:
     """``Container.update`` arguments for an allocation; ``None`` fields lift the limit."""
     kwargs: dict[str, Any] = {
         "cpu_period": PERIOD_US,
-        # -1 would be the kernel's "no limit", but the daemon refuses it: 0 clears the quota.
-        "cpu_quota": int(round(allocation.cpus * PERIOD_US)) if allocation.cpus is not None else 0,
+        # -1 is "no limit" (0 would leave the previous quota in place).
+        "cpu_quota": int(round(allocation.cpus * PERIOD_US)) if allocation.cpus is not None else -1,
         "cpuset_cpus": allocation.cpuset if allocation.cpuset is not None else f"0-{host_cpus - 1}",
     }
     if allocation.memory is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,62 @@ def _mark_levels(ax, hl_events: list[dict[str, Any]], label: bool) -> None:
                         xytext=(2, -12), textcoords="offset points", fontsize=8, color="dimgrey")
 
 
+def _is_asp(out_dir: Path) -> bool:
+    try:
+        return json.loads((Path(out_dir) / "job.json").read_text())["config"]["mode"] == "asp"
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+def _binned(updates: list[dict[str, Any]], t0: float, t1: float, bins: int
+            ) -> tuple[list[float], list[float], list[float | None]]:
+    """Bin centres, updates/s and mean staleness of ``updates`` over ``[t0, t1]``."""
+    width = max(t1 - t0, 1e-9) / bins
+    counts = [0] * bins
+    stale = [0.0] * bins
+    for u in updates:
+        k = min(max(int((u["time"] - t0) / width), 0), bins - 1)
+        counts[k] += 1
+        stale[k] += u["staleness"]
+    centres = [(k + 0.5) * width for k in range(bins)]
+    return centres, [c / width for c in counts], [st / c if c else None for st, c in zip(stale, counts, strict=True)]
+
+
+def plot_run_asp(out_dir: Path, workers: int, title: str, path: Path) -> Path:
+    """ASP ``run.png``: per-worker batch size, update rate at the server, and staleness over wall time."""
+    server = read_jsonl(metrics_path(out_dir, 0))
+    start = next(r["time"] for r in server if r["kind"] == "train_start")
+    end = [r for r in server if r["kind"] == "end"]
+    t_end = start + (end[-1]["wall_time_s"] if end else max((r["time"] - start for r in server), default=1.0))
+    updates = [r for r in server if r["kind"] == "update"]
+    hl = [{**e, "step": e.get("elapsed_s", e["time"] - start)} for e in server if e["kind"] == "hl_change"]
+    fig, (ax_b, ax_r, ax_s) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    for w in range(1, workers + 1):
+        steps = [r for r in read_jsonl(metrics_path(out_dir, w)) if r["kind"] == "step"]
+        label = f"aspworker{w + 1}"
+        ax_b.step([r["time"] - start for r in steps], [r["batch"] for r in steps], where="post", label=label)
+        xs, rates, stale = _binned([u for u in updates if u["worker"] == w], start, t_end, bins=30)
+        ax_r.plot(xs, rates, marker=".", markersize=3, linewidth=0.9)
+        ax_s.plot(xs, stale, marker=".", markersize=3, linewidth=0.9)
+    for ax in (ax_b, ax_r, ax_s):
+        _mark_levels(ax, hl, label=ax is ax_b)
+    ax_b.set_ylabel("local batch size")
+    ax_r.set_ylabel("updates/s at the server")
+    ax_s.set_ylabel("mean staleness")
+    ax_s.set_xlabel("wall time (s)")
+    ax_b.legend(loc="upper right", fontsize=8, ncol=min(workers, 4))
+    ax_b.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_run(out_dir: Path, workers: int, title: str, path: Path | None = None) -> Path:
     """``run.png``: batch size (top) and compute time (bottom) of each worker over steps."""
     path = path or out_dir / "run.png"
+    if _is_asp(out_dir):
+        return plot_run_asp(out_dir, workers, title, path)
     fig, (ax_b, ax_t) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     hl_events: list[dict[str, Any]] = []
     for rank in range(workers):
@@ -55,15 +109,20 @@ def plot_compare(runs: dict[str, Path], summaries: dict[str, dict[str, Any]], pa
     """``compare.png``: samples processed over wall time, and held-out accuracy, per policy."""
     fig, (ax_s, ax_a) = plt.subplots(1, 2, figsize=(11, 4))
     for name, out_dir in runs.items():
-        steps, _ = _steps(out_dir, 0)
-        if not steps:
-            continue
-        t0 = steps[0]["time"] - (steps[0]["compute_ms"] + steps[0]["sync_ms"]) / 1e3
-        total, xs, ys = 0, [], []
-        for r in steps:
-            total += r["global_batch"]
-            xs.append(r["time"] - t0)
-            ys.append(total)
+        if _is_asp(out_dir):  # samples applied at the server
+            recs = read_jsonl(metrics_path(out_dir, 0))
+            updates = [r for r in recs if r["kind"] == "update"]
+            xs, ys = [r["elapsed_s"] for r in updates], [r["samples"] for r in updates]
+        else:
+            steps, _ = _steps(out_dir, 0)
+            if not steps:
+                continue
+            t0 = steps[0]["time"] - (steps[0]["compute_ms"] + steps[0]["sync_ms"]) / 1e3
+            total, xs, ys = 0, [], []
+            for r in steps:
+                total += r["global_batch"]
+                xs.append(r["time"] - t0)
+                ys.append(total)
         s = summaries[name]
         ax_s.plot(xs, ys, label=f"{name} ({s['samples_per_s']:.0f} samples/s)")
         curve = s.get("accuracy_curve") or []
