@@ -132,13 +132,16 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def update_rates(updates: list[dict[str, Any]], workers: int, t_from: float, t_to: float) -> list[float]:
-    """Updates per second each worker (1..N) got applied at the server between two times."""
-    span = max(t_to - t_from, 1e-9)
-    counts = [0] * workers
+    """Updates per second each worker (1..N) got applied at the server between two times.
+
+    Measured between a worker's first and last update inside the window (``(n - 1) / span``), so a
+    window edge falling mid-step does not count a fraction of a step as a whole one.
+    """
+    times: list[list[float]] = [[] for _ in range(workers)]
     for u in updates:
         if t_from <= u["time"] <= t_to:
-            counts[u["worker"] - 1] += 1
-    return [c / span for c in counts]
+            times[u["worker"] - 1].append(u["time"])
+    return [(len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) >= 2 and ts[-1] > ts[0] else 0.0 for ts in times]
 
 
 def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
@@ -223,24 +226,29 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
     }
 
 
-def ideal_speedup(uniform_dir: Path) -> float | None:
-    """What perfect balance would give, from the worker speeds measured in the uniform run.
+def ideal_speedups(uniform_dir: Path) -> tuple[float, float] | None:
+    """What perfect balance would give, from what the uniform run measured: (with, without communication).
 
-    For every step of the uniform run: its compute-bound time is the slowest worker's compute
-    time; perfectly balanced, the same global batch takes ``B / sum_i s_i`` with the measured
-    speeds ``s_i = b_i / t_i`` of that step. The ratio of the sums is the ideal speed-up.
+    For every step of the uniform run, with the measured speeds ``s_i = b_i / t_i`` of that step:
+    its compute-bound time is the slowest worker's compute time; perfectly balanced, the same global
+    batch computes in ``B / sum_i s_i``. Balancing cannot remove the all-reduce, whose own cost is
+    the sync time of the worker that waited least (the last to arrive). The first value models a
+    step as compute + that cost, the second as compute alone (an upper bound no BSP job reaches).
     """
     job = JobSpec.load(uniform_dir / "job.json", out_dir=uniform_dir)
     steps = [_by_kind(read_jsonl(metrics_path(uniform_dir, r)), "step") for r in range(job.config.workers)]
     n = min(len(s) for s in steps)
-    slowest = balanced = 0.0
+    slowest = balanced = comm = 0.0
     for k in range(n):
         row = [s[k] for s in steps]
         if any(r["batch"] <= 0 or r["compute_ms"] <= 0 for r in row):
             continue
         slowest += max(r["compute_ms"] for r in row)
         balanced += row[0]["global_batch"] / sum(r["batch"] / r["compute_ms"] for r in row)
-    return round(slowest / balanced, 4) if balanced > 0 else None
+        comm += min(r["sync_ms"] for r in row)
+    if balanced <= 0:
+        return None
+    return round((slowest + comm) / (balanced + comm), 4), round(slowest / balanced, 4)
 
 
 def compare(out_dir: Path, runs: dict[str, Path]) -> dict[str, Any]:
@@ -254,7 +262,9 @@ def compare(out_dir: Path, runs: dict[str, Path]) -> dict[str, Any]:
             for key in ("update_rate_spread", "staleness_mean", "staleness_p95", "final_accuracy"):
                 result[key] = {"uniform": u.get(key), "dynamic": d.get(key)}
         else:
-            result["ideal_speedup"] = ideal_speedup(runs["uniform"])
+            ideal = ideal_speedups(runs["uniform"])
+            if ideal:
+                result["ideal_speedup"], result["ideal_compute_speedup"] = ideal
         if result.get("ideal_speedup"):
             result["fraction_of_ideal"] = round(result["speedup"] / result["ideal_speedup"], 4)
         if u.get("final_accuracy") is not None and d.get("final_accuracy") is not None:

@@ -71,7 +71,8 @@ def job_table(summaries: dict[str, dict[str, Any]], compare: dict[str, Any] | No
     if compare and "speedup" in compare:
         t.caption = (f"speed-up of dynamic over uniform: {compare['speedup']:.2f}x "
                      f"(ideal from measured worker speeds: {_fmt(compare.get('ideal_speedup'), '.2f')}x, "
-                     f"{_fmt(compare.get('fraction_of_ideal'), '.0%')} of it)")
+                     f"{_fmt(compare.get('fraction_of_ideal'), '.0%')} of it; compute alone would allow "
+                     f"{_fmt(compare.get('ideal_compute_speedup'), '.2f')}x)")
     return t
 
 
