@@ -1,4 +1,5 @@
-"""Datasets (digits, CIFAR through torchvision from fixture files, synthetic) and the BSP sampler."""
+"""Datasets (digits, CIFAR and the image-folder datasets through torchvision from fixture files,
+synthetic) and the BSP sampler."""
 
 from __future__ import annotations
 
@@ -11,11 +12,20 @@ import numpy as np
 import pytest
 import torch
 
-from fixtures import skip_cifar_checksums, write_cifar_fixture
+from fixtures import (
+    fail_downloads,
+    skip_cifar_checksums,
+    skip_places365_checksums,
+    write_caltech256_fixture,
+    write_cifar_fixture,
+    write_food101_fixture,
+    write_places365_fixture,
+)
 from omnilearn.errors import UserError
 from omnilearn.train.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
+    IMAGE_FILE_DATASETS,
     GlobalBatchSampler,
     TensorData,
     augment_batch,
@@ -23,6 +33,16 @@ from omnilearn.train.data import (
     load_dataset,
     proportional_split,
     split_indices,
+)
+from omnilearn.train.image_folders import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImageFiles,
+    eval_transform,
+    load_rgb,
+    random_resized_crop_params,
+    sample_seed,
+    train_transform,
 )
 
 # ---------------------------------------------------------------- sampler
@@ -245,7 +265,7 @@ def test_cifar_missing_or_undownloadable_is_a_user_error(tmp_path: Path, monkeyp
 
 
 def test_unknown_dataset_and_bad_arguments() -> None:
-    with pytest.raises(UserError, match="digits, cifar10, cifar100, synthetic"):
+    with pytest.raises(UserError, match="digits, cifar10, cifar100, synthetic, food101, caltech256, places365"):
         load_dataset("imagenet", "x", image_size=32)
     with pytest.raises(UserError, match="test_fraction"):
         load_dataset("digits", "x", image_size=32, test_fraction=1.5)
@@ -280,3 +300,202 @@ def test_synthetic_is_deterministic_and_learnable() -> None:
     with torch.no_grad():
         after = (model(x_test).argmax(1) == y_test).float().mean().item()
     assert before < 0.3 and after > 0.8, (before, after)
+
+
+# ---------------------------------------------------------------- file-backed image datasets
+
+
+def _pil(rng: np.random.Generator, width: int, height: int):  # noqa: ANN202 - a PIL image
+    from PIL import Image
+
+    return Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8))
+
+
+def _imagenet_eval(image_size: int):  # noqa: ANN202 - torchvision's own evaluation pipeline
+    from torchvision.transforms import v2
+
+    return v2.Compose([
+        v2.Resize(int(image_size * 256 / 224)), v2.CenterCrop(image_size),
+        v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+    ])
+
+
+def test_transforms_are_torchvisions_with_a_private_generator() -> None:
+    from torchvision.transforms import v2
+
+    rng = np.random.default_rng(0)
+    reference = v2.Compose([v2.RandomResizedCrop(32), v2.RandomHorizontalFlip()])
+    for width, height in ((64, 48), (30, 90), (50, 50), (200, 12)):
+        image = _pil(rng, width, height)
+        for seed in range(12):
+            torch.manual_seed(seed)  # torchvision draws from the global RNG ...
+            expected = np.asarray(reference(image))
+            got = np.asarray(train_transform(image, 32, torch.Generator().manual_seed(seed)))  # ... we do not
+            assert got.shape == (32, 32, 3) and np.array_equal(got, expected), (width, height, seed)
+        evaluated = np.asarray(v2.Compose([v2.Resize(36), v2.CenterCrop(32)])(image))
+        assert np.array_equal(np.asarray(eval_transform(image, 32)), evaluated)
+    # The central-crop fallback (no attempt fits): a 200x12 strip with scale (0.9, 1).
+    strip = _pil(rng, 200, 12)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        params = v2.RandomResizedCrop(32, scale=(0.9, 1.0)).make_params([strip])
+        mine = random_resized_crop_params(12, 200, torch.Generator().manual_seed(seed), scale=(0.9, 1.0))
+        assert mine == (params["top"], params["left"], params["height"], params["width"]) == (0, 92, 12, 16)
+
+
+def test_food101_is_file_backed_and_matches_torchvisions_own_dataset(tmp_path: Path) -> None:
+    from torchvision.datasets import Food101
+
+    write_food101_fixture(tmp_path, train=4, test=2)
+    train, test, num_classes = load_dataset("food101", tmp_path, image_size=32)
+    assert isinstance(train, ImageFiles) and isinstance(test, ImageFiles)
+    assert num_classes == 3 and (len(train), len(test)) == (12, 6)
+    assert train.targets.tolist() == [0] * 4 + [1] * 4 + [2] * 4 and train.targets.dtype == torch.int64
+    assert train.sample_shape == test.sample_shape == (3, 32, 32)
+
+    # The test split is exactly torchvision's Food101 (its files, its labels, its loader) through
+    # torchvision's Resize + CenterCrop + Normalize: deterministic, whatever the order asked.
+    official = Food101(str(tmp_path), split="test")
+    pipeline = _imagenet_eval(32)
+    expected = torch.stack([pipeline(official[i][0]) for i in range(len(official))])
+    xb, yb = test.batch(torch.arange(6))
+    assert xb.shape == (6, 3, 32, 32) and xb.dtype == torch.float32 and xb.is_contiguous()
+    assert yb.tolist() == [official[i][1] for i in range(6)]
+    assert torch.allclose(xb, expected, atol=1e-5)
+    assert torch.equal(test.batch(torch.tensor([5, 0, 5]))[0], xb[[5, 0, 5]])
+    x0, y0 = test[3]
+    assert torch.equal(x0, xb[3]) and int(y0) == int(yb[3])
+
+    # The training split: a fresh random crop + flip at every call, the same sequence for the same seed.
+    idx = torch.tensor([0, 5, 11])
+    first, second = train.batch(idx), train.batch(idx)
+    assert first[0].shape == (3, 3, 32, 32) and first[1].tolist() == [0, 1, 2]
+    assert not torch.equal(first[0], second[0])
+    again = load_dataset("food101", tmp_path, image_size=32).train
+    assert torch.equal(again.batch(idx)[0], first[0]) and torch.equal(again.batch(idx)[0], second[0])
+    other_seed = load_dataset("food101", tmp_path, image_size=32, seed=1).train
+    assert not torch.equal(other_seed.batch(idx)[0], first[0])
+
+    # As the BSP worker consumes it: each rank's slice of a global step, then its share of the test set.
+    sampler = GlobalBatchSampler(len(train), 8, seed=0)
+    sizes = [5, 3]
+    parts = [train.batch(sampler.local_indices(0, sizes, rank))[0] for rank in range(2)]
+    assert [p.shape[0] for p in parts] == sizes
+    assert sum(len(eval_indices(len(test), sizes, rank)) for rank in range(2)) == len(test)
+
+
+def test_training_transform_is_per_sample_seeded_order_and_thread_independent(tmp_path: Path) -> None:
+    write_caltech256_fixture(tmp_path)
+    train, test, _ = load_dataset("caltech256", tmp_path, image_size=24, seed=0)
+    idx = torch.arange(len(train))
+    seeded = lambda k: torch.Generator().manual_seed(k)  # noqa: E731
+    a, ya = train.batch(idx, generator=seeded(3))
+    assert a.shape == (len(train), 3, 24, 24) and torch.equal(ya, train.targets)
+    assert torch.equal(a, train.batch(idx, generator=seeded(3))[0])
+    assert not torch.equal(a, train.batch(idx, generator=seeded(4))[0])
+    assert torch.equal(train.batch(idx.flip(0), generator=seeded(3))[0], a.flip(0)), "order does not matter"
+    for threads in (1, 3):
+        single = ImageFiles(train.files, 24, train=True, name="caltech256", threads=threads)
+        assert torch.equal(single.batch(idx, generator=seeded(3))[0], a), f"threads={threads}"
+    # The documented recipe: one seed per call from the generator, sample i uses sample_seed(call, i).
+    call_seed = int(torch.randint(0, 1 << 62, (1,), generator=seeded(3)).item())
+    mean, std = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
+    i = 5
+    crop = train_transform(load_rgb(train.path(i)), 24, torch.Generator().manual_seed(sample_seed(call_seed, i)))
+    pixels = torch.from_numpy(np.array(crop)).permute(2, 0, 1).float() / 255
+    assert torch.allclose(a[i] * std + mean, pixels, atol=1e-5)
+
+    # The test split is deterministic unless augment=True asks for the training transform.
+    tidx = torch.arange(len(test))
+    plain = test.batch(tidx, generator=seeded(0))[0]
+    assert torch.equal(plain, test.batch(tidx)[0])
+    augmented = test.batch(tidx, augment=True, generator=seeded(0))[0]
+    assert not torch.equal(augmented, plain)
+    assert torch.equal(augmented, test.batch(tidx, augment=True, generator=seeded(0))[0])
+    # eval_view: the training files with the evaluation transform.
+    view = train.eval_view()
+    assert torch.equal(view.batch(idx)[0], view.batch(idx)[0]) and len(view) == len(train)
+
+
+def test_caltech256_split_is_seeded_stratified_and_complete(tmp_path: Path) -> None:
+    folder = write_caltech256_fixture(tmp_path, per_class=(6, 7, 5, 8))
+    train, test, num_classes = load_dataset("caltech256", tmp_path, image_size=32, test_fraction=0.25, seed=0)
+    assert num_classes == 4 and (len(train), len(test)) == (19, 7)
+    paths = lambda data: [data.path(i) for i in range(len(data))]  # noqa: E731
+    on_disk = {str(p) for p in folder.glob("*/*.jpg")}  # the stray RENAME2 file is not a sample
+    assert len(on_disk) == 26 and set(paths(train)).isdisjoint(paths(test))
+    assert set(paths(train)) | set(paths(test)) == on_disk
+    for data in (train, test):  # label = the folder's number - 1
+        assert [int(Path(p).parent.name[:3]) - 1 for p in paths(data)] == data.targets.tolist()
+    assert sorted(set(test.targets.tolist())) == [0, 1, 2, 3], "every class is in the test split"
+    again = load_dataset("caltech256", tmp_path, image_size=32, test_fraction=0.25, seed=0)
+    assert paths(again.train) == paths(train) and paths(again.test) == paths(test)
+    other = load_dataset("caltech256", tmp_path, image_size=32, test_fraction=0.25, seed=1)
+    assert set(paths(other.test)) != set(paths(test))
+    # The greyscale JPEG comes out as three equal channels before normalisation.
+    grey = str(folder / "002.american-flag" / "002_0001.jpg")
+    data, position = (train, paths(train).index(grey)) if grey in paths(train) else (test, paths(test).index(grey))
+    x = data.eval_view().batch(torch.tensor([position]))[0][0]
+    raw = x * torch.tensor(IMAGENET_STD)[:, None, None] + torch.tensor(IMAGENET_MEAN)[:, None, None]
+    assert torch.allclose(raw[0], raw[1], atol=1e-5) and torch.allclose(raw[1], raw[2], atol=1e-5)
+
+
+def test_places365_small_reads_the_standard_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    skip_places365_checksums(monkeypatch)
+    write_places365_fixture(tmp_path, train=3, val=2)
+    train, test, num_classes = load_dataset("places365", tmp_path, image_size=28)
+    assert num_classes == 3 and (len(train), len(test)) == (9, 6)
+    val_lines = (tmp_path / "places365_val.txt").read_text().split("\n")[:-1]
+    assert test.targets.tolist() == [int(line.split()[1]) for line in val_lines]
+    assert [Path(test.path(i)).name for i in range(6)] == [line.split()[0] for line in val_lines]
+    assert train.path(3) == str(tmp_path / "data_256_standard" / "b" / "bakery" / "shop" / "00000001.jpg")
+    assert train.targets.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    xb, yb = test.batch(torch.arange(6))
+    assert xb.shape == (6, 3, 28, 28) and torch.equal(yb, test.targets)
+    from torchvision.datasets import Places365
+
+    official = Places365(str(tmp_path), split="val", small=True)
+    assert torch.allclose(xb[2], _imagenet_eval(28)(official[2][0]), atol=1e-5)
+    # The high-resolution variant lives elsewhere: a clear error, not an empty dataset.
+    with pytest.raises(UserError, match="data_large_standard"):
+        load_dataset("places365", tmp_path, image_size=28, places365_small=False)
+
+
+def test_places365_corrupted_metadata_is_a_user_error(tmp_path: Path) -> None:
+    write_places365_fixture(tmp_path)  # the fixture's lists cannot have the real MD5s
+    with pytest.raises(UserError, match="places365: dataset not found or corrupted") as info:
+        load_dataset("places365", tmp_path, image_size=32)
+    assert "categories_places365.txt" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", IMAGE_FILE_DATASETS)
+def test_image_dataset_missing_or_undownloadable_is_a_user_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    root = tmp_path / "no-data-here"
+    with pytest.raises(UserError, match=f"^{name}: dataset not found") as info:
+        load_dataset(name, root, image_size=32, download=False)
+    message = str(info.value)
+    assert str(root) in message and "set download to true" in message and "\n" not in message
+    assert not root.exists(), "download=False creates nothing"
+
+    tried = fail_downloads(monkeypatch)
+    with pytest.raises(UserError, match=f"^{name}: could not download") as info:
+        load_dataset(name, root, image_size=32, download=True)
+    message = str(info.value)
+    assert str(root) in message and "name resolution" in message and "\n" not in message
+    assert tried and all(url.startswith("http") for url in tried)
+
+
+def test_missing_images_are_user_errors_naming_the_file(tmp_path: Path) -> None:
+    folder = write_food101_fixture(tmp_path)
+    train, _, _ = load_dataset("food101", tmp_path, image_size=32)
+    gone = Path(train.path(2))
+    gone.unlink()
+    with pytest.raises(UserError, match="cannot read image") as info:
+        train.batch(torch.tensor([0, 1, 2, 3]))
+    assert str(gone) in str(info.value)
+    Path(train.path(0)).unlink()  # the first listed image: found when loading, not at the first step
+    with pytest.raises(UserError, match="dataset incomplete") as info:
+        load_dataset("food101", tmp_path, image_size=32)
+    assert str(folder) in str(info.value)

@@ -34,14 +34,14 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     name: str = "digits"
-    """digits (offline default) | cifar10 | cifar100 | synthetic."""
+    """digits (offline default) | cifar10 | cifar100 | synthetic | food101 | caltech256 | places365."""
     root: str = "data"
     """Where torchvision datasets live (and are downloaded to)."""
     image_size: int = 32
     download: bool = False
     """Let torchvision download a missing dataset."""
     test_fraction: float = 0.2
-    """Held-out share for datasets without a test split (digits, synthetic)."""
+    """Held-out share for datasets without a test split (digits, synthetic, caltech256)."""
     augment: bool = False
     """Random crop + flip on training batches."""
     synthetic_size: int = 2048

@@ -82,10 +82,62 @@ class EvalResult:
 
 
 @torch.no_grad()
+def recalibrate_batchnorm(model: torch.nn.Module, train, shares: list[int], rank: int, device: torch.device,
+                          samples: int = 512, chunk: int = 128) -> None:
+    """Re-estimate BatchNorm statistics with the current weights before evaluating ("precise BN").
+
+    The running averages mix statistics of many past weights (after a short run, mostly of the
+    initial ones) and each replica saw only its own batches. Here every rank runs forward passes on
+    its share of one fixed set of training samples, and the ranks pool their averages weighted by
+    samples, so every replica evaluates with the same statistics of the model as it is now.
+    """
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+           and m.track_running_stats]
+    if not bns:
+        return
+    n = min(samples, len(train))
+    subset = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:n]
+    idx = eval_indices(n, shares, rank)
+    momenta = [m.momentum for m in bns]
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over the calibration batches
+    was_training = model.training
+    model.train()
+    seen = 0
+    for start in range(idx.start, idx.stop, chunk):
+        sel = subset[start:min(start + chunk, idx.stop)]
+        if len(sel) < 2:  # BatchNorm cannot normalise a single sample
+            continue
+        x, _ = train.batch(sel)
+        model(x.to(device))
+        seen += len(sel)
+    stats = torch.cat([torch.cat([m.running_mean, m.running_var]) for m in bns]).double() * seen
+    stats = torch.cat([stats, torch.tensor([float(seen)], dtype=torch.float64, device=stats.device)])
+    dist.all_reduce(stats)
+    pooled = stats[:-1] / stats[-1].clamp(min=1)
+    offset = 0
+    for m, momentum in zip(bns, momenta, strict=True):
+        c = m.running_mean.numel()
+        m.running_mean.copy_(pooled[offset:offset + c])
+        m.running_var.copy_(pooled[offset + c:offset + 2 * c])
+        offset += 2 * c
+        m.momentum = momentum
+    model.train(was_training)
+
+
+@torch.no_grad()
 def evaluate(model: torch.nn.Module, test, shares: list[int], rank: int, device: torch.device,
-             chunk: int = 256) -> EvalResult:
-    """Held-out accuracy, the test set split among ranks in proportion to ``shares``."""
-    distributed.average_buffers(model)
+             chunk: int = 256, train=None) -> EvalResult:
+    """Held-out accuracy, the test set split among ranks in proportion to ``shares``.
+
+    With ``train``, BatchNorm statistics are first re-estimated on training samples (see
+    :func:`recalibrate_batchnorm`); otherwise the replicas' running statistics are averaged.
+    """
+    if train is not None:
+        recalibrate_batchnorm(model, train, shares, rank, device)
+    else:
+        distributed.average_buffers(model)
     model.eval()
     idx = eval_indices(len(test), shares, rank)
     stats = torch.zeros(3, dtype=torch.float64, device=device)
@@ -224,7 +276,7 @@ def run(job: JobSpec) -> None:
         scheduler.step()
         if (epoch + 1) % t_cfg.eval_every == 0 or epoch == t_cfg.epochs - 1:
             te = time.perf_counter()
-            result = evaluate(model, test, controller.batch, rank, env.device)
+            result = evaluate(model, test, controller.batch, rank, env.device, train=train)
             eval_time += time.perf_counter() - te
             metrics.write("eval", epoch=epoch, step=step_in_run, accuracy=result.accuracy, loss=result.loss,
                           samples=result.samples, elapsed_s=time.time() - t_start)

@@ -1,4 +1,4 @@
-"""Datasets held in memory as tensors, and the BSP global-batch sampler.
+"""Datasets (in-memory tensors, or image files decoded per batch) and the BSP global-batch sampler.
 
 Why tensors and not a ``DataLoader``: the controller resizes every worker's mini-batch every few
 steps, and the emulator measures per-step compute time. A batch must therefore be gathered with one
@@ -12,6 +12,12 @@ Why :class:`GlobalBatchSampler`: under BSP every worker must derive the same per
 from ``(seed, epoch)``, take its own contiguous slice of each global step, and run the same number of
 steps whatever batch sizes the controller picks, so that every sample is used exactly once per epoch
 and nobody waits forever at a collective.
+
+Food-101, Caltech-256 and Places365 (the OmniLearn paper's ResNet18/ResNet50/VGG11 workloads) are far
+too large for memory: they are :class:`~omnilearn.train.image_folders.ImageFiles`, which keep the
+file list and decode a batch's JPEGs when :meth:`batch` gathers it, with the ImageNet transforms
+(random resized crop + flip for the training split, resize + centre crop for the test split).
+Both kinds share the interface the trainers use (:class:`BatchData`).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -27,8 +33,15 @@ from torch import Tensor
 from torchvision.transforms.v2 import functional as TF
 
 from omnilearn.errors import UserError
+from omnilearn.train.image_folders import (
+    ImageFiles,
+    caltech256_files,
+    food101_files,
+    places365_files,
+)
 
-KNOWN_DATASETS = ("digits", "cifar10", "cifar100", "synthetic")
+IMAGE_FILE_DATASETS = ("food101", "caltech256", "places365")
+KNOWN_DATASETS = ("digits", "cifar10", "cifar100", "synthetic", *IMAGE_FILE_DATASETS)
 
 # Per-channel statistics of the CIFAR training sets (the values the literature uses).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -135,11 +148,27 @@ def augment_batch(x: Tensor, generator: torch.Generator | None = None, padding: 
     return out.permute(0, 3, 1, 2)
 
 
+class BatchData(Protocol):
+    """What the trainers need of a split: :class:`TensorData` and :class:`ImageFiles` both are one."""
+
+    def __len__(self) -> int: ...
+
+    def batch(
+        self, indices: Tensor, augment: bool = False, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor]: ...
+
+    @property
+    def targets(self) -> Tensor: ...
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]: ...
+
+
 class LoadedData(NamedTuple):
     """What :func:`load_dataset` returns; unpacks as ``train, test, num_classes``."""
 
-    train: TensorData
-    test: TensorData
+    train: TensorData | ImageFiles
+    test: TensorData | ImageFiles
     num_classes: int
 
 
@@ -152,12 +181,19 @@ def load_dataset(
     seed: int = 0,
     synthetic_size: int = 2048,
     synthetic_classes: int = 10,
+    places365_small: bool = True,
 ) -> LoadedData:
-    """Load dataset ``name`` as train/test :class:`TensorData` of ``3 x image_size x image_size``.
+    """Load dataset ``name`` as train/test splits of ``3 x image_size x image_size`` samples.
 
-    ``test_fraction`` and ``seed`` choose the held-out split of ``digits`` and ``synthetic`` (CIFAR
-    has its official test set). ``download`` only matters for CIFAR. Raises :class:`UserError` for an
-    unknown name, bad sizes, or a CIFAR copy that is missing and cannot be downloaded.
+    ``digits``, ``cifar10``, ``cifar100`` and ``synthetic`` are in-memory :class:`TensorData`;
+    ``food101``, ``caltech256`` and ``places365`` are file-backed :class:`ImageFiles` (training split:
+    random ImageNet transforms on every batch, seeded with ``seed``; test split: deterministic).
+    ``test_fraction`` and ``seed`` choose the stratified held-out split of ``digits``, ``synthetic``
+    and ``caltech256``; CIFAR and Food-101 have an official test set, Places365 uses its official
+    validation set. ``download`` lets torchvision fetch CIFAR, Food-101, Caltech-256 or Places365.
+    ``places365_small`` (default true) selects Places365's 256x256 images, not the large ones.
+    Raises :class:`UserError` for an unknown name, bad sizes, or data that is missing and cannot be
+    downloaded.
     """
     if not isinstance(image_size, int) or image_size < 1:
         raise UserError(f"dataset {name!r}: image_size must be a positive integer, got {image_size!r}")
@@ -169,6 +205,9 @@ def load_dataset(
         return _load_cifar(name, Path(root), image_size, download)
     if name == "synthetic":
         return _make_synthetic(image_size, test_fraction, seed, synthetic_size, synthetic_classes)
+    if name in IMAGE_FILE_DATASETS:
+        return _load_image_files(name, Path(root).expanduser(), image_size, download, test_fraction, seed,
+                                 places365_small)
     raise UserError(f"unknown dataset {name!r}; known datasets: {', '.join(KNOWN_DATASETS)}")
 
 
@@ -247,6 +286,25 @@ def _load_cifar(name: str, root: Path, image_size: int, download: bool) -> Loade
         splits.append((TensorData(x, y, image_size=size, mean=mean, std=std), len(dataset.classes)))
     (train_data, num_classes), (test_data, _) = splits
     return LoadedData(train_data, test_data, num_classes)
+
+
+def _load_image_files(
+    name: str, root: Path, image_size: int, download: bool, test_fraction: float, seed: int, small: bool
+) -> LoadedData:
+    """Food-101 / Caltech-256 / Places365 through torchvision, as file-backed :class:`ImageFiles`."""
+    if name == "food101":
+        train, test, num_classes = food101_files(root, download)
+    elif name == "places365":
+        train, test, num_classes = places365_files(root, download, small)
+    else:
+        files, num_classes = caltech256_files(root, download)
+        train_idx, test_idx = split_indices(files.labels, test_fraction, seed)
+        train, test = files.subset(train_idx), files.subset(test_idx)
+    return LoadedData(
+        ImageFiles(train, image_size, train=True, name=name, seed=seed),
+        ImageFiles(test, image_size, train=False, name=name, seed=seed),
+        num_classes,
+    )
 
 
 def _make_synthetic(

@@ -478,8 +478,10 @@ def run_server(job: JobSpec) -> None:
 
 def _shutdown() -> None:
     """Graceful RPC shutdown (every rank reaches it), bounded: a vanished peer must not hang us."""
+    t0 = time.perf_counter()
     try:
         rpc.shutdown(graceful=True, timeout=SHUTDOWN_TIMEOUT_S)
+        log.info("RPC shut down in %.2f s", time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - any failure here only means a peer left first
         log.warning("graceful RPC shutdown failed (%s); shutting down locally", e)
         try:
