@@ -26,15 +26,21 @@ ALLOCATION_MODES = ("auto", "cpuset", "quota")
 @dataclass
 class ModelConfig:
     name: str = "resnet18"
-    """resnet18 | resnet50 | vgg11 | alexnet | smallcnn."""
+    """resnet18 | resnet50 | vgg11 | alexnet | smallcnn | gpt2 (with data.name: text)."""
     stem: str = "auto"
     """ResNet stem for small images: auto | imagenet | small | cifar."""
+    size: str = "tiny"
+    """GPT-2 size: tiny (2 layers, 128 wide) | mini | small (GPT-2's 124M)."""
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    """GPT-2 overrides of the size's layer count, heads and width."""
 
 
 @dataclass
 class DataConfig:
     name: str = "digits"
-    """digits (offline default) | cifar10 | cifar100 | synthetic | food101 | caltech256 | places365."""
+    """digits (offline default) | cifar10 | cifar100 | synthetic | food101 | caltech256 | places365 | text."""
     root: str = "data"
     """Where torchvision datasets live (and are downloaded to)."""
     image_size: int = 32
@@ -45,6 +51,16 @@ class DataConfig:
     augment: bool = False
     """Random crop + flip on training batches."""
     synthetic_size: int = 2048
+    path: str = "stdlib"
+    """data.name text: a UTF-8 text file (e.g. Tiny Shakespeare), or stdlib: the Python standard library's
+    sources, an offline corpus present wherever the project is installed."""
+    tokenizer: str = "byte"
+    """byte (no files needed) | gpt2 (GPT-2's BPE from data.tokenizer_path, a local folder)."""
+    tokenizer_path: str | None = None
+    seq_len: int = 128
+    """Tokens per training window."""
+    max_bytes: int = 2_000_000
+    """Read at most this much of the corpus."""
 
 
 @dataclass
