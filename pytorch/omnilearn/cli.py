@@ -24,6 +24,12 @@ from omnilearn import config
 from omnilearn.errors import UserError
 
 
+def _console():
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 130)  # logs and CI get whole tables
+
+
 def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
     """Named flags are shorthands for config keys; ``--set`` reaches any key."""
     out = [config.parse_assignment(s) for s in args.set or []]
@@ -48,7 +54,6 @@ def _prepare_out(path: Path, force: bool) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from omnilearn.emulator.plan import build_plan
     from omnilearn.launch.job import JobSpec, new_job_id
@@ -70,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     facts = preflight(cfg)  # data present (or downloaded once), model builds, batch fits the data
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     _prepare_out(out, args.force)
-    console = Console(width=None if sys.stdout.isatty() else 130)  # logs and CI get the whole table
+    console = _console()
     policies = ["uniform", "dynamic"] if args.compare else [cfg.control.policy]
     runs: dict[str, Path] = {}
     summaries: dict[str, dict[str, Any]] = {}
@@ -151,12 +156,11 @@ def _job_for_cluster(args: argparse.Namespace):
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from omnilearn.launch import swarm
     from omnilearn.launch.job import JobSpec
 
-    console = Console()
+    console = _console()
     if args.cluster_command == "up":
         job = _job_for_cluster(args)
         swarm.up(job, console)
@@ -185,8 +189,6 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     """The host-side toggler for a job whose containers were started by ``cluster up``."""
     import threading
 
-    from rich.console import Console
-
     from omnilearn.emulator.docker_backend import DockerBackend
     from omnilearn.emulator.toggler import Toggler, toggler_lock
     from omnilearn.launch import swarm
@@ -199,7 +201,7 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     job = JobSpec.load(out / "job.json", out_dir=out)
     default, remote = swarm.clients_for(job)
     backend = DockerBackend(job.job_id, default, clients=remote)
-    console = Console()
+    console = _console()
     stop = threading.Event()
     with toggler_lock(job.log_dir):
         toggler = Toggler(job.log_dir, backend, job.plan.targets, console=console)
@@ -235,7 +237,6 @@ def cmd_levels(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from omnilearn.report.summary import summarize
     from omnilearn.report.table import print_report
@@ -243,7 +244,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not (out / "job.json").is_file():
         raise UserError(f"{out}: not a run folder (no job.json)")
-    print_report(Console(), {"run": summarize(out)}, None)
+    print_report(_console(), {"run": summarize(out)}, None)
     return 0
 
 

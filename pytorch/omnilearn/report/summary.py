@@ -18,20 +18,43 @@ def _by_kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def _final_compute_s(steps: list[dict[str, Any]], batch: int) -> float | None:
-    """Median compute time of the last steps run at the final batch size."""
+    """One worker's median compute time over its last steps at ``batch`` (ASP: workers step alone)."""
     tail: list[float] = []
     for r in reversed(steps):
         if r["batch"] != batch:
             if tail:
                 break
-            continue  # a partial last step of an epoch
+            continue
         tail.append(r["compute_ms"] / 1e3)
         if len(tail) == FINAL_WINDOW:
             break
-    # The first step at a new size carries the change itself: drop it when there is enough else.
-    if len(tail) > 2:
+    if len(tail) > 2:  # the first step at a new size carries the change itself
         tail = tail[:-1]
     return statistics.median(tail) if tail else None
+
+
+def final_segment(steps: list[list[dict[str, Any]]]) -> list[int]:
+    """Step positions of the last stretch in which every worker kept the same batch size.
+
+    The run's final state is measured there, on the same steps for every worker: the first step
+    of the stretch (it carries the change itself) and partial last steps of epochs are left out,
+    and at most FINAL_WINDOW steps are kept. A decision at the very end leaves an empty stretch;
+    then the one before it is used.
+    """
+    n = min(len(s) for s in steps)
+    rows = [tuple(s[k]["batch"] for s in steps) for k in range(n)]
+    full = [k for k in range(n) if sum(rows[k]) == steps[0][k]["global_batch"] and
+            steps[0][k]["global_batch"] == max(r["global_batch"] for r in steps[0])]
+    segments: list[list[int]] = []
+    for k in full:
+        if segments and rows[segments[-1][-1]] == rows[k]:
+            segments[-1].append(k)
+        else:
+            segments.append([k])
+    for seg in reversed(segments):
+        if len(seg) >= 2:
+            return seg[1:][-FINAL_WINDOW:]
+    return segments[-1][-FINAL_WINDOW:] if segments else []
 
 
 def level_speeds(per_rank_steps: list[list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -73,14 +96,17 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     end0 = ends[0]
     train_time = end0["train_time_s"]
     batches = end0["batch"]
-    compute = [_final_compute_s(s, b) for s, b in zip(steps, batches, strict=True)]
-    sync = [statistics.median([r["sync_ms"] for r in s[-FINAL_WINDOW:]]) if s else None for s in steps]
+    seg = final_segment(steps)
+    measured_batches = [s[seg[0]]["batch"] for s in steps] if seg else batches
+    compute = [statistics.median(s[k]["compute_ms"] / 1e3 for k in seg) if seg else None for s in steps]
+    sync = [statistics.median(s[k]["sync_ms"] for k in seg) if seg else None for s in steps]
     allocations = [s[-1].get("cpus") if s else None for s in steps]
     evals = _by_kind(r0, "eval")
     hl_events = _by_kind(r0, "hl_change")
     run_start = end0["time"] - end0["wall_time_s"]
     known = [c for c in compute if c]
-    ideal = sum(b / c for b, c in zip(batches, compute, strict=True) if c) if len(known) == len(compute) else None
+    ideal = (sum(b / c for b, c in zip(measured_batches, compute, strict=True))
+             if known and len(known) == len(compute) else None)
     summary: dict[str, Any] = {
         "mode": cfg.mode,
         "policy": cfg.control.policy,
@@ -101,6 +127,8 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "accuracy_curve": [{"epoch": e["epoch"], "elapsed_s": round(e["elapsed_s"], 3),
                             "accuracy": e["accuracy"]} for e in evals],
         "batch_sizes": batches,
+        "measured_batch_sizes": measured_batches,
+        "measured_steps": [seg[0] + 1, seg[-1] + 1] if seg else None,
         "allocations": allocations,
         "threads": [s[-1].get("threads") if s else None for s in steps],
         "compute_ms": [round(c * 1e3, 2) if c else None for c in compute],
@@ -170,7 +198,8 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
     compute = [_final_compute_s(s, b) for s, b in zip(steps, batches, strict=True)]
     comm = [statistics.median([r["sync_ms"] for r in s[-FINAL_WINDOW:]]) if s else None for s in steps]
     known = [c for c in compute if c]
-    ideal = sum(b / c for b, c in zip(batches, compute, strict=True) if c) if len(known) == len(compute) else None
+    ideal = (sum(b / c for b, c in zip(batches, compute, strict=True))
+             if known and len(known) == len(compute) else None)
     t_done = start + end["done_time_s"]
     t_from = t_done - RATE_WINDOW * end["done_time_s"]
     rates = update_rates(updates, cfg.workers, t_from, t_done)

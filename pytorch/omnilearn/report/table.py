@@ -52,9 +52,13 @@ def worker_table(s: dict[str, Any]) -> Table:
     t = Table(title=f"{s['policy']} · {s['mode'].upper()} · backend {s['backend']} · final state per worker")
     for col in ("worker", "CPU share", "threads", "batch", "compute ms", "sync ms", "samples/s"):
         t.add_column(col, justify="right")
+    if s.get("measured_steps"):
+        t.caption = f"measured over steps {s['measured_steps'][0]}-{s['measured_steps'][1]}"
+    measured = s.get("measured_batch_sizes") or s["batch_sizes"]
     for i in range(s["workers"]):
-        b, c = s["batch_sizes"][i], s["compute_ms"][i]
-        t.add_row(f"worker{i + 1}", _fmt(s["allocations"][i], ".3g"), _fmt(s["threads"][i]), str(b),
+        b, c, final = measured[i], s["compute_ms"][i], s["batch_sizes"][i]
+        t.add_row(f"worker{i + 1}", _fmt(s["allocations"][i], ".3g"), _fmt(s["threads"][i]),
+                  str(b) if b == final else f"{b} (then {final})",
                   _fmt(c, ".0f"), _fmt(s["sync_ms"][i], ".0f"), _fmt(b / c * 1e3 if c else None, ".1f"))
     return t
 

@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.rpc as rpc
-import torch.nn.functional as F
 
 from omnilearn.control.controller import ComputeWindow
 from omnilearn.emulator.client import AllocationClient
@@ -40,10 +39,10 @@ from omnilearn.launch.job import JobSpec
 from omnilearn.launch.progress import JobProgress
 from omnilearn.train import parameter_server as ps
 from omnilearn.train.bsp import GradBuffer
-from omnilearn.train.data import TensorData, load_dataset
 from omnilearn.train.distributed import env_int
 from omnilearn.train.metrics import MetricsWriter, metrics_path, read_jsonl
-from omnilearn.train.models import build_model, count_parameters
+from omnilearn.train.models import count_parameters
+from omnilearn.train.workload import build, load_data, loss_terms
 
 log = logging.getLogger("omnilearn.worker")
 
@@ -108,9 +107,9 @@ def run_worker(job: JobSpec) -> None:
     t_cfg, c_cfg = cfg.train, cfg.control
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
     assert 1 <= rank and world == cfg.workers + 1, (rank, world, cfg.workers)
-    train, test, classes = load_dataset(cfg.data.name, cfg.data.root, cfg.data.image_size, cfg.data.download,
-                                        cfg.data.test_fraction, t_cfg.seed, synthetic_size=cfg.data.synthetic_size)
-    model = build_model(cfg.model.name, classes, cfg.data.image_size, stem=cfg.model.stem).train()
+    work = load_data(cfg)
+    train, test = work.train, work.test
+    model = build(cfg, work).train()
     state, n_params = ps.flat_state(model)
     grads = GradBuffer(list(model.parameters()), extra=state.numel() - n_params)  # gradient, then BN change
     target = job.plan.target(rank)
@@ -147,15 +146,14 @@ def run_worker(job: JobSpec) -> None:
         t1 = time.perf_counter()
         grads.zero()
         x, y = train.batch(stream.take(batch), augment=cfg.data.augment, generator=augment)
-        out = model(x)
-        loss_sum = F.cross_entropy(out, y, reduction="sum")
+        loss_sum, correct = loss_terms(model(x), y)
         (loss_sum / batch).backward()
         torch.sub(state[n_params:], pulled[n_params:], out=grads.extra)  # what this batch did to BN stats
         t2 = time.perf_counter()
         window.add(t2 - t1)
         estimate = window.estimate()
         seq += 1
-        stats = {"loss": float(loss_sum.detach()), "correct": int((out.detach().argmax(1) == y).sum()),
+        stats = {"loss": float(loss_sum.detach()), "correct": float(correct),
                  "compute_s": t2 - t1, "estimate_s": estimate, "count": window.count, "level": client.level}
         control = _call(ps.rpc_push, (rank, seq, version, grads.flat, batch, stats), timeout)
         t3 = time.perf_counter()
@@ -179,25 +177,24 @@ def run_worker(job: JobSpec) -> None:
 # ---------------------------------------------------------------------- evaluation after the job
 
 @torch.no_grad()
-def evaluate_model(model: torch.nn.Module, test: TensorData, chunk: int = 256) -> tuple[float, float]:
+def evaluate_model(model: torch.nn.Module, test: Any, chunk: int = 256) -> tuple[float, float]:
     """(accuracy, mean loss) of ``model`` on the whole held-out split."""
     model.eval()
-    correct, loss, n = 0, 0.0, len(test)
+    correct, loss, n = 0.0, 0.0, len(test)
     for start in range(0, n, chunk):
         x, y = test.batch(torch.arange(start, min(start + chunk, n)))
-        out = model(x)
-        loss += float(F.cross_entropy(out, y, reduction="sum"))
-        correct += int((out.argmax(1) == y).sum())
+        loss_sum, right = loss_terms(model(x), y)
+        loss += float(loss_sum)
+        correct += float(right)
     model.train()
     return correct / n, loss / n
 
 
 def evaluate_snapshots(job: JobSpec) -> list[dict[str, Any]]:
     """Score every snapshot the server saved; writes and returns the ``eval`` records, in order."""
-    cfg = job.config
-    _, test, classes = load_dataset(cfg.data.name, cfg.data.root, cfg.data.image_size, cfg.data.download,
-                                    cfg.data.test_fraction, cfg.train.seed, synthetic_size=cfg.data.synthetic_size)
-    model = build_model(cfg.model.name, classes, cfg.data.image_size, stem=cfg.model.stem)
+    work = load_data(job.config)
+    test = work.test
+    model = build(job.config, work)
     state, _ = ps.flat_state(model)
     path = job.metrics_dir / EVAL_FILE
     path.unlink(missing_ok=True)

@@ -65,10 +65,10 @@ from omnilearn.emulator.client import AllocationClient
 from omnilearn.emulator.plan import SERVER_TARGET, worker_target
 from omnilearn.launch.job import JobSpec
 from omnilearn.train.bsp import GradBuffer
-from omnilearn.train.data import load_dataset
 from omnilearn.train.distributed import env_int
 from omnilearn.train.metrics import MetricsWriter, metrics_path
-from omnilearn.train.models import build_model, count_parameters
+from omnilearn.train.models import count_parameters
+from omnilearn.train.workload import build, load_data
 
 log = logging.getLogger("omnilearn.server")
 
@@ -430,9 +430,9 @@ def run_server(job: JobSpec) -> None:
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
     assert rank == 0 and world == cfg.workers + 1, (rank, world, cfg.workers)
     torch.manual_seed(t.seed)
-    train, test, classes = load_dataset(cfg.data.name, cfg.data.root, cfg.data.image_size, cfg.data.download,
-                                        cfg.data.test_fraction, t.seed, synthetic_size=cfg.data.synthetic_size)
-    model = build_model(cfg.model.name, classes, cfg.data.image_size, stem=cfg.model.stem)
+    work = load_data(cfg)
+    train, test = work.train, work.test
+    model = build(cfg, work)
     metrics = _LockedWriter(metrics_path(job.out_dir, 0))
     server = ParameterServer(job, model, len(train), metrics)
     metrics.write("start", rank=0, world=world, target=SERVER_TARGET, role="server", params=count_parameters(model),

@@ -1,0 +1,161 @@
+"""Memory-aware batch bounds: how large a batch this worker can take without being killed.
+
+In a container or cgroup with a memory limit the kernel kills a process that exceeds it, with no
+Python exception to catch, so the bound must be known before a batch grows. Each worker learns its
+budget (its cgroup's limit, else the memory available on the host; on a GPU, the device's memory),
+measures at start-up how its peak memory grows with the batch size (two short probe steps), and
+derives ``max_batch``: the largest batch whose predicted peak stays below the budget minus a margin.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("omnilearn.memory")
+
+CGROUP = Path("/sys/fs/cgroup")
+NO_LIMIT = 2**60  # v1 reports "no limit" as a huge page-rounded number
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    bytes: int
+    source: str  # e.g. "cgroup v1 /omnilearn/job/worker1", "host MemAvailable", "cuda:0"
+
+
+def _own_cgroup_paths() -> dict[str, str]:
+    """controller -> path, from /proc/self/cgroup ("" for the v2 unified hierarchy)."""
+    out = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        for c in (ctrls.split(",") if ctrls else [""]):
+            out[c] = path
+    return out
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        raw = path.read_text().strip()
+    except OSError:
+        return None
+    if raw == "max":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if value < NO_LIMIT else None
+
+
+def cgroup_limit(root: Path = CGROUP) -> tuple[int, str] | None:
+    """The tightest memory limit on this process's cgroup and its ancestors (v1 or v2)."""
+    paths = _own_cgroup_paths()
+    candidates: list[tuple[int, str]] = []
+    if "memory" in paths:  # v1: /sys/fs/cgroup/memory/<path>/memory.limit_in_bytes
+        rel, base, name, version = paths["memory"], root / "memory", "memory.limit_in_bytes", "v1"
+    elif "" in paths and (root / "cgroup.controllers").exists():
+        rel, base, name, version = paths[""], root, "memory.max", "v2"
+    else:
+        return None
+    parts = [p for p in rel.split("/") if p]
+    # Inside a container the namespace root is our own cgroup: walk from the deepest directory that exists.
+    for depth in range(len(parts), -1, -1):
+        d = base.joinpath(*parts[:depth])
+        limit = _read_int(d / name)
+        if limit is not None:
+            candidates.append((limit, f"cgroup {version} /{'/'.join(parts[:depth])}"))
+    return min(candidates) if candidates else None
+
+
+def host_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def memory_budget(device: torch.device) -> MemoryBudget:
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return MemoryBudget(total, f"{device}")
+    limit = cgroup_limit()
+    if limit is not None:
+        return MemoryBudget(*limit)
+    return MemoryBudget(host_available() + current_rss(), "host MemAvailable")
+
+
+def current_rss() -> int:
+    return _status_kb("VmRSS") * 1024
+
+
+def _status_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    except OSError:
+        pass
+
+
+def peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return _status_kb("VmHWM") * 1024
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Peak memory ~ base + per_sample * batch, fitted from two probe steps."""
+
+    base: int
+    per_sample: int
+    budget: MemoryBudget
+    margin: float
+
+    def max_batch(self) -> int:
+        usable = self.budget.bytes * (1 - self.margin) - self.base
+        if usable <= 0:
+            return 0
+        return int(usable // max(self.per_sample, 1))
+
+    def describe(self) -> str:
+        return (f"budget {self.budget.bytes / 2**20:.0f} MiB ({self.budget.source}), base "
+                f"{self.base / 2**20:.0f} MiB + {self.per_sample / 2**20:.2f} MiB/sample, margin "
+                f"{self.margin:.0%} -> max batch {self.max_batch()}")
+
+
+def probe(step: Callable[[int], None], device: torch.device, sizes: tuple[int, int], margin: float,
+          budget: MemoryBudget | None = None) -> MemoryModel:
+    """Run ``step(b)`` (forward + backward of b samples) at two sizes and fit the peak-memory line.
+
+    Each size runs twice and the second peak is kept: the first call also allocates one-off state
+    (optimizer buffers, caches), which belongs to the base, not to the samples.
+    """
+    budget = budget or memory_budget(device)
+    peaks = []
+    for b in sizes:
+        step(b)
+        reset_peak(device)
+        step(b)
+        peaks.append(peak_bytes(device))
+    (b1, b2), (p1, p2) = sizes, peaks
+    per_sample = max(int(math.ceil((p2 - p1) / (b2 - b1))), 1)
+    base = p1 - per_sample * b1
+    model = MemoryModel(base=max(base, 0), per_sample=per_sample, budget=budget, margin=margin)
+    log.info("memory: %s", model.describe())
+    return model
