@@ -98,6 +98,12 @@ class ControlConfig:
     """Steps not measured after a batch or allocation change."""
     min_batch: int = 2
     max_batch: int | None = None
+    memory_bounds: bool = True
+    """Probe memory per sample at start-up and never give a worker more than fits its memory budget
+    (its cgroup/container limit, else available RAM; GPU memory on a GPU). Uniform batching, the
+    baseline, ignores it (and is warned)."""
+    memory_margin: float = 0.15
+    """Share of the budget kept free when deriving the memory bound."""
 
 
 @dataclass
@@ -213,6 +219,8 @@ class JobConfig:
                       f"control.max_batch={c.max_batch}")
         if c.interval < 0 or c.window < 1 or c.min_samples < 1 or c.min_samples > c.window:
             raise bad("control", "need interval >= 0, window >= 1 and 1 <= min_samples <= window")
+        if not 0 <= c.memory_margin < 1:
+            raise bad("control.memory_margin", f"must be in [0, 1), not {c.memory_margin}")
         if not 0 <= c.deadband < 1:
             raise bad("control.deadband", f"must be in [0, 1), not {c.deadband}")
         if c.skip_after_change < 0:
@@ -231,6 +239,9 @@ class JobConfig:
             raise bad("asp.eval_interval", f"must be positive, not {a.eval_interval}")
         if a.worker_timeout_s <= 0:
             raise bad("asp.worker_timeout_s", f"must be positive, not {a.worker_timeout_s}")
+        if self.mode == "asp" and a.worker_timeout_s <= e.ack_timeout:
+            raise bad("asp.worker_timeout_s", f"{a.worker_timeout_s:g} must exceed emulation.ack_timeout "
+                      f"{e.ack_timeout:g}: a worker waits that long for the toggler without calling the server")
         if not 0 < self.docker.master_port < 65536:
             raise bad("docker.master_port", f"must be a TCP port, not {self.docker.master_port}")
         for target, url in self.docker.hosts.items():

@@ -182,10 +182,13 @@ class CgroupV1Backend(_CgroupBackend):
 
     name = "cgroup-v1"
 
-    def __init__(self, job_id: str, targets: list[str], root: Path = CGROUP_ROOT) -> None:
+    def __init__(self, job_id: str, targets: list[str], root: Path = CGROUP_ROOT, memory: bool = False) -> None:
         super().__init__(job_id, targets, root)
         self._origin: dict[str, dict[int, Path]] = {}  # controller -> pid -> cgroup it came from
-        self._memory = False  # memory cgroups are made on the first memory limit only
+        # Memory cgroups only when the job limits memory. Then they exist before the workers start: a
+        # page is charged where it was first touched (this kernel cannot move charges), so a process
+        # joining later would leave its first pages, torch included, outside the limit.
+        self._memory = False
         for ctrl in ("cpu", "cpuset"):
             if not (self.root / ctrl).is_dir():
                 raise UserError(f"cgroup v1 controller {ctrl!r} is not mounted at {self.root / ctrl}")
@@ -196,6 +199,8 @@ class CgroupV1Backend(_CgroupBackend):
             self.close()
             raise UserError(f"cannot create cgroups under {self.root} ({e.strerror}): "
                             f"run as root with cgroup v1 writable, or use --backend affinity") from None
+        if memory:
+            self._enable_memory()
 
     def _dir(self, ctrl: str, target: str | None = None) -> Path:
         d = self.root / ctrl / TOP / self.job_id
@@ -560,7 +565,7 @@ class NullBackend:
 
 # ---------------------------------------------------------------- choosing, sweeping, reading back
 
-def _make_cgroup(job_id: str, targets: list[str], root: Path = CGROUP_ROOT) -> Backend:
+def _make_cgroup(job_id: str, targets: list[str], root: Path = CGROUP_ROOT, memory: bool = False) -> Backend:
     """v2 if the unified hierarchy is mounted at ``root``, else v1; UserError saying why neither works."""
     if os.geteuid() != 0:
         raise UserError("the cgroup backend needs root (uid 0); use --backend affinity")
@@ -571,19 +576,22 @@ def _make_cgroup(job_id: str, targets: list[str], root: Path = CGROUP_ROOT) -> B
             raise UserError(f"no cgroup controller at {d}; use --backend affinity")
         if not os.access(d, os.W_OK):
             raise UserError(f"{d} is not writable (read-only cgroup mount?); use --backend affinity")
-    return CgroupV2Backend(job_id, targets, root) if v2 else CgroupV1Backend(job_id, targets, root)
+    return CgroupV2Backend(job_id, targets, root) if v2 else CgroupV1Backend(job_id, targets, root, memory)
 
 
-def select_backend(name: str, job_id: str, targets: list[str]) -> Backend:
-    """The backend called ``name``; "auto" is cgroups when possible, else affinity."""
+def select_backend(name: str, job_id: str, targets: list[str], memory: bool = False) -> Backend:
+    """The backend called ``name``; "auto" is cgroups when possible, else affinity.
+
+    ``memory``: the job limits memory, so memory cgroups are set up before any worker starts.
+    """
     if name == "auto":
         try:
-            return _make_cgroup(job_id, targets)
+            return _make_cgroup(job_id, targets, memory=memory)
         except UserError as e:
             log.info("cgroup backend unavailable (%s); using affinity", e)
             return AffinityBackend()
     if name == "cgroup":
-        return _make_cgroup(job_id, targets)
+        return _make_cgroup(job_id, targets, memory=memory)
     if name == "affinity":
         return AffinityBackend()
     if name == "none":

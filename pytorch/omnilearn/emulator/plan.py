@@ -80,6 +80,17 @@ def _custom_table(cfg: JobConfig, key: str) -> dict[str, list[Any]]:
             server = f" (or {cfg.workers + 1}: the server's first)" if cfg.mode == "asp" else ""
             raise UserError(f"{where}.{level}: has {len(entries)} entries for {cfg.workers} workers{server}")
         for i, entry in enumerate(entries):
+            if isinstance(entry, dict):
+                unknown = set(entry) - {"cpus", "cpuset", "memory"}
+                if unknown:
+                    raise UserError(f"{where}.{level}[{i}]: unknown key(s) {', '.join(sorted(unknown))} "
+                                    f"(known: cpus, cpuset, memory)")
+                if "memory" in entry:
+                    parse_memory(entry["memory"], f"{where}.{level}[{i}].memory")
+                inner = entry.get("cpuset", entry.get("cpus"))
+                if inner is None:
+                    continue
+                entry = inner
             if isinstance(entry, str):
                 try:
                     parse_cpuset(entry)
@@ -92,6 +103,45 @@ def _custom_table(cfg: JobConfig, key: str) -> dict[str, list[Any]]:
                 raise UserError(f"{where}.{level}[{i}]: expected a cpuset string or a CPU count, "
                                 f"got {entry!r}")
     return table
+
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_memory(value: Any, where: str) -> int:
+    """``"600M"``, ``"1.5G"`` or a number of bytes -> bytes."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        text = value.strip().upper().removesuffix("B").removesuffix("I")
+        unit = text[-1:] if text[-1:] in _UNITS and text[-1:] else ""
+        try:
+            number = float(text[:-1] if unit else text)
+        except ValueError:
+            number = -1
+        if number > 0:
+            return int(number * _UNITS[unit])
+    raise UserError(f"{where}: expected a memory size such as 600M or 2G, got {value!r}")
+
+
+def _entry_allocation(entry: Any, mode: str, host: list[int], where: str) -> Allocation:
+    """One worker's allocation from a level entry: a cpuset, a CPU count, or {cpus|cpuset, memory}."""
+    memory = None
+    if isinstance(entry, dict):
+        memory = parse_memory(entry["memory"], f"{where}.memory") if "memory" in entry else None
+        entry = entry.get("cpuset", entry.get("cpus"))
+    if mode == "none":
+        return Allocation()
+    if entry is None:
+        return Allocation(memory=memory)
+    if mode == "cpuset":
+        if not isinstance(entry, str):
+            raise UserError(f"{where}: cpuset mode needs cpuset strings, got {entry!r}")
+        return Allocation(cpuset=entry, memory=memory)
+    share = float(len(parse_cpuset(entry))) if isinstance(entry, str) else float(entry)
+    if share > len(host):
+        raise UserError(f"{where}: asks for {share} CPUs, the host has {len(host)}")
+    return Allocation(cpus=share, memory=memory)
 
 
 def _check_cpusets(allocs: dict[str, Allocation], host: list[int], where: str) -> None:
@@ -140,7 +190,9 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
     if e.levels:
         custom = _custom_table(cfg, "emulation.levels")
         if mode is None:
-            mode = "cpuset" if all(isinstance(x, str) for v in custom.values() for x in v) else "quota"
+            cpu_parts = [x.get("cpuset", x.get("cpus")) if isinstance(x, dict) else x
+                         for v in custom.values() for x in v]
+            mode = "cpuset" if all(isinstance(x, str) for x in cpu_parts if x is not None) else "quota"
         for level in dict.fromkeys(schedule.levels):
             if level not in custom:
                 raise UserError(f"{where}: {key}: level {level!r} is not in emulation.levels "
@@ -152,22 +204,8 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
                 # No server entry: the server runs unlimited.
                 named.insert(0, (server_target, entries[0] if len(entries) > len(targets) else None))
             for t, entry in named:
-                if entry is None:
-                    allocs[t] = Allocation()
-                    continue
-                if mode == "none":
-                    allocs[t] = Allocation()
-                elif mode == "cpuset":
-                    if not isinstance(entry, str):
-                        raise UserError(f"{where}: emulation.levels.{level}: cpuset mode needs cpuset "
-                                        f"strings, got {entry!r}")
-                    allocs[t] = Allocation(cpuset=entry)
-                else:
-                    share = float(len(parse_cpuset(entry))) if isinstance(entry, str) else float(entry)
-                    if share > len(host):
-                        raise UserError(f"{where}: emulation.levels.{level}: {t} asks for {share} CPUs, "
-                                        f"the host has {len(host)}")
-                    allocs[t] = Allocation(cpus=share)
+                allocs[t] = (Allocation() if entry is None else
+                             _entry_allocation(entry, mode, host, f"{where}: emulation.levels.{level} ({t})"))
             if mode == "cpuset":
                 _check_cpusets(allocs, host, f"{where}: emulation.levels.{level}")
             levels[level] = allocs

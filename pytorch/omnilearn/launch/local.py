@@ -48,6 +48,14 @@ def worker_env(rank: int, world: int, port: int) -> dict[str, str]:
     return env
 
 
+def last_error(path: Path) -> str:
+    """The ``omnilearn: error: ...`` line a worker printed before exiting with status 2."""
+    for line in reversed(tail(path, 40).splitlines()):
+        if line.startswith("omnilearn: error: "):
+            return line.removeprefix("omnilearn: error: ")
+    return f"exited with status 2 (see {path})"
+
+
 def tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -88,7 +96,8 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
     """Run the job to the end; raises WorkerFailed (with the failing rank's log) or UserError."""
     cfg = job.config
     sweep_stale()
-    backend = select_backend(cfg.emulation.backend, job.job_id, list(job.plan.targets))
+    limits_memory = any(a.memory is not None for allocs in job.plan.levels.values() for a in allocs.values())
+    backend = select_backend(cfg.emulation.backend, job.job_id, list(job.plan.targets), memory=limits_memory)
     job.backend = backend.name
     job_file = job.save()
     toggler = Toggler(job.log_dir, backend, job.plan.targets)
@@ -128,6 +137,8 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
                         if cfg.mode == "asp":
                             role = "parameter server" if r == 0 else "ASP worker"
                             who = f"{role} rank {r} ({job.plan.target(r)})"
+                        if codes[r] == UserError.exit_status:  # the worker found a user error: pass it on
+                            raise UserError(f"{who}: {last_error(logs[r])}")
                         raise WorkerFailed(f"{who} exited with status {codes[r]}; "
                                            f"end of {logs[r]}:\n{tail(logs[r])}")
                     if all(c == 0 for c in codes):

@@ -34,26 +34,22 @@ def _is_asp(out_dir: Path) -> bool:
         return False
 
 
-def _binned(updates: list[dict[str, Any]], t0: float, t1: float, bins: int
-            ) -> tuple[list[float], list[float], list[float | None]]:
-    """Bin centres, updates/s and mean staleness of ``updates`` over ``[t0, t1]``."""
-    width = max(t1 - t0, 1e-9) / bins
-    counts = [0] * bins
-    stale = [0.0] * bins
-    for u in updates:
-        k = min(max(int((u["time"] - t0) / width), 0), bins - 1)
-        counts[k] += 1
-        stale[k] += u["staleness"]
-    centres = [(k + 0.5) * width for k in range(bins)]
-    return centres, [c / width for c in counts], [st / c if c else None for st, c in zip(stale, counts, strict=True)]
+def _rolling(updates: list[dict[str, Any]], t0: float, k: int = 5
+             ) -> tuple[list[float], list[float], list[float]]:
+    """At each of a worker's updates: time, updates/s and mean staleness over its last ``k`` updates."""
+    xs, rates, stale = [], [], []
+    for i in range(k, len(updates)):
+        span = updates[i]["time"] - updates[i - k]["time"]
+        xs.append(updates[i]["time"] - t0)
+        rates.append(k / span if span > 0 else float("nan"))
+        stale.append(sum(u["staleness"] for u in updates[i - k + 1:i + 1]) / k)
+    return xs, rates, stale
 
 
 def plot_run_asp(out_dir: Path, workers: int, title: str, path: Path) -> Path:
     """ASP ``run.png``: per-worker batch size, update rate at the server, and staleness over wall time."""
     server = read_jsonl(metrics_path(out_dir, 0))
     start = next(r["time"] for r in server if r["kind"] == "train_start")
-    end = [r for r in server if r["kind"] == "end"]
-    t_end = start + (end[-1]["wall_time_s"] if end else max((r["time"] - start for r in server), default=1.0))
     updates = [r for r in server if r["kind"] == "update"]
     hl = [{**e, "step": e.get("elapsed_s", e["time"] - start)} for e in server if e["kind"] == "hl_change"]
     fig, (ax_b, ax_r, ax_s) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
@@ -61,14 +57,14 @@ def plot_run_asp(out_dir: Path, workers: int, title: str, path: Path) -> Path:
         steps = [r for r in read_jsonl(metrics_path(out_dir, w)) if r["kind"] == "step"]
         label = f"aspworker{w + 1}"
         ax_b.step([r["time"] - start for r in steps], [r["batch"] for r in steps], where="post", label=label)
-        xs, rates, stale = _binned([u for u in updates if u["worker"] == w], start, t_end, bins=30)
-        ax_r.plot(xs, rates, marker=".", markersize=3, linewidth=0.9)
-        ax_s.plot(xs, stale, marker=".", markersize=3, linewidth=0.9)
+        xs, rates, stale = _rolling([u for u in updates if u["worker"] == w], start)
+        ax_r.plot(xs, rates, linewidth=0.9)
+        ax_s.plot(xs, stale, linewidth=0.9)
     for ax in (ax_b, ax_r, ax_s):
         _mark_levels(ax, hl, label=ax is ax_b)
     ax_b.set_ylabel("local batch size")
-    ax_r.set_ylabel("updates/s at the server")
-    ax_s.set_ylabel("mean staleness")
+    ax_r.set_ylabel("updates/s at the server\n(last 5 updates)")
+    ax_s.set_ylabel("staleness\n(mean of last 5)")
     ax_s.set_xlabel("wall time (s)")
     ax_b.legend(loc="upper right", fontsize=8, ncol=min(workers, 4))
     ax_b.set_title(title)

@@ -195,10 +195,12 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         from omnilearn.train.asp import evaluate_snapshots
         evals = evaluate_snapshots(job)
     batches = end["batch"]
-    compute = [_final_compute_s(s, b) for s, b in zip(steps, batches, strict=True)]
+    # At the batch size of each worker's last steps: a change decided at the very end has no steps yet.
+    last = [s[-1]["batch"] if s else 0 for s in steps]
+    compute = [_final_compute_s(s, b) for s, b in zip(steps, last, strict=True)]
     comm = [statistics.median([r["sync_ms"] for r in s[-FINAL_WINDOW:]]) if s else None for s in steps]
     known = [c for c in compute if c]
-    ideal = (sum(b / c for b, c in zip(batches, compute, strict=True))
+    ideal = (sum(b / c for b, c in zip(last, compute, strict=True))
              if known and len(known) == len(compute) else None)
     t_done = start + end["done_time_s"]
     t_from = t_done - RATE_WINDOW * end["done_time_s"]

@@ -17,22 +17,23 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.client import AllocationClient
 from omnilearn.emulator.plan import worker_target
+from omnilearn.errors import UserError
 from omnilearn.launch.job import JobSpec
-from omnilearn.train import distributed
-from omnilearn.train.data import GlobalBatchSampler, eval_indices, load_dataset
+from omnilearn.train import distributed, memory
+from omnilearn.train.data import GlobalBatchSampler, eval_indices
 from omnilearn.train.metrics import MetricsWriter, metrics_path
-from omnilearn.train.models import build_model, count_parameters
+from omnilearn.train.models import count_parameters
+from omnilearn.train.workload import build, load_data, loss_terms, perplexity
 
 log = logging.getLogger("omnilearn.worker")
 
 # Slots after the gradients in the all-reduced buffer: statistics that ride along for free.
-LOSS, CORRECT, CLOCK, EXTRA = 0, 1, 2, 3
+LOSS, CORRECT, CLOCK, OOM, EXTRA = 0, 1, 2, 3, 4
 
 
 class GradBuffer:
@@ -61,17 +62,17 @@ class GradBuffer:
 
 
 def local_backward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, global_size: int
-                   ) -> tuple[float, int]:
+                   ) -> tuple[float, float]:
     """Forward and backward of this worker's share; returns (loss sum, correct predictions).
 
-    Dividing the summed loss by the step's global size weights the local gradient by b_i / B.
+    Dividing the summed per-sample loss by the step's global size weights the local gradient by
+    b_i / B. For a language model, "correct" sums each window's token accuracy.
     """
     if x.shape[0] == 0:
-        return 0.0, 0
-    out = model(x)
-    loss_sum = F.cross_entropy(out, y, reduction="sum")
+        return 0.0, 0.0
+    loss_sum, correct = loss_terms(model(x), y)
     (loss_sum / global_size).backward()
-    return float(loss_sum.detach()), int((out.detach().argmax(1) == y).sum())
+    return float(loss_sum.detach()), float(correct)
 
 
 @dataclass
@@ -144,146 +145,232 @@ def evaluate(model: torch.nn.Module, test, shares: list[int], rank: int, device:
     for start in range(idx.start, idx.stop, chunk):
         sel = torch.arange(start, min(start + chunk, idx.stop))
         x, y = test.batch(sel)
-        x, y = x.to(device), y.to(device)
-        out = model(x)
-        stats[0] += F.cross_entropy(out, y, reduction="sum").double()
-        stats[1] += (out.argmax(1) == y).sum().double()
-        stats[2] += len(sel)
+        loss_sum, correct = loss_terms(model(x.to(device)), y.to(device))
+        stats += torch.tensor([float(loss_sum), float(correct), len(sel)], dtype=torch.float64, device=device)
     dist.all_reduce(stats)
     model.train()
     n = int(stats[2].item())
     return EvalResult(accuracy=float(stats[1] / n), loss=float(stats[0] / n), samples=n)
 
 
-def run(job: JobSpec) -> None:
-    """Train one BSP worker to the end of the job (called in every worker process)."""
-    cfg = job.config
-    t_cfg, c_cfg = cfg.train, cfg.control
-    env = distributed.init(t_cfg.dist_backend)
-    rank, world = env.rank, env.world_size
-    assert world == cfg.workers, (world, cfg.workers)
-    torch.manual_seed(t_cfg.seed)  # the same initial model on every rank
+class BSPTrainer:
+    """One rank of a BSP job: components built once, then :meth:`run` drives epochs and steps."""
 
-    train, test, classes = load_dataset(cfg.data.name, cfg.data.root, cfg.data.image_size,
-                                        cfg.data.download, cfg.data.test_fraction, t_cfg.seed,
-                                        synthetic_size=cfg.data.synthetic_size)
-    model = build_model(cfg.model.name, classes, cfg.data.image_size, stem=cfg.model.stem).to(env.device)
-    for p in model.parameters():  # belt and braces: identical start even if seeding diverged
-        dist.broadcast(p.data, src=0)
-    params = [p for p in model.parameters() if p.requires_grad]
-    grads = GradBuffer(params)
-    optimizer = torch.optim.SGD(params, lr=t_cfg.lr, momentum=t_cfg.momentum, weight_decay=t_cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=t_cfg.milestones, gamma=t_cfg.gamma)
-    sampler = GlobalBatchSampler(len(train), t_cfg.global_batch, t_cfg.seed, drop_last=t_cfg.drop_last,
-                                 min_local=c_cfg.min_batch)
-    bounds = Bounds.make(world, c_cfg.min_batch, c_cfg.max_batch, t_cfg.global_batch)
-    controller = BatchController(policy=c_cfg.policy, global_batch=t_cfg.global_batch, bounds=bounds,
-                                 interval=c_cfg.interval, window=c_cfg.window, min_samples=c_cfg.min_samples,
-                                 deadband=c_cfg.deadband, skip=c_cfg.skip_after_change)
-    plan, schedule = job.plan, job.plan.schedule
-    targets = [worker_target(cfg.mode, r) for r in range(world)]
-    client = AllocationClient(plan, job.log_dir, rank, targets[rank], cfg.emulation.ack_timeout)
-    metrics = MetricsWriter(metrics_path(job.out_dir, rank))
-    metrics.write("start", rank=rank, world=world, target=targets[rank], params=count_parameters(model),
-                  train_samples=len(train), test_samples=len(test), steps_per_epoch=sampler.steps_per_epoch,
-                  device=str(env.device), dist_backend=env.backend, policy=c_cfg.policy)
+    def __init__(self, job: JobSpec) -> None:
+        self.job = job
+        cfg = self.cfg = job.config
+        t, c = cfg.train, cfg.control
+        self.env = distributed.init(t.dist_backend)
+        self.rank, self.world = self.env.rank, self.env.world_size
+        assert self.world == cfg.workers, (self.world, cfg.workers)
+        torch.manual_seed(t.seed)  # the same initial model on every rank
+        self.work = load_data(cfg)
+        self.model = build(cfg, self.work).to(self.env.device)
+        for p in self.model.parameters():  # belt and braces: identical start even if seeding diverged
+            dist.broadcast(p.data, src=0)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.grads = GradBuffer(params)
+        self.optimizer = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=t.milestones, gamma=t.gamma)
+        self.sampler = GlobalBatchSampler(len(self.work.train), t.global_batch, t.seed, drop_last=t.drop_last,
+                                          min_local=c.min_batch)
+        self.configured_bounds = Bounds.make(self.world, c.min_batch, c.max_batch, t.global_batch)
+        self.controller = BatchController(policy=c.policy, global_batch=t.global_batch,
+                                          bounds=self.configured_bounds, interval=c.interval, window=c.window,
+                                          min_samples=c.min_samples, deadband=c.deadband,
+                                          skip=c.skip_after_change)
+        self.targets = [worker_target(cfg.mode, r) for r in range(self.world)]
+        self.client = AllocationClient(job.plan, job.log_dir, self.rank, self.targets[self.rank],
+                                       cfg.emulation.ack_timeout)
+        self.metrics = MetricsWriter(metrics_path(job.out_dir, self.rank))
+        self.memory: memory.MemoryModel | None = None
+        self.oom_cap: int | None = None  # this rank's bound after an out-of-memory error (GPU)
+        self.oom_seen = False  # any rank ran out of memory: bounds are enforced whatever the policy
+        self.metrics.write("start", rank=self.rank, world=self.world, target=self.targets[self.rank],
+                           params=count_parameters(self.model), train_samples=len(self.work.train),
+                           test_samples=len(self.work.test), steps_per_epoch=self.sampler.steps_per_epoch,
+                           device=str(self.env.device), dist_backend=self.env.backend, policy=c.policy,
+                           language_model=self.work.language)
 
-    def shares(level: str) -> list[float | None]:
-        return [plan.allocation(level, t).share for t in targets]
+    # ------------------------------------------------------------------------------------ memory
+    def probe_memory(self) -> None:
+        """Fit this worker's peak memory per sample (before any level limits the CPU)."""
+        if not self.cfg.control.memory_bounds:
+            return
+        n = min(len(self.work.train), self.cfg.train.global_batch)
+        sizes = (max(1, min(4, n // 4)), max(2, min(16, n)))
 
-    def change_level(level: str, epoch: float, step: int) -> None:
-        event = client.ensure(level, epoch)
+        def step(b: int) -> None:
+            x, y = self.work.train.batch(torch.arange(b))
+            local_backward(self.model, x.to(self.env.device), y.to(self.env.device), b)
+            self.grads.zero()
+
+        self.memory = memory.probe(step, self.env.device, sizes, self.cfg.control.memory_margin)
+
+    def update_bounds(self, step: int) -> None:
+        """Per-worker max batch from every worker's memory budget (re-read: a level may change it).
+
+        A collective: every rank calls it at the same step (the conditions below are the same on all).
+        """
+        if self.memory is None and not self.oom_seen:
+            return
+        own = self.cfg.train.global_batch
+        if self.memory is not None:
+            budget = memory.memory_budget(self.env.device)
+            model = memory.MemoryModel(self.memory.base, self.memory.per_sample, budget, self.memory.margin)
+            own = model.max_batch()
+        if self.oom_cap is not None:
+            own = min(own, self.oom_cap)
+        maxes = [int(g[0]) for g in distributed.all_gather_floats([float(own)], self.env.device)]
+        configured = self.configured_bounds.max_batch
+        bounds = Bounds(self.configured_bounds.min_batch, tuple(min(a, b) for a, b in zip(maxes, configured,
+                                                                                          strict=True)))
+        B = self.cfg.train.global_batch
+        if not bounds.feasible(B):
+            raise UserError(f"train.global_batch={B} does not fit in the workers' memory: they can take at "
+                            f"most {list(bounds.max_batch)} samples (sum {sum(bounds.max_batch)}; "
+                            f"control.min_batch={bounds.min_batch}); lower the global batch or raise the "
+                            f"memory limits")
+        if self.cfg.control.policy == "uniform" and not self.oom_seen:  # the baseline ignores memory: say so
+            over = [r for r, m in enumerate(bounds.max_batch) if self.controller.batch[r] > m]
+            if over and self.rank == 0:
+                log.warning("uniform batching gives workers %s more than their memory bound %s: they may be "
+                            "killed", over, list(bounds.max_batch))
+            self.metrics.write("memory_bounds", step=step, max_batch=list(bounds.max_batch), enforced=False)
+            return
+        new = self.controller.set_bounds(bounds)
+        self.metrics.write("memory_bounds", step=step, max_batch=list(bounds.max_batch), enforced=True)
+        if new is not None:
+            self.metrics.write("batch_change", step=step, batch=list(new), reason="memory")
+
+    # ------------------------------------------------------------------------------------ levels
+    def shares(self, level: str) -> list[float | None]:
+        return [self.job.plan.allocation(level, t).share for t in self.targets]
+
+    def change_level(self, level: str, epoch: float, step: int) -> None:
+        event = self.client.ensure(level, epoch)
         if event is None:
             return
-        metrics.write("hl_change", step=step, **event)
-        controller.own.reset()  # a new allocation: old measurements no longer describe this worker
-        new = (controller.initial(shares(level)) if step == 0 else
-               controller.decide([None] * world, [0] * world, shares(level)))
-        if new is not None and c_cfg.policy == "static" and step > 0:
-            metrics.write("batch_change", step=step, batch=list(controller.batch), reason="allocation")
+        self.metrics.write("hl_change", step=step, **event)
+        self.controller.own.reset()  # a new allocation: old measurements no longer describe this worker
+        if step == 0:
+            self.controller.initial(self.shares(level))
+        elif self.controller.decide([None] * self.world, [0] * self.world, self.shares(level)) is not None:
+            self.metrics.write("batch_change", step=step, batch=list(self.controller.batch), reason="allocation")
+        self.update_bounds(step)
 
-    # Everyone starts the clock together; the first level is requested before it starts.
-    dist.barrier()
-    change_level(schedule.level_at(0), 0.0, 0)
-    metrics.write("batch_change", step=0, batch=list(controller.batch), reason="initial")
-    dist.barrier()
-    t_start = time.time()
-    clock = 0.0  # rank 0's seconds since t_start, as of the last step (shared through the buffer)
-    step_in_run, samples_done, eval_time = 0, 0, 0.0
-    sync_cuda = env.device.type == "cuda"
+    # ------------------------------------------------------------------------------------- steps
+    def train_step(self, step: int, clock_start: float) -> tuple[list[int], float, float, list[float]]:
+        """One synchronous step; returns (sizes, compute s, sync s, all-reduced extras).
 
-    for epoch in range(t_cfg.epochs):
-        if schedule.unit == "epoch":
-            change_level(schedule.level_at(epoch), float(epoch), step_in_run)
-        sampler.set_epoch(epoch)
-        steps = sampler.steps_per_epoch
-        for step in range(steps):
-            if schedule.unit == "seconds":
-                change_level(schedule.level_at(clock), epoch + step / steps, step_in_run)
-            batch = list(controller.batch)
-            sizes = sampler.step_sizes(step, batch)
-            global_size = sum(sizes)
-            idx = sampler.local_indices(step, batch, rank)
-
+        If any rank ran out of (GPU) memory, every rank learns it from the same all-reduce, drops
+        the step's gradient, and the step is tried again with lower bounds, on the same samples.
+        """
+        while True:
+            batch = list(self.controller.batch)
+            sizes = self.sampler.step_sizes(step, batch)
+            idx = self.sampler.local_indices(step, batch, self.rank)
             t0 = time.perf_counter()
-            grads.zero()
-            x, y = train.batch(idx)
-            x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
-            loss_sum, correct = local_backward(model, x, y, global_size)
-            grads.extra[LOSS] = loss_sum
-            grads.extra[CORRECT] = correct
-            grads.extra[CLOCK] = time.time() - t_start if rank == 0 else 0.0
-            if sync_cuda:
-                torch.cuda.synchronize()
+            self.grads.zero()
+            oom = False
+            try:
+                x, y = self.work.train.batch(idx)
+                loss_sum, correct = local_backward(self.model, x.to(self.env.device), y.to(self.env.device),
+                                                   sum(sizes))
+            except torch.OutOfMemoryError:
+                oom, loss_sum, correct = True, 0.0, 0.0
+                self.grads.zero()
+                torch.cuda.empty_cache()
+            extra = self.grads.extra
+            extra[LOSS], extra[CORRECT], extra[OOM] = loss_sum, correct, float(oom)
+            extra[CLOCK] = time.time() - clock_start if self.rank == 0 else 0.0
+            self._sync_cuda()
             t1 = time.perf_counter()
-            grads.all_reduce()
-            if sync_cuda:
-                torch.cuda.synchronize()
+            self.grads.all_reduce()
+            self._sync_cuda()
             t2 = time.perf_counter()
-            optimizer.step()
-            if sync_cuda:
-                torch.cuda.synchronize()
+            values = self.grads.extra.tolist()
+            if values[OOM] > 0:
+                self.oom_seen = True
+                if oom:
+                    self.oom_cap = max(self.cfg.control.min_batch, int(sizes[self.rank] * 0.8))
+                    log.warning("rank %d: out of memory at batch %d; bound lowered to %d", self.rank,
+                                sizes[self.rank], self.oom_cap)
+                self.update_bounds(step)
+                continue
+            self.optimizer.step()
+            self._sync_cuda()
             t3 = time.perf_counter()
+            return sizes, (t1 - t0) + (t3 - t2), t2 - t1, values
 
-            compute_s = (t1 - t0) + (t3 - t2)
-            step_in_run += 1
-            samples_done += global_size
-            extra = grads.extra.tolist()
-            clock = extra[CLOCK]
-            if sizes[rank] == batch[rank]:  # a partial last step does not describe the steady state
-                controller.own.add(compute_s)
-            metrics.write("step", step=step_in_run, epoch=epoch, batch=sizes[rank], global_batch=global_size,
-                          compute_ms=round(compute_s * 1e3, 3), fwd_bwd_ms=round((t1 - t0) * 1e3, 3),
-                          sync_ms=round((t2 - t1) * 1e3, 3), update_ms=round((t3 - t2) * 1e3, 3),
-                          loss=extra[LOSS] / global_size, train_acc=extra[CORRECT] / global_size,
-                          level=client.level, cpus=client.allocation.share, threads=client.threads,
-                          lr=optimizer.param_groups[0]["lr"])
+    def _sync_cuda(self) -> None:
+        if self.env.device.type == "cuda":
+            torch.cuda.synchronize()
 
-            end_of_epoch = step == steps - 1
-            if controller.due(step_in_run, end_of_epoch):
-                estimate = controller.own.estimate()
-                gathered = distributed.all_gather_floats(
-                    [estimate if estimate is not None else math.nan, float(controller.own.count)], env.device)
-                estimates = [None if math.isnan(g[0]) else g[0] for g in gathered]
-                counts = [int(g[1]) for g in gathered]
-                old = list(controller.batch)
-                new = controller.decide(estimates, counts, shares(client.level))
-                if new is not None:
-                    controller.own.reset()
-                    metrics.write("batch_change", step=step_in_run, old=old, batch=new,
-                                  compute_ms=[None if e is None else round(e * 1e3, 3) for e in estimates],
-                                  reason="compute-time")
-        scheduler.step()
-        if (epoch + 1) % t_cfg.eval_every == 0 or epoch == t_cfg.epochs - 1:
-            te = time.perf_counter()
-            result = evaluate(model, test, controller.batch, rank, env.device, train=train)
-            eval_time += time.perf_counter() - te
-            metrics.write("eval", epoch=epoch, step=step_in_run, accuracy=result.accuracy, loss=result.loss,
-                          samples=result.samples, elapsed_s=time.time() - t_start)
+    def decide(self, step: int) -> None:
+        """Gather every worker's compute-time estimate; all ranks take the same decision."""
+        own = self.controller.own
+        estimate = own.estimate()
+        gathered = distributed.all_gather_floats([estimate if estimate is not None else math.nan,
+                                                  float(own.count)], self.env.device)
+        estimates = [None if math.isnan(g[0]) else g[0] for g in gathered]
+        old = list(self.controller.batch)
+        new = self.controller.decide(estimates, [int(g[1]) for g in gathered], self.shares(self.client.level))
+        if new is not None:
+            own.reset()
+            self.metrics.write("batch_change", step=step, old=old, batch=new, reason="compute-time",
+                               compute_ms=[None if e is None else round(e * 1e3, 3) for e in estimates])
 
-    wall = time.time() - t_start
-    metrics.write("end", wall_time_s=wall, train_time_s=wall - eval_time, samples=samples_done,
-                  steps=step_in_run, batch=list(controller.batch), level=client.level)
-    metrics.close()
-    dist.barrier()
-    dist.destroy_process_group()
+    # --------------------------------------------------------------------------------------- run
+    def run(self) -> None:
+        t, schedule, metrics = self.cfg.train, self.job.plan.schedule, self.metrics
+        self.probe_memory()
+        dist.barrier()  # everyone starts the clock together; the first level is in force before it starts
+        self.change_level(schedule.level_at(0), 0.0, 0)
+        metrics.write("batch_change", step=0, batch=list(self.controller.batch), reason="initial")
+        dist.barrier()
+        t_start = time.time()
+        clock, steps_done, samples, eval_time = 0.0, 0, 0, 0.0
+        for epoch in range(t.epochs):
+            if schedule.unit == "epoch":
+                self.change_level(schedule.level_at(epoch), float(epoch), steps_done)
+            self.sampler.set_epoch(epoch)
+            steps = self.sampler.steps_per_epoch
+            for step in range(steps):
+                if schedule.unit == "seconds":  # rank 0's clock, shared by the all-reduce: one decision
+                    self.change_level(schedule.level_at(clock), epoch + step / steps, steps_done)
+                planned = self.controller.batch[self.rank]
+                sizes, compute_s, sync_s, extra = self.train_step(step, t_start)
+                steps_done += 1
+                samples += sum(sizes)
+                clock = extra[CLOCK]
+                if sizes[self.rank] == planned:  # a partial last step does not describe the steady state
+                    self.controller.own.add(compute_s)
+                metrics.write("step", step=steps_done, epoch=epoch, batch=sizes[self.rank],
+                              global_batch=sum(sizes), compute_ms=round(compute_s * 1e3, 3),
+                              sync_ms=round(sync_s * 1e3, 3), loss=extra[LOSS] / sum(sizes),
+                              train_acc=extra[CORRECT] / sum(sizes), level=self.client.level,
+                              cpus=self.client.allocation.share, threads=self.client.threads,
+                              lr=self.optimizer.param_groups[0]["lr"])
+                if self.controller.due(steps_done, step == steps - 1):
+                    self.decide(steps_done)
+            self.scheduler.step()
+            if (epoch + 1) % t.eval_every == 0 or epoch == t.epochs - 1:
+                te = time.perf_counter()
+                result = evaluate(self.model, self.work.test, self.controller.batch, self.rank, self.env.device,
+                                  train=self.work.train)
+                eval_time += time.perf_counter() - te
+                metrics.write("eval", epoch=epoch, step=steps_done, accuracy=result.accuracy, loss=result.loss,
+                              perplexity=perplexity(result.loss) if self.work.language else None,
+                              samples=result.samples, elapsed_s=time.time() - t_start)
+        wall = time.time() - t_start
+        metrics.write("end", wall_time_s=wall, train_time_s=wall - eval_time, samples=samples, steps=steps_done,
+                      batch=list(self.controller.batch), level=self.client.level)
+        metrics.close()
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run(job: JobSpec) -> None:
+    """Train one BSP worker to the end of the job (called in every worker process)."""
+    BSPTrainer(job).run()

@@ -102,19 +102,49 @@ def _status_kb(key: str) -> int:
     return 0
 
 
-def reset_peak(device: torch.device) -> None:
+def _cgroup_peak_file(root: Path = CGROUP) -> Path | None:
+    """The kernel's peak-usage counter of this process's own memory cgroup, if we may reset it.
+
+    It counts exactly what the limit is checked against (anonymous memory and the page cache this
+    cgroup touched first), unlike the process's peak RSS, which also counts shared library pages
+    that other processes loaded and the kernel charged elsewhere.
+    """
+    paths = _own_cgroup_paths()
+    if "memory" in paths:
+        f = root / "memory" / paths["memory"].lstrip("/") / "memory.max_usage_in_bytes"
+    elif "" in paths:
+        f = root / paths[""].lstrip("/") / "memory.peak"
+    else:
+        return None
+    if not paths.get("memory", paths.get("", "/")).strip("/"):
+        return None  # the root cgroup (or a container's namespace root): shared, not ours
+    try:
+        f.write_text("0")  # v1 and recent v2 kernels reset the counter to the current usage
+    except OSError:
+        return None
+    return f
+
+
+def reset_peak(device: torch.device) -> Path | None:
+    """Start a new peak measurement; returns the cgroup counter used, or None for VmHWM/CUDA."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        return
+        return None
+    counter = _cgroup_peak_file()
+    if counter is not None:
+        return counter
     try:
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
     except OSError:
         pass
+    return None
 
 
-def peak_bytes(device: torch.device) -> int:
+def peak_bytes(device: torch.device, counter: Path | None = None) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
+    if counter is not None:
+        return int(counter.read_text())
     return _status_kb("VmHWM") * 1024
 
 
@@ -150,9 +180,9 @@ def probe(step: Callable[[int], None], device: torch.device, sizes: tuple[int, i
     peaks = []
     for b in sizes:
         step(b)
-        reset_peak(device)
+        counter = reset_peak(device)
         step(b)
-        peaks.append(peak_bytes(device))
+        peaks.append(peak_bytes(device, counter))
     (b1, b2), (p1, p2) = sizes, peaks
     per_sample = max(int(math.ceil((p2 - p1) / (b2 - b1))), 1)
     base = p1 - per_sample * b1

@@ -116,9 +116,12 @@ def batchnorm_counters(model: torch.nn.Module) -> list[torch.Tensor]:
 def rpc_options(cfg_timeout: float, workers: int) -> rpc.TensorPipeRpcBackendOptions:
     """TensorPipe options from torchrun's MASTER_ADDR/MASTER_PORT (the ``env://`` rendezvous)."""
     env_int("MASTER_PORT")  # a clear message when the launcher's variables are missing
-    # One thread per worker can sit in hello; the rest answer pulls and pushes.
+    # TCP (libuv) transport and the basic channel only. TensorPipe's default shared-memory transport
+    # busy-polls: measured, every RPC process then burns a whole CPU (mostly system time) even when
+    # idle, which under a CPU quota is taken from the emulated worker's own compute. One thread per
+    # worker can sit in hello; the rest answer pulls and pushes.
     return rpc.TensorPipeRpcBackendOptions(num_worker_threads=2 * workers + 4, rpc_timeout=cfg_timeout,
-                                           init_method="env://")
+                                           init_method="env://", _transports=["uv"], _channels=["basic"])
 
 
 class _LockedWriter:

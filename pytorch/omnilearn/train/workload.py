@@ -56,7 +56,8 @@ class GPT2LM(nn.Module):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         config = GPT2Config(vocab_size=vocab_size, n_positions=seq_len, n_layer=n_layer, n_head=n_head,
-                            n_embd=n_embd, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                            n_embd=n_embd, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                            bos_token_id=None, eos_token_id=None)
         self.model = GPT2LMHeadModel(config)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
