@@ -43,9 +43,9 @@ def test_budget_is_read_from_the_processes_cgroup(tmp_path: Path) -> None:
     cg.mkdir()
     try:
         (cg / "memory.limit_in_bytes").write_text(str(3 * 2**30))
-        code = ("import os,sys; open('/sys/fs/cgroup/memory/%s/cgroup.procs','w').write(str(os.getpid()));"
+        code = (f"import os,sys; open('/sys/fs/cgroup/memory/{cg.name}/cgroup.procs','w').write(str(os.getpid()));"
                 "from omnilearn.train.memory import memory_budget; import torch;"
-                "b=memory_budget(torch.device('cpu')); print(b.bytes, b.source)") % cg.name
+                "b=memory_budget(torch.device('cpu')); print(b.bytes, b.source)")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         size, source = out.stdout.split(maxsplit=1)
