@@ -68,6 +68,8 @@ class TrainConfig:
     epochs: int = 3
     global_batch: int = 128
     """B: the samples of one synchronous step, summed over workers."""
+    optimizer: str = "sgd"
+    """sgd (momentum, weight decay) | adamw (GPT-2)."""
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 5e-4
@@ -197,6 +199,8 @@ class JobConfig:
             raise bad("train.lr", f"must be positive, not {t.lr}")
         if t.eval_every < 1:
             raise bad("train.eval_every", f"must be at least 1, not {t.eval_every}")
+        if t.optimizer not in ("sgd", "adamw"):
+            raise bad("train.optimizer", f"must be sgd or adamw, not {t.optimizer!r}")
         if t.dist_backend not in ("auto", "gloo", "nccl"):
             raise bad("train.dist_backend", f"must be auto, gloo or nccl, not {t.dist_backend!r}")
         if any(m <= 0 for m in t.milestones) or t.milestones != sorted(t.milestones):

@@ -66,12 +66,16 @@ def worker_table(s: dict[str, Any]) -> Table:
 def job_table(summaries: dict[str, dict[str, Any]], compare: dict[str, Any] | None) -> Table:
     t = Table(title="job")
     t.add_column("policy")
-    for col in ("wall s", "train s", "samples/s", "ideal samples/s", "imbalance", "accuracy", "batch changes"):
+    language = any(s.get("final_perplexity") is not None for s in summaries.values())
+    for col in ("wall s", "train s", "samples/s", "ideal samples/s", "imbalance",
+                "token accuracy" if language else "accuracy", *(["perplexity"] if language else []),
+                "batch changes"):
         t.add_column(col, justify="right")
     for name, s in summaries.items():
         t.add_row(name, _fmt(s["wall_time_s"], ".1f"), _fmt(s["train_time_s"], ".1f"),
                   _fmt(s["samples_per_s"], ".1f"), _fmt(s["ideal_samples_per_s"], ".1f"),
-                  _fmt(s["imbalance"], ".3f"), _fmt(s["final_accuracy"], ".3f"), _fmt(s["batch_changes"]))
+                  _fmt(s["imbalance"], ".3f"), _fmt(s["final_accuracy"], ".3f"),
+                  *([_fmt(s.get("final_perplexity"), ".2f")] if language else []), _fmt(s["batch_changes"]))
     if compare and "speedup" in compare:
         t.caption = (f"speed-up of dynamic over uniform: {compare['speedup']:.2f}x "
                      f"(ideal from measured worker speeds: {_fmt(compare.get('ideal_speedup'), '.2f')}x, "

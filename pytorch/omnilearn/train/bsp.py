@@ -28,7 +28,7 @@ from omnilearn.train import distributed, memory
 from omnilearn.train.data import GlobalBatchSampler, eval_indices
 from omnilearn.train.metrics import MetricsWriter, metrics_path
 from omnilearn.train.models import count_parameters
-from omnilearn.train.workload import build, load_data, loss_terms, perplexity
+from omnilearn.train.workload import build, load_data, loss_terms, make_optimizer, perplexity
 
 log = logging.getLogger("omnilearn.worker")
 
@@ -170,7 +170,7 @@ class BSPTrainer:
             dist.broadcast(p.data, src=0)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.grads = GradBuffer(params)
-        self.optimizer = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+        self.optimizer = make_optimizer(cfg, params)
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=t.milestones, gamma=t.gamma)
         self.sampler = GlobalBatchSampler(len(self.work.train), t.global_batch, t.seed, drop_last=t.drop_last,
                                           min_local=c.min_batch)
@@ -183,6 +183,7 @@ class BSPTrainer:
         self.client = AllocationClient(job.plan, job.log_dir, self.rank, self.targets[self.rank],
                                        cfg.emulation.ack_timeout)
         self.metrics = MetricsWriter(metrics_path(job.out_dir, self.rank))
+        self.augment_rng = torch.Generator().manual_seed(t.seed * 1000 + self.rank)  # per-rank, reproducible
         self.memory: memory.MemoryModel | None = None
         self.oom_cap: int | None = None  # this rank's bound after an out-of-memory error (GPU)
         self.oom_seen = False  # any rank ran out of memory: bounds are enforced whatever the policy
@@ -274,7 +275,7 @@ class BSPTrainer:
             self.grads.zero()
             oom = False
             try:
-                x, y = self.work.train.batch(idx)
+                x, y = self.work.train.batch(idx, augment=self.cfg.data.augment, generator=self.augment_rng)
                 loss_sum, correct = local_backward(self.model, x.to(self.env.device), y.to(self.env.device),
                                                    sum(sizes))
             except torch.OutOfMemoryError:

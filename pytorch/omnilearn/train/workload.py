@@ -79,6 +79,13 @@ def build(cfg: JobConfig, work: Workload) -> nn.Module:
     return build_model(m.name, work.classes, cfg.data.image_size, stem=m.stem)
 
 
+def make_optimizer(cfg: JobConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    t = cfg.train
+    if t.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+    return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+
 def loss_terms(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum over samples of each sample's loss, sum over samples of each sample's accuracy).
 
