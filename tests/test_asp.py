@@ -93,6 +93,14 @@ def test_push_is_applied_once_with_linear_lr_scaling(tmp_path: Path) -> None:
         push(server, 1, 3, 2, grad, batch=4)  # a lost push is an internal error, never skipped silently
 
 
+def test_adamw_scales_the_update_lr_instead_of_the_gradient(tmp_path: Path) -> None:
+    server = make_server(tmp_path, ("train.optimizer", "adamw"))
+    grad = torch.ones_like(server.state)
+    reply = push(server, 1, 1, 0, grad, batch=4)
+    assert reply["lr"] == pytest.approx(0.05) and server.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert torch.equal(server.grads.flat, grad[: server.n_params])  # Adam would normalise a scale away
+
+
 def test_staleness_damping_divides_the_lr(tmp_path: Path) -> None:
     server = make_server(tmp_path, ("asp.staleness_damping", True), ("asp.lr_reference_batch", 4))
     grad = torch.zeros_like(server.state)
@@ -130,6 +138,23 @@ def test_server_controller_rebalances_without_a_barrier(tmp_path: Path) -> None:
     assert reply["batch"] == 3 and server.counts[0] == 0
     changes = records(tmp_path, "batch_change")
     assert changes[-1]["old"] == [8, 8] and changes[-1]["batch"] == [3, 13]
+
+
+def test_a_seconds_schedule_moves_the_level_and_static_batches_follow(tmp_path: Path) -> None:
+    schedule = tmp_path / "sched.yaml"
+    schedule.write_text("unit: seconds\npoints:\n  - {at: 0, level: EVEN}\n  - {at: 5, level: SKEW}\n")
+    server = make_server(tmp_path, ("emulation.hl", None), ("emulation.schedule", str(schedule)),
+                         ("emulation.backend", "auto"), ("emulation.allocation", "quota"),
+                         ("emulation.levels", {"EVEN": [0.5, 0.5], "SKEW": [0.2, 0.6]}),
+                         ("control.policy", "static"))
+    assert server.level == "EVEN" and server.controller.batch == [8, 8]
+    server.t_start = time.time() - 6  # six seconds into training
+    with server.lock:
+        server.advance()
+    assert server.level == "SKEW" and server.controller.batch == [4, 12]  # in proportion to 0.2 : 0.6
+    assert records(tmp_path, "batch_change")[-1]["reason"] == "allocation"
+    _, control = server.pull(1)
+    assert control["level"] == "SKEW" and control["batch"] == 4 and control["elapsed"] >= 6
 
 
 def test_training_stops_at_the_target_samples(tmp_path: Path) -> None:
@@ -192,7 +217,7 @@ mode: asp
 workers: 3
 model: {name: smallcnn}
 data: {name: synthetic, image_size: 64, synthetic_size: 1536}
-train: {epochs: EPOCHS, global_batch: 192, lr: 0.02}
+train: {epochs: EPOCHS, global_batch: 192, lr: 0.02, momentum: 0.0}
 control: {policy: dynamic, window: 3, min_samples: 2, deadband: 0.1}
 asp: {worker_timeout_s: TIMEOUT, eval_interval: 1}
 emulation:

@@ -154,6 +154,7 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
         backend.close()
     if cfg.mode == "asp":  # after the emulation ends: scoring the snapshots takes no worker's CPU
         from omnilearn.train.asp import evaluate_snapshots
+        console.print(f"{label}: scoring the server's snapshots on the held-out split")
         evals = evaluate_snapshots(job)
         if evals:
             console.print(f"{label}: evaluated {len(evals)} snapshots of the server's model; final held-out "

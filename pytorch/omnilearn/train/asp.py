@@ -88,7 +88,8 @@ def _call(fn: Any, args: tuple, timeout: float) -> Any:
         try:
             return rpc.rpc_sync(SERVER_TARGET, fn, args=args, timeout=timeout)
         except RuntimeError as e:
-            if "time" not in str(e).lower() or attempt == RPC_ATTEMPTS:  # "timed out", "timeout"
+            message = str(e).lower()
+            if not ("timeout" in message or "timed out" in message) or attempt == RPC_ATTEMPTS:
                 raise
             log.warning("%s to the parameter server timed out (attempt %d); sending it again", fn.__name__, attempt)
     raise AssertionError("unreachable")

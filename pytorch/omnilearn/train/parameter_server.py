@@ -23,9 +23,10 @@ staleness: the server's version when it was applied minus the version it was com
 
 **Learning rate.** A gradient of a ``b``-sample batch is applied with ``lr * b / b_ref`` (linear
 scaling; ``b_ref`` is ``asp.lr_reference_batch``, by default ``global_batch / workers``), divided by
-``1 + staleness`` with ``asp.staleness_damping``. It is implemented by scaling the gradient, not by
-changing the optimizer's lr: with momentum, a per-update lr would rescale every earlier gradient still
-held in the momentum buffer, while a scaled gradient keeps its own weight for as long as it lives there.
+``1 + staleness`` with ``asp.staleness_damping``. With SGD it is implemented by scaling the gradient,
+not by changing the optimizer's lr: with momentum, a per-update lr would rescale every earlier gradient
+still held in the momentum buffer, while a scaled gradient keeps its own weight for as long as it lives
+there. AdamW normalises gradients away, so there the update's lr is scaled instead.
 
 **BatchNorm.** The running statistics travel like gradients: a worker pushes the *change* its forward
 pass made to the statistics it pulled, and the server adds it. Each batch's statistics thus enter the
@@ -68,7 +69,7 @@ from omnilearn.train.bsp import GradBuffer
 from omnilearn.train.distributed import env_int
 from omnilearn.train.metrics import MetricsWriter, metrics_path
 from omnilearn.train.models import count_parameters
-from omnilearn.train.workload import build, load_data
+from omnilearn.train.workload import build, load_data, make_optimizer
 
 log = logging.getLogger("omnilearn.server")
 
@@ -154,7 +155,8 @@ class ParameterServer:
         params = list(model.parameters())
         self.grads = GradBuffer(params, extra=0)
         self.counters = batchnorm_counters(model)
-        self.optimizer = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+        self.optimizer = make_optimizer(cfg, params)
+        self.scale_gradient = isinstance(self.optimizer, torch.optim.SGD)
         self.b_ref = float(cfg.asp.lr_reference_batch or t.global_batch / cfg.workers)
         self.train_size = train_size
         self.target_samples = t.epochs * train_size
@@ -258,9 +260,11 @@ class ParameterServer:
             if self.cfg.asp.staleness_damping:
                 scale /= 1 + staleness
             base = self.base_lr()
-            self.grads.flat.copy_(flat[:self.n_params]).mul_(scale)
+            self.grads.flat.copy_(flat[:self.n_params])
+            if self.scale_gradient:
+                self.grads.flat.mul_(scale)
             for group in self.optimizer.param_groups:
-                group["lr"] = base
+                group["lr"] = base if self.scale_gradient else base * scale
             self.optimizer.step()
             self.state[self.n_params:].add_(flat[self.n_params:])  # running-statistics change
             for counter in self.counters:
