@@ -227,6 +227,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "samples_per_s": round(end["samples"] / wall, 3),
         "final_accuracy": evals[-1]["accuracy"] if evals else None,
         "final_loss": evals[-1]["loss"] if evals else None,
+        "final_perplexity": evals[-1].get("perplexity") if evals else None,
         "accuracy_curve": [{"epoch": round(e["epoch"], 4), "elapsed_s": round(e["elapsed_s"], 3),
                             "accuracy": e["accuracy"]} for e in evals],
         "batch_sizes": batches,

@@ -36,13 +36,15 @@ def asp_worker_table(s: dict[str, Any]) -> Table:
 def asp_job_table(summaries: dict[str, dict[str, Any]]) -> Table:
     t = Table(title="job (ASP)")
     t.add_column("policy")
-    for col in ("wall s", "samples/s", "update-rate spread", "staleness mean", "staleness p95", "accuracy",
-                "batch changes"):
+    language = any(s.get("final_perplexity") is not None for s in summaries.values())
+    for col in ("wall s", "samples/s", "update-rate spread", "staleness mean", "staleness p95",
+                "token accuracy" if language else "accuracy", *(["perplexity"] if language else []), "batch changes"):
         t.add_column(col, justify="right")
     for name, s in summaries.items():
         t.add_row(name, _fmt(s["wall_time_s"], ".1f"), _fmt(s["samples_per_s"], ".1f"),
                   _fmt(s["update_rate_spread"], ".2f"), _fmt(s["staleness_mean"], ".2f"),
-                  _fmt(s["staleness_p95"], ".1f"), _fmt(s["final_accuracy"], ".3f"), _fmt(s["batch_changes"]))
+                  _fmt(s["staleness_p95"], ".1f"), _fmt(s["final_accuracy"], ".3f"),
+                  *([_fmt(s.get("final_perplexity"), ".2f")] if language else []), _fmt(s["batch_changes"]))
     return t
 
 

@@ -42,7 +42,7 @@ from omnilearn.train.bsp import GradBuffer
 from omnilearn.train.distributed import env_int
 from omnilearn.train.metrics import MetricsWriter, metrics_path, read_jsonl
 from omnilearn.train.models import count_parameters
-from omnilearn.train.workload import build, load_data, loss_terms
+from omnilearn.train.workload import build, load_data, loss_terms, perplexity
 
 log = logging.getLogger("omnilearn.worker")
 
@@ -172,7 +172,7 @@ def run_worker(job: JobSpec) -> None:
     metrics.write("end", wall_time_s=time.time() - t_start, steps=step, pushes=seq, samples=samples, batch=batch,
                   level=client.level)
     metrics.close()
-    ps._shutdown()
+    ps.shutdown_rpc()
 
 
 # ---------------------------------------------------------------------- evaluation after the job
@@ -207,7 +207,8 @@ def evaluate_snapshots(job: JobSpec) -> list[dict[str, Any]]:
         accuracy, loss = evaluate_model(model, test)
         rec = {"kind": "eval", "snapshot": snap_file.name, "epoch": snap["epoch"], "version": snap["version"],
                "samples": snap["samples"], "elapsed_s": snap["elapsed_s"], "final": snap["final"],
-               "accuracy": accuracy, "loss": loss, "test_samples": len(test)}
+               "accuracy": accuracy, "loss": loss, "test_samples": len(test),
+               "perplexity": perplexity(loss) if work.language else None}
         writer.write(**rec)
         records.append(rec)
     writer.close()

@@ -480,10 +480,10 @@ def run_server(job: JobSpec) -> None:
                   version=server.version, duplicates=server.duplicates, batch=list(server.controller.batch),
                   level=server.level, epoch=server.epoch)
     metrics.close()
-    _shutdown()
+    shutdown_rpc()
 
 
-def _shutdown() -> None:
+def shutdown_rpc() -> None:
     """Graceful RPC shutdown (every rank reaches it), bounded: a vanished peer must not hang us."""
     t0 = time.perf_counter()
     try:
