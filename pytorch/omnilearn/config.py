@@ -66,11 +66,11 @@ class DataConfig:
 @dataclass
 class TrainConfig:
     epochs: int = 3
-    global_batch: int = 128
+    global_batch: int = 256
     """B: the samples of one synchronous step, summed over workers."""
     optimizer: str = "sgd"
     """sgd (momentum, weight decay) | adamw (GPT-2)."""
-    lr: float = 0.05
+    lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 5e-4
     milestones: list[int] = field(default_factory=list)
@@ -88,9 +88,9 @@ class TrainConfig:
 class ControlConfig:
     policy: str = "dynamic"
     """uniform | static | dynamic."""
-    interval: int = 4
+    interval: int = 2
     """Decide every N steps; 0 decides at the end of each epoch."""
-    window: int = 4
+    window: int = 3
     """Compute-time measurements kept per worker."""
     min_samples: int = 2
     """Fresh measurements each worker needs before a decision."""
@@ -368,12 +368,24 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+# Without --config, an ASP job starts from this file rather than from the (BSP-tuned) defaults:
+# ASP needs a model whose pulls and pushes a small parameter server keeps up with.
+ASP_DEFAULTS = "asp-demo.yaml"
+
+
 def build(path: str | Path | None, overrides: list[tuple[str, Any]]) -> JobConfig:
     """File, then overrides, then checks: the one way a job config is made."""
     data = load(path)
     for key, value in overrides:
         set_key(data, key, value)
     where = str(path) if path is not None else "<defaults>"
+    if path is None and data.get("mode") == "asp":
+        from omnilearn.emulator.levels import CONFIG_DIR
+
+        base = load(CONFIG_DIR / ASP_DEFAULTS)
+        for key, value in overrides:
+            set_key(base, key, value)
+        data, where = base, f"{CONFIG_DIR / ASP_DEFAULTS} (ASP defaults)"
     if overrides:
         where += " (with command-line overrides)"
     return from_dict(data, where).validate()
