@@ -154,3 +154,18 @@ def test_set_bounds_resplits_when_violated() -> None:
 def test_imbalance() -> None:
     assert policies.imbalance([1.0, 1.0]) == 0
     assert policies.imbalance([1.0, 1.5]) == pytest.approx(0.5)
+
+
+def test_allocation_prior_starts_and_follows_level_changes() -> None:
+    c = BatchController(policy="dynamic", global_batch=120, bounds=bounds(3, B=120))
+    assert c.initial([1.0, 1.0, 4.0]) == [20, 20, 80]
+    # Measured: worker 2 is slower than its share says (t = b / s with s = 10, 10, 30).
+    assert c.decide([2.0, 2.0, 80 / 30], [3, 3, 3], [1.0, 1.0, 4.0]) == [24, 24, 72]
+    # A new level doubles worker 0's CPU: its measured speed is expected to double.
+    assert c.reallocate([2.0, 1.0, 4.0]) == [40, 20, 60]
+    assert c.speeds is None  # measured under the old allocation
+    u = BatchController(policy="dynamic", global_batch=120, bounds=bounds(3, B=120), prior="uniform")
+    assert u.initial([1.0, 1.0, 4.0]) == [40, 40, 40]
+    assert u.reallocate([2.0, 1.0, 4.0]) is None
+    unknown = BatchController(policy="dynamic", global_batch=120, bounds=bounds(3, B=120))
+    assert unknown.initial([None, None, None]) == [40, 40, 40]  # no allocation known: equal start

@@ -98,6 +98,10 @@ class ControlConfig:
     """Relative compute-time spread (and batch change) below which nothing changes."""
     skip_after_change: int = 1
     """Steps not measured after a batch or allocation change."""
+    prior: str = "allocation"
+    """Where dynamic starts, at the beginning and after a level change: allocation (batches in proportion
+    to the allocated CPU, scaled by the speeds measured before the change) | uniform (equal batches, as
+    the paper). Measurement corrects either."""
     min_batch: int = 2
     max_batch: int | None = None
     memory_bounds: bool = True
@@ -223,6 +227,8 @@ class JobConfig:
                       f"control.max_batch={c.max_batch}")
         if c.interval < 0 or c.window < 1 or c.min_samples < 1 or c.min_samples > c.window:
             raise bad("control", "need interval >= 0, window >= 1 and 1 <= min_samples <= window")
+        if c.prior not in ("allocation", "uniform"):
+            raise bad("control.prior", f"must be allocation or uniform, not {c.prior!r}")
         if not 0 <= c.memory_margin < 1:
             raise bad("control.memory_margin", f"must be in [0, 1), not {c.memory_margin}")
         if not 0 <= c.deadband < 1:

@@ -67,7 +67,12 @@ class BatchController:
     min_samples: int = 2
     deadband: float = 0.05
     skip: int = 1
+    prior: str = "allocation"
     batch: list[int] = field(default_factory=list)
+    # Per-worker samples/s at the last decision, and the CPU shares they were measured under: the
+    # dynamic policy's starting point after a level change.
+    speeds: list[float] | None = None
+    shares: list[float | None] | None = None
 
     def __post_init__(self) -> None:
         assert self.policy in policies.POLICIES, self.policy
@@ -80,11 +85,44 @@ class BatchController:
     def workers(self) -> int:
         return len(self.batch)
 
+    def _use_prior(self, cpu_shares: Sequence[float | None]) -> bool:
+        return self.policy == "dynamic" and self.prior == "allocation" and all(cpu_shares)
+
     def initial(self, cpu_shares: Sequence[float | None]) -> list[int]:
-        """Batch sizes before any measurement: static uses the allocation, the others start equal."""
-        if self.policy == "static":
+        """Batch sizes before any measurement.
+
+        ``static`` splits by allocated CPU; ``dynamic`` does too when its prior is the allocation
+        (and every share is known), then corrects by measurement; otherwise batches start equal.
+        """
+        self.shares = list(cpu_shares)
+        if self.policy == "static" or self._use_prior(cpu_shares):
             self.batch = policies.static(cpu_shares, self.global_batch, self.bounds)
         return list(self.batch)
+
+    def reallocate(self, cpu_shares: Sequence[float | None]) -> list[int] | None:
+        """A level change: new batch sizes before any new measurement, or None to keep them.
+
+        ``static`` follows the new allocation. ``dynamic`` with the allocation prior expects each
+        worker's speed to scale with its CPU share: the speeds measured before the change, times
+        new share / old share (the new shares alone when nothing was measured yet). Measurement
+        then corrects whatever the CPU share does not explain.
+        """
+        old, self.shares = self.shares, list(cpu_shares)
+        if self.policy == "static":
+            new = policies.static(cpu_shares, self.global_batch, self.bounds)
+        elif self._use_prior(cpu_shares):
+            if self.speeds is not None and old is not None and all(old):
+                weights = [s * n / o for s, n, o in zip(self.speeds, cpu_shares, old, strict=True)]
+            else:
+                weights = [float(x) for x in cpu_shares]
+            new = policies.split(weights, self.global_batch, self.bounds)
+        else:
+            return None
+        self.speeds = None  # measured under the old allocation
+        if new == self.batch:
+            return None
+        self.batch = new
+        return new
 
     def due(self, step_in_run: int, end_of_epoch: bool) -> bool:
         """Whether this step (1-based count of steps done) is a decision point."""
@@ -112,6 +150,7 @@ class BatchController:
         else:
             if min(counts) < self.min_samples or any(e is None for e in estimates):
                 return None
+            self.speeds = [b / max(float(e), 1e-9) for b, e in zip(self.batch, estimates, strict=True)]
             new = policies.dynamic(self.batch, [float(e) for e in estimates], self.global_batch,
                                    self.bounds, self.deadband)
         if new == self.batch:

@@ -178,7 +178,7 @@ class BSPTrainer:
         self.controller = BatchController(policy=c.policy, global_batch=t.global_batch,
                                           bounds=self.configured_bounds, interval=c.interval, window=c.window,
                                           min_samples=c.min_samples, deadband=c.deadband,
-                                          skip=c.skip_after_change)
+                                          skip=c.skip_after_change, prior=c.prior)
         self.targets = [worker_target(cfg.mode, r) for r in range(self.world)]
         self.client = AllocationClient(job.plan, job.log_dir, self.rank, self.targets[self.rank],
                                        cfg.emulation.ack_timeout)
@@ -256,7 +256,7 @@ class BSPTrainer:
         self.controller.own.reset()  # a new allocation: old measurements no longer describe this worker
         if step == 0:
             self.controller.initial(self.shares(level))
-        elif self.controller.decide([None] * self.world, [0] * self.world, self.shares(level)) is not None:
+        elif self.controller.reallocate(self.shares(level)) is not None:
             self.metrics.write("batch_change", step=step, batch=list(self.controller.batch), reason="allocation")
         self.update_bounds(step)
 

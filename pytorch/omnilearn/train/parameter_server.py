@@ -165,7 +165,7 @@ class ParameterServer:
             policy=c.policy, global_batch=t.global_batch,
             bounds=Bounds.make(self.workers, c.min_batch, c.max_batch, t.global_batch),
             interval=c.interval, window=c.window, min_samples=c.min_samples, deadband=c.deadband,
-            skip=c.skip_after_change)
+            skip=c.skip_after_change, prior=c.prior)
         self.level = self.schedule.level_at(0)
         self.controller.initial(self.shares(self.level))
         # RLock: the SIGTERM handler (main thread) may checkpoint while the main thread holds it.
@@ -313,11 +313,10 @@ class ParameterServer:
             self.estimates = [None] * self.workers  # new allocations: old measurements are void
             self.counts = [0] * self.workers
             old = list(self.controller.batch)
-            if self.controller.policy == "static":
-                new = self.controller.decide([None] * self.workers, [0] * self.workers, self.shares(level))
-                if new is not None:
-                    self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=old,
-                                       batch=new, reason="allocation")
+            new = self.controller.reallocate(self.shares(level))
+            if new is not None:
+                self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=old,
+                                   batch=new, reason="allocation")
         if not self.stopping and self.samples >= self.target_samples:
             self.stopping = True
             self.t_done = time.time()
