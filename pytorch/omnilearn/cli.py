@@ -56,9 +56,8 @@ def _prepare_out(path: Path, force: bool) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
 
     from omnilearn.emulator.plan import build_plan
-    from omnilearn.launch.job import JobSpec, new_job_id
-    from omnilearn.launch.local import WorkerFailed, check_local_prerequisites, run_local
-    from omnilearn.launch.swarm import WorkerFailed as SwarmWorkerFailed
+    from omnilearn.launch.job import JobSpec, WorkerFailed, new_job_id
+    from omnilearn.launch.local import check_local_prerequisites, run_local
     from omnilearn.report.plot import plot_compare, plot_run
     from omnilearn.report.summary import compare, summarize
     from omnilearn.report.table import print_report
@@ -94,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 run_docker(job, console, label=policy, show_progress=not args.no_progress)
             else:
                 run_local(job, console, label=policy, show_progress=not args.no_progress)
-        except (WorkerFailed, SwarmWorkerFailed) as e:
+        except WorkerFailed as e:
             console.print(f"[red]{e}[/]")
             return 1
         summaries[policy] = summarize(run_dir)

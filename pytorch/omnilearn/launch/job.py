@@ -18,6 +18,10 @@ from omnilearn.config import JobConfig, from_dict
 from omnilearn.emulator.plan import EmulationPlan
 
 
+class WorkerFailed(Exception):
+    """A worker (process or container) ended with an error; the message names it and holds its log's end."""
+
+
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 

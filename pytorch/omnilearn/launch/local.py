@@ -22,13 +22,9 @@ from rich.console import Console
 from omnilearn.emulator.backends import select_backend, sweep_stale
 from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
-from omnilearn.launch.job import JobSpec
+from omnilearn.launch.job import JobSpec, WorkerFailed
 from omnilearn.launch.progress import JobProgress
 from omnilearn.train.metrics import metrics_path
-
-
-class WorkerFailed(Exception):
-    """A worker exited with an error; the message holds the end of its log."""
 
 
 def free_port() -> int:

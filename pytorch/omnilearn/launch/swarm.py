@@ -31,7 +31,7 @@ from omnilearn.emulator.docker_backend import (
 from omnilearn.emulator.toggler import Toggler, toggler_lock
 from omnilearn.errors import UserError
 from omnilearn.launch.image import daemon_client, ensure_images
-from omnilearn.launch.job import JobSpec, write_atomic
+from omnilearn.launch.job import JobSpec, WorkerFailed, write_atomic
 from omnilearn.launch.progress import JobProgress
 from omnilearn.train.metrics import metrics_path
 
@@ -40,10 +40,6 @@ log = logging.getLogger("omnilearn.swarm")
 RUN_MOUNT = "/run/omnilearn"  # the run folder inside every container
 DATA_MOUNT = "/data"
 STATE_FILE = "cluster.json"
-
-
-class WorkerFailed(Exception):
-    """A worker container exited with an error; the message holds the end of its log."""
 
 
 @dataclass
@@ -273,6 +269,11 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                     failed = [t for t, (s, code) in states.items() if s in ("exited", "dead", "vanished") and code != 0]
                     if failed:
                         target = failed[0]
+                        if states[target][1] == UserError.exit_status:  # a user error found by the worker
+                            logs = _tail_logs(remote.get(target, default), state.containers[target], 40)
+                            errors = [ln for ln in logs.splitlines() if ln.startswith("omnilearn: error: ")]
+                            raise UserError(f"container {target}: " + (errors[-1].removeprefix(
+                                "omnilearn: error: ") if errors else "exited with status 2"))
                         raise WorkerFailed(f"container {target} (rank {job.plan.targets.index(target)}) ended: "
                                            f"{states[target][0]}, exit code {states[target][1]}; last lines:\n"
                                            f"{_tail_logs(remote.get(target, default), state.containers[target])}")

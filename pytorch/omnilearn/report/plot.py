@@ -62,12 +62,17 @@ def plot_run_asp(out_dir: Path, workers: int, title: str, path: Path) -> Path:
         ax_s.plot(xs, stale, linewidth=0.9)
     for ax in (ax_b, ax_r, ax_s):
         _mark_levels(ax, hl, label=ax is ax_b)
-    ax_b.set_ylabel("local batch size")
     ax_r.set_ylabel("updates/s at the server\n(last 5 updates)")
     ax_s.set_ylabel("staleness\n(mean of last 5)")
     ax_s.set_xlabel("wall time (s)")
-    ax_b.legend(loc="upper right", fontsize=8, ncol=min(workers, 4))
-    ax_b.set_title(title)
+    return _finish(fig, ax_b, workers, title, path)
+
+
+def _finish(fig, ax_batch, workers: int, title: str, path: Path) -> Path:
+    """The batch-size panel's labels, the title, and the file."""
+    ax_batch.set_ylabel("local batch size")
+    ax_batch.legend(loc="upper right", fontsize=8, ncol=min(workers, 4))
+    ax_batch.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -90,15 +95,9 @@ def plot_run(out_dir: Path, workers: int, title: str, path: Path | None = None) 
         ax_t.plot(xs, [r["compute_ms"] for r in steps], marker=".", markersize=3, linewidth=0.8)
     _mark_levels(ax_b, hl_events, label=True)
     _mark_levels(ax_t, hl_events, label=False)
-    ax_b.set_ylabel("local batch size")
     ax_t.set_ylabel("compute time (ms)")
     ax_t.set_xlabel("step")
-    ax_b.legend(loc="upper right", fontsize=8, ncol=min(workers, 4))
-    ax_b.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax_b, workers, title, path)
 
 
 def plot_compare(runs: dict[str, Path], summaries: dict[str, dict[str, Any]], path: Path) -> Path:

@@ -33,6 +33,14 @@ def _final_compute_s(steps: list[dict[str, Any]], batch: int) -> float | None:
     return statistics.median(tail) if tail else None
 
 
+def describe(job: JobSpec) -> dict[str, Any]:
+    """What ran: the keys every summary starts with."""
+    cfg = job.config
+    return {"mode": cfg.mode, "policy": cfg.control.policy, "backend": job.backend,
+            "allocation_mode": job.plan.mode, "workers": cfg.workers, "model": cfg.model.name,
+            "dataset": cfg.data.name, "epochs": cfg.train.epochs}
+
+
 def final_segment(steps: list[list[dict[str, Any]]]) -> list[int]:
     """Step positions of the last stretch in which every worker kept the same batch size.
 
@@ -108,15 +116,8 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     ideal = (sum(b / c for b, c in zip(measured_batches, compute, strict=True))
              if known and len(known) == len(compute) else None)
     summary: dict[str, Any] = {
-        "mode": cfg.mode,
-        "policy": cfg.control.policy,
-        "backend": job.backend,
-        "allocation_mode": job.plan.mode,
-        "workers": cfg.workers,
-        "model": cfg.model.name,
-        "dataset": cfg.data.name,
+        **describe(job),
         "global_batch": cfg.train.global_batch,
-        "epochs": cfg.train.epochs,
         "steps": end0["steps"],
         "samples": end0["samples"],
         "wall_time_s": round(end0["wall_time_s"], 3),
@@ -211,15 +212,8 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
     per_worker = [[float(u["staleness"]) for u in updates if u["worker"] == w] for w in range(1, cfg.workers + 1)]
     wall = end["wall_time_s"]
     return {
-        "mode": cfg.mode,
-        "policy": cfg.control.policy,
-        "backend": job.backend,
-        "allocation_mode": job.plan.mode,
-        "workers": cfg.workers,
-        "model": cfg.model.name,
-        "dataset": cfg.data.name,
+        **describe(job),
         "global_batch": sum(batches),
-        "epochs": cfg.train.epochs,
         "steps": len(updates),
         "samples": end["samples"],
         "wall_time_s": round(wall, 3),
