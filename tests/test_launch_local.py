@@ -83,7 +83,14 @@ def test_ctrl_c_stops_workers_and_removes_cgroups(tmp_path: Path) -> None:
                    and str(out / "job.json") in Path(p, "cmdline").read_bytes().decode(errors="replace")]
     assert len(worker_pids) == 2
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
+    try:
+        output, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # the launcher prints its threads' stacks: why it did not stop
+        time.sleep(2)
+        proc.kill()
+        output, _ = proc.communicate()
+        raise AssertionError(f"the launcher did not stop within 120 s of Ctrl-C:\n{output}") from None
     assert proc.returncode == 130, output
     assert "interrupted" in output
     for pid in worker_pids:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -328,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID` prints every thread's stack: for a job that seems stuck
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return args.func(args)
     except UserError as e:

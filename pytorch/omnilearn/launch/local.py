@@ -59,19 +59,36 @@ def tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-@contextlib.contextmanager
-def _terminate_on_sigterm():
-    """Turn SIGTERM into KeyboardInterrupt while a job runs, so cleanup runs either way."""
-    def handler(signum, frame):  # noqa: ARG001
-        raise KeyboardInterrupt
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+class Interrupts:
+    """Ctrl-C and SIGTERM while a job runs: noted by a handler, acted on at the monitor loop's pace.
+
+    Raising KeyboardInterrupt from the handler could land anywhere, e.g. between a lock's acquire
+    and its ``try`` inside ``subprocess.Popen.poll``, and leave the teardown waiting forever on that
+    lock. The handler only sets an event; :meth:`check` raises at a point of our choosing.
+    """
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, lambda signum, frame: self.event.set())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def wait(self, seconds: float) -> None:
+        """Sleep, waking at once on a signal, and raise KeyboardInterrupt if one came."""
+        self.event.wait(seconds)
+        self.check()
+
+    def check(self) -> None:
+        if self.event.is_set():
+            raise KeyboardInterrupt
 
 
 def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
@@ -104,7 +121,7 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
     world = len(job.plan.targets)  # one process per target: BSP workers; ASP server (rank 0) + workers
     port = free_port()
     try:
-        with _terminate_on_sigterm():
+        with Interrupts() as interrupts:
             toggler_thread.start()
             for rank in range(world):
                 log_path = job.out_dir / "logs" / f"worker-{rank}.out"
@@ -116,6 +133,7 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
                         start_new_session=True)  # Ctrl-C reaches the launcher, which stops workers
                 procs.append(proc)
                 backend.add_process(job.plan.targets[rank], proc.pid)
+                interrupts.check()
             if cfg.mode == "asp":
                 from omnilearn.train.asp import AspProgress
                 progress_cm = AspProgress(job.out_dir, label, console)
@@ -141,7 +159,7 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
                         break
                     if progress:
                         progress.update()
-                    time.sleep(0.25)
+                    interrupts.wait(0.25)
     finally:
         stop_processes(procs)
         stop.set()

@@ -32,6 +32,7 @@ from omnilearn.emulator.toggler import Toggler, toggler_lock
 from omnilearn.errors import UserError
 from omnilearn.launch.image import daemon_client, ensure_images
 from omnilearn.launch.job import JobSpec, WorkerFailed, write_atomic
+from omnilearn.launch.local import Interrupts
 from omnilearn.launch.progress import JobProgress
 from omnilearn.train.metrics import metrics_path
 
@@ -259,9 +260,9 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
             toggler = Toggler(job.log_dir, backend, job.plan.targets)
             thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
             thread.start()
-            state = up(job, console)
-            with JobProgress(metrics_path(job.out_dir, 0), label, console) if show_progress \
-                    else contextlib.nullcontext() as progress:
+            state = up(job, console)  # Ctrl-C here interrupts the image build or the SDK call at once
+            with Interrupts() as interrupts, (JobProgress(metrics_path(job.out_dir, 0), label, console)
+                                              if show_progress else contextlib.nullcontext()) as progress:
                 if progress:
                     progress.set_epochs(job.config.train.epochs)
                 while True:
@@ -281,7 +282,7 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                         break
                     if progress:
                         progress.update()
-                    time.sleep(1.0)
+                    interrupts.wait(1.0)
             stop.set()
             thread.join(timeout=10)
     finally:
