@@ -127,14 +127,34 @@ def cmd_worker(args: argparse.Namespace) -> int:
     log.info("job %s: rank %s of %s (%s, %s, %s), run folder %s", job.job_id, os.environ.get("RANK"),
              os.environ.get("WORLD_SIZE"), job.config.mode, job.config.control.policy, job.backend, job.out_dir)
     started = time.time()
-    if job.config.mode == "bsp":
-        from omnilearn.train import bsp
-        bsp.run(job)
-    elif job.config.mode == "asp":
-        from omnilearn.train import asp
-        asp.run(job)  # rank 0: the parameter server; ranks 1..N: workers
-    else:
-        raise UserError(f"mode {job.config.mode!r} is not available in this version")
+    try:
+        if job.config.mode == "bsp":
+            from omnilearn.train import bsp
+            bsp.run(job)
+        elif job.config.mode == "asp":
+            from omnilearn.train import asp
+            asp.run(job)  # rank 0: the parameter server; ranks 1..N: workers
+        else:
+            raise UserError(f"mode {job.config.mode!r} is not available in this version")
+    except BaseException as e:  # noqa: BLE001 - every failure leaves the same way, below
+        # A worker that fails after joining the process group must not run the interpreter's
+        # normal exit: destroying a live gloo/RPC group from Python's finalizers can abort the
+        # process (SIGABRT) and hide the status the launcher reports (2 for a user error).
+        if isinstance(e, UserError):
+            print(f"omnilearn: error: {e}", file=sys.stderr)
+            status = UserError.exit_status
+        elif isinstance(e, KeyboardInterrupt):
+            status = 130
+        elif isinstance(e, SystemExit):
+            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        else:
+            import traceback
+            traceback.print_exc()
+            status = 1
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
     log.info("job %s: rank %s finished after %.1f s", job.job_id, os.environ.get("RANK"), time.time() - started)
     return 0
 
