@@ -107,3 +107,61 @@ def test_a_global_batch_that_cannot_fit_stops_before_training(tmp_path: Path) ->
     assert "does not fit in the workers' memory" in r.stderr and "train.global_batch=128" in r.stderr
     assert not [line for line in (out / "metrics" / "rank-0.jsonl").read_text().splitlines()
                 if '"kind":"step"' in line]
+
+
+ASP_JOB = """
+mode: asp
+workers: 2
+model: {name: smallcnn}
+data: {name: synthetic, image_size: 128, synthetic_size: 384}
+train: {epochs: 1, global_batch: 128, lr: 0.02, momentum: 0.0}
+control: {policy: POLICY, window: 3, min_samples: 2}
+asp: {eval_interval: 1, worker_timeout_s: 60}
+emulation:
+  backend: cgroup
+  allocation: quota
+  hl: LIMITED
+  levels:
+    LIMITED: [{cpus: 1.0, memory: LIMIT0}, {cpus: 1.0, memory: LIMIT1}]
+"""
+
+
+def _run_asp(tmp_path: Path, name: str, policy: str, limit0: str, limit1: str
+             ) -> tuple[subprocess.CompletedProcess, Path]:
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(ASP_JOB.replace("POLICY", policy).replace("LIMIT0", limit0).replace("LIMIT1", limit1))
+    out = tmp_path / name
+    r = subprocess.run([sys.executable, "-m", "omnilearn", "run", "--config", str(cfg), "--out", str(out),
+                        "--no-progress"], capture_output=True, text=True, timeout=600)
+    return r, out
+
+
+def _records(path: Path, kind: str) -> list[dict]:
+    return [rec for rec in map(json.loads, path.read_text().splitlines()) if rec["kind"] == kind]
+
+
+@pytest.mark.slow
+@needs_memory_cgroup
+def test_asp_server_keeps_a_memory_limited_worker_under_its_bound(tmp_path: Path) -> None:
+    # ASP worker rank 1 (aspworker2) may use 800 MiB: like in BSP, its uniform share (64) would not fit.
+    r, out = _run_asp(tmp_path, "dynamic", "dynamic", "800M", "8G")
+    assert r.returncode == 0, r.stdout + r.stderr
+    server = out / "metrics" / "rank-0.jsonl"
+    bounds = _records(server, "memory_bounds")
+    assert bounds and bounds[0]["enforced"] and bounds[0]["max_batch"][0] < 64 <= bounds[0]["max_batch"][1]
+    updates = _records(server, "update")
+    limit = bounds[0]["max_batch"][0]
+    assert updates and all(u["batch"] <= limit for u in updates if u["worker"] == 1)
+    assert {u["worker"] for u in updates} == {1, 2}
+    s = json.loads((out / "summary.json").read_text())
+    assert sum(s["batch_sizes"]) == 128 and s["final_accuracy"] is not None
+
+
+@pytest.mark.slow
+@needs_memory_cgroup
+def test_asp_global_batch_that_cannot_fit_stops_before_training(tmp_path: Path) -> None:
+    r, out = _run_asp(tmp_path, "nofit", "dynamic", "600M", "600M")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "does not fit in the ASP workers' memory" in r.stderr and "train.global_batch=128" in r.stderr
+    assert not _records(out / "metrics" / "rank-0.jsonl", "update")
+    assert not (out / "checkpoint.pt").exists()

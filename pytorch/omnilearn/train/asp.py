@@ -11,6 +11,11 @@ and no waiting for the others:
    size of the next step (the controller runs at the server), the server's epoch and level, and
    whether training is over; a new level is requested from the toggler like in BSP.
 
+Memory: before registering, a worker probes its peak memory per sample (:mod:`omnilearn.train.memory`)
+and tells the server the largest batch its budget takes, again with every push (a level may change
+its memory limit). The server never assigns more (except under ``uniform``, the baseline, which only
+warns), and stops the job before training when the global batch cannot fit at all.
+
 Data: each worker streams the whole training set, pass after pass, each pass in its own order seeded
 by ``(seed, rank, pass)``; a batch that runs past the end of a pass continues into the next. An epoch
 is the server's count of applied samples divided by the training-set size.
@@ -37,6 +42,7 @@ from omnilearn.emulator.client import AllocationClient
 from omnilearn.emulator.plan import SERVER_TARGET
 from omnilearn.launch.job import JobSpec
 from omnilearn.launch.progress import JobProgress
+from omnilearn.train import memory
 from omnilearn.train import parameter_server as ps
 from omnilearn.train.bsp import GradBuffer
 from omnilearn.train.distributed import env_int
@@ -122,17 +128,22 @@ def run_worker(job: JobSpec) -> None:
     timeout = cfg.asp.worker_timeout_s
     metrics.write("start", rank=rank, world=world, target=target, role="worker", params=count_parameters(model),
                   train_samples=len(train), test_samples=len(test), policy=c_cfg.policy)
+    memory_model = probe_memory(cfg, model, train, grads) if c_cfg.memory_bounds else None
+    max_batch: int | None = None
 
     def follow(control: dict[str, Any], step: int) -> None:
         """Adopt the level the server's epoch (or clock) implies for this worker's own target."""
+        nonlocal max_batch
         event = client.ensure(control["level"], control["epoch"])
         if event is not None:
             metrics.write("hl_change", step=step, elapsed_s=control["elapsed"], **event)
             window.reset()  # a new allocation: old measurements no longer describe this worker
+        if memory_model is not None and (event is not None or max_batch is None):
+            max_batch = memory_bound(memory_model)  # the new level may have changed the memory limit
 
     follow({"level": job.plan.schedule.level_at(0), "epoch": 0.0, "elapsed": 0.0}, 0)
     rpc.init_rpc(target, rank=rank, world_size=world, rpc_backend_options=ps.rpc_options(timeout, cfg.workers))
-    control = rpc.rpc_sync(SERVER_TARGET, ps.rpc_hello, args=(rank, timeout), timeout=2 * timeout)
+    control = rpc.rpc_sync(SERVER_TARGET, ps.rpc_hello, args=(rank, timeout, max_batch), timeout=2 * timeout)
     t_start = time.time()
     batch = control["batch"]
     step = seq = samples = 0
@@ -155,7 +166,8 @@ def run_worker(job: JobSpec) -> None:
         estimate = window.estimate()
         seq += 1
         stats = {"loss": float(loss_sum.detach()), "correct": float(correct),
-                 "compute_s": t2 - t1, "estimate_s": estimate, "count": window.count, "level": client.level}
+                 "compute_s": t2 - t1, "estimate_s": estimate, "count": window.count, "level": client.level,
+                 "max_batch": max_batch}
         control = _call(ps.rpc_push, (rank, seq, version, grads.flat, batch, stats), timeout)
         t3 = time.perf_counter()
         step += 1
@@ -173,6 +185,30 @@ def run_worker(job: JobSpec) -> None:
                   level=client.level)
     metrics.close()
     ps.shutdown_rpc()
+
+
+def probe_memory(cfg: Any, model: torch.nn.Module, train: Any, grads: GradBuffer) -> memory.MemoryModel:
+    """This worker's peak memory per sample (two short forward+backward probes, before training).
+
+    The probe's forward passes move the local BatchNorm statistics; harmless, as every step starts
+    from the server's state.
+    """
+    n = min(len(train), cfg.train.global_batch)
+    sizes = (max(1, min(4, n // 4)), max(2, min(16, n)))
+
+    def step(b: int) -> None:
+        x, y = train.batch(torch.arange(b))
+        loss_sum, _ = loss_terms(model(x), y)
+        (loss_sum / b).backward()
+        grads.zero()
+
+    return memory.probe(step, torch.device("cpu"), sizes, cfg.control.memory_margin)
+
+
+def memory_bound(model: memory.MemoryModel) -> int:
+    """The largest batch that fits the memory budget as it is now (re-read: levels may change it)."""
+    budget = memory.memory_budget(torch.device("cpu"))
+    return memory.MemoryModel(model.base, model.per_sample, budget, model.margin).max_batch()
 
 
 # ---------------------------------------------------------------------- evaluation after the job

@@ -39,6 +39,11 @@ any barrier, re-decides with the shared policies (:class:`BatchController`) when
 ``control.min_samples`` fresh measurements. Each worker learns its new size in its next push reply.
 The sum of the batch sizes is ``train.global_batch`` at all times.
 
+**Memory.** Each worker reports the largest batch its memory budget takes (in ``hello`` and with
+every push). The server bounds the controller by them (``uniform``, the baseline, only warns);
+when the global batch cannot fit at all it stops the job with a clear error (exit status 2): before
+training when that is known at registration.
+
 **End and faults.** Training ends when the applied samples reach ``epochs * training-set size``:
 every later pull or push is answered with ``stop`` (a gradient already computed is still applied).
 A watchdog stops the job, with ``OUT/checkpoint.pt`` saved, when a worker has not called for
@@ -64,6 +69,7 @@ from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.client import AllocationClient
 from omnilearn.emulator.plan import SERVER_TARGET, worker_target
+from omnilearn.errors import UserError
 from omnilearn.launch.job import JobSpec
 from omnilearn.train.bsp import GradBuffer
 from omnilearn.train.distributed import env_int
@@ -161,9 +167,11 @@ class ParameterServer:
         self.train_size = train_size
         self.target_samples = t.epochs * train_size
         self.worker_targets = [worker_target("asp", i) for i in range(self.workers)]
+        self.configured_bounds = Bounds.make(self.workers, c.min_batch, c.max_batch, t.global_batch)
+        self.memory_max: list[int | None] = [None] * self.workers  # what each worker's memory takes
+        self.fault: UserError | None = None  # set by a handler, raised by the main loop
         self.controller = BatchController(
-            policy=c.policy, global_batch=t.global_batch,
-            bounds=Bounds.make(self.workers, c.min_batch, c.max_batch, t.global_batch),
+            policy=c.policy, global_batch=t.global_batch, bounds=self.configured_bounds,
             interval=c.interval, window=c.window, min_samples=c.min_samples, deadband=c.deadband,
             skip=c.skip_after_change, prior=c.prior)
         self.level = self.schedule.level_at(0)
@@ -216,9 +224,10 @@ class ParameterServer:
 
     # ------------------------------------------------------------------ RPC handlers
 
-    def hello(self, rank: int, timeout: float) -> dict[str, Any]:
+    def hello(self, rank: int, timeout: float, max_batch: int | None = None) -> dict[str, Any]:
         i = self._index(rank)
         with self.ready:
+            self.memory_max[i] = max_batch
             self.registered.add(i)
             self.last_contact[i] = time.time()
             self.ready.notify_all()
@@ -278,6 +287,9 @@ class ParameterServer:
                                samples=self.samples, epoch=self.epoch, elapsed_s=self.elapsed(now),
                                loss=stats["loss"] / max(batch, 1), compute_ms=round(stats["compute_s"] * 1e3, 3),
                                time=now)
+            if stats.get("max_batch") is not None and stats["max_batch"] != self.memory_max[i]:
+                self.memory_max[i] = int(stats["max_batch"])
+                self.apply_memory_bounds()
             self._observe(i, batch, stats)
             self.advance()
             reply = {**self._control(i), "staleness": staleness, "lr": base * scale}
@@ -303,6 +315,41 @@ class ParameterServer:
         for j, (a, b) in enumerate(zip(old, new, strict=True)):
             if a != b:  # that worker's measurements describe its old size
                 self.estimates[j], self.counts[j] = None, 0
+
+    def apply_memory_bounds(self) -> None:
+        """Bound the controller by the workers' memory (call under the lock or before training).
+
+        When the global batch cannot fit, sets :attr:`fault` (the main loop stops the job with it).
+        """
+        if all(m is None for m in self.memory_max):
+            return
+        configured = self.configured_bounds
+        bounds = Bounds(configured.min_batch, tuple(c if m is None else min(m, c) for m, c in
+                                                    zip(self.memory_max, configured.max_batch, strict=True)))
+        B = self.cfg.train.global_batch
+        if not bounds.feasible(B):
+            self.fault = UserError(
+                f"train.global_batch={B} does not fit in the ASP workers' memory: they can take at most "
+                f"{list(bounds.max_batch)} samples (sum {sum(bounds.max_batch)}; control.min_batch="
+                f"{bounds.min_batch}); lower the global batch or raise the memory limits")
+            return
+        if self.controller.policy == "uniform":  # the baseline ignores memory: say so
+            over = [i + 1 for i, m in enumerate(bounds.max_batch) if self.controller.batch[i] > m]
+            if over:
+                log.warning("uniform batching gives ASP workers (ranks) %s more than their memory bound %s: "
+                            "they may be killed", over, list(bounds.max_batch))
+            self.metrics.write("memory_bounds", version=self.version, max_batch=list(bounds.max_batch),
+                               enforced=False)
+            return
+        old = list(self.controller.batch)
+        new = self.controller.set_bounds(bounds)
+        self.metrics.write("memory_bounds", version=self.version, max_batch=list(bounds.max_batch), enforced=True)
+        if new is not None:
+            self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=old, batch=new,
+                               reason="memory")
+            for j, (a, b) in enumerate(zip(old, new, strict=True)):
+                if a != b:
+                    self.estimates[j], self.counts[j] = None, 0
 
     def advance(self) -> None:
         """Follow the schedule (by epoch or by seconds) and the end of training; call under the lock."""
@@ -360,6 +407,9 @@ class ParameterServer:
                     missing = sorted(set(range(self.workers)) - self.registered)
                     raise WorkerTimeout(self._describe(missing, f"did not register within {timeout:g} s"))
                 self.ready.wait(poll)
+            self.apply_memory_bounds()
+            if self.fault is not None:
+                raise self.fault  # before training: the workers wait in hello, the launcher stops them
             self.t_start = time.time()
             self.last_contact = [self.t_start] * self.workers
             self.ready.notify_all()
@@ -373,6 +423,8 @@ class ParameterServer:
                 level, epoch, done = self.level, self.epoch, all(self.stopped)
                 silent = [i for i in range(self.workers)
                           if not self.stopped[i] and time.time() - self.last_contact[i] > timeout]
+            if self.fault is not None:
+                raise self.fault
             if done:
                 break
             if silent:
@@ -411,8 +463,8 @@ def _server() -> ParameterServer:
     return _SERVER
 
 
-def rpc_hello(rank: int, timeout: float) -> dict[str, Any]:
-    return _server().hello(rank, timeout)
+def rpc_hello(rank: int, timeout: float, max_batch: int | None = None) -> dict[str, Any]:
+    return _server().hello(rank, timeout, max_batch)
 
 
 def rpc_pull(rank: int) -> tuple[torch.Tensor | None, dict[str, Any]]:
@@ -458,10 +510,15 @@ def run_server(job: JobSpec) -> None:
         server.serve(client)
     except BaseException as e:  # noqa: BLE001 - every way out of training leaves a checkpoint
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the checkpoint short
-        if not isinstance(e, (WorkerTimeout, Terminated, KeyboardInterrupt)):
+        if isinstance(e, UserError) and server.version == 0:
+            metrics.write("fault", message=str(e), checkpoint=None, version=0, samples=0, epoch=0.0)
+            metrics.close()
+            print(f"omnilearn: error: {e}", file=sys.stderr, flush=True)  # nothing trained, nothing to keep
+            os._exit(UserError.exit_status)
+        if not isinstance(e, (WorkerTimeout, Terminated, KeyboardInterrupt, UserError)):
             traceback.print_exc()
         path = server.save_checkpoint()
-        reason = str(e) if isinstance(e, WorkerTimeout) else (
+        reason = str(e) if isinstance(e, (WorkerTimeout, UserError)) else (
             "stopped by the launcher" if isinstance(e, (Terminated, KeyboardInterrupt))
             else f"parameter server failed: {type(e).__name__}: {e}")
         metrics.write("fault", message=reason, checkpoint=str(path), version=server.version,
@@ -470,7 +527,7 @@ def run_server(job: JobSpec) -> None:
         print(f"omnilearn: error: {reason}; job stopped, server checkpoint saved to {path}", file=sys.stderr,
               flush=True)
         # No RPC shutdown: it would wait for the worker that is gone. The launcher stops the rest.
-        os._exit(143 if isinstance(e, Terminated) else 1)
+        os._exit(143 if isinstance(e, Terminated) else UserError.exit_status if isinstance(e, UserError) else 1)
     signal.signal(signal.SIGTERM, previous)
     assert server.t_start is not None and server.t_done is not None and server.t_end is not None
     wall = server.t_end - server.t_start  # until the last worker stopped: every gradient applied
