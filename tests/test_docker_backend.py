@@ -62,3 +62,15 @@ def test_backend_refuses_containers_of_other_jobs() -> None:
 def test_overlay_interface_is_found_by_subnet() -> None:
     assert select_interface("127.0.0.0/8") == "lo"
     assert select_interface("203.0.113.0/24") is None
+
+
+def test_container_end_times_are_parsed_to_the_nanosecond_docker_gives() -> None:
+    import math
+
+    from omnilearn.launch.swarm import finished_at
+
+    a = finished_at("2026-11-22T10:33:07.123456789Z")
+    b = finished_at("2026-11-22T10:33:07.123457Z")
+    assert 0 < b - a < 1e-5 and finished_at("2026-11-22T11:33:07+01:00") == finished_at("2026-11-22T10:33:07Z")
+    assert finished_at("0001-01-01T00:00:00Z") == math.inf and finished_at("") == math.inf
+    assert finished_at("yesterday") == math.inf

@@ -126,3 +126,14 @@ def test_a_killed_worker_stops_the_job_with_its_rank(tmp_path: Path) -> None:
     assert time.time() - t0 < 15
     for ctrl in ("cpu", "cpuset"):
         assert not Path(f"/sys/fs/cgroup/{ctrl}/omnilearn/{job['job_id']}").exists()
+
+
+def test_first_failure_names_the_cause_not_its_consequences() -> None:
+    from omnilearn.launch.job import first_failure
+
+    # Seen in the same poll: the killed rank, not the peers that failed on the broken connection.
+    assert first_failure({0: (5.0, 1), 1: (5.0, -9), 2: (5.0, 1)}) == 1
+    assert first_failure({0: (5.0, 1), 3: (5.0, 137)}) == 3  # a container killed by SIGKILL
+    assert first_failure({0: (5.0, 1), 2: (5.0, 2)}) == 2  # a user error explains the others
+    assert first_failure({0: (4.0, 1), 1: (5.0, -9)}) == 0  # but an earlier failure came first
+    assert first_failure({2: (5.0, 1), 1: (5.0, 1)}) == 1

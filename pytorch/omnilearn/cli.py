@@ -80,11 +80,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     policies = ["uniform", "dynamic"] if args.compare else [cfg.control.policy]
     runs: dict[str, Path] = {}
     summaries: dict[str, dict[str, Any]] = {}
-    console.print(f"[bold]omnilearn[/] {cfg.mode.upper()} · {cfg.workers} workers · {cfg.model.name} "
-                  f"({facts['parameters'] / 1e6:.1f}M parameters) on {cfg.data.name} ({facts['train_samples']} "
-                  f"training samples, {facts['steps_per_epoch']} steps/epoch) · B={cfg.train.global_batch} · "
-                  f"schedule {plan.schedule.name} ({' → '.join(plan.schedule.levels)}) · allocation {plan.mode} · "
-                  f"results in {out}")
+    from rich.markup import escape
+
+    console.print("[bold]omnilearn[/] " + escape(
+        f"{cfg.mode.upper()} · {cfg.workers} workers · {cfg.model.name} "
+        f"({facts['parameters'] / 1e6:.1f}M parameters) on {cfg.data.name} ({facts['train_samples']} "
+        f"training samples, {facts['steps_per_epoch']} steps/epoch) · B={cfg.train.global_batch} · "
+        f"schedule {plan.schedule.name} ({' → '.join(plan.schedule.levels)}) · allocation {plan.mode} · "
+        f"results in {out}"))
     for policy in policies:
         run_cfg = dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, policy=policy))
         run_dir = out / policy if args.compare else out
@@ -96,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             else:
                 run_local(job, console, label=policy, show_progress=not args.no_progress)
         except WorkerFailed as e:
-            console.print(f"[red]{e}[/]")
+            console.print(str(e), style="red", markup=False)  # worker logs hold brackets rich would parse
             return 1
         summaries[policy] = summarize(run_dir)
         plot_run(run_dir, cfg.workers, f"{policy} · {cfg.model.name}/{cfg.data.name} · schedule "
@@ -109,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print_report(console, summaries, result)
     files = [str(out / "compare.json")] if args.compare else []
     files += [str(d / "summary.json") for d in runs.values()] + [str(d / "run.png") for d in runs.values()]
-    console.print("results: " + ", ".join(files))
+    console.print("results: " + ", ".join(files), markup=False)
     return 0
 
 
@@ -186,12 +189,12 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         job = _job_for_cluster(args)
         swarm.up(job, console)
         console.print(f"job {job.job_id} running in {job.out_dir}; apply HL changes with "
-                      f"`omnilearn toggle --out {job.out_dir}` (scripts/exec_HL.sh)")
+                      f"`omnilearn toggle --out {job.out_dir}` (scripts/exec_HL.sh)", markup=False)
         return 0
     if args.cluster_command == "status":
         out = Path(args.out)
         for row in swarm.status(out):
-            console.print(row)
+            console.print(row, markup=False)
         return 0
     # down: by run folder, or by job id after the folder is gone
     if args.job:
@@ -202,7 +205,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         job = JobSpec.load(Path(args.out) / "job.json", out_dir=Path(args.out))
         job_id, hosts = job.job_id, job.config.docker.hosts
     removed = swarm.down(job_id, hosts, leave_swarm=args.leave_swarm)
-    console.print("removed: " + (", ".join(removed) if removed else "nothing (already gone)"))
+    console.print("removed: " + (", ".join(removed) if removed else "nothing (already gone)"), markup=False)
     return 0
 
 
@@ -226,7 +229,8 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     stop = threading.Event()
     with toggler_lock(job.log_dir):
         toggler = Toggler(job.log_dir, backend, job.plan.targets, console=console)
-        console.print(f"toggler for job {job.job_id}: watching {job.log_dir}/cpu-*.log (Ctrl-C to stop)")
+        console.print(f"toggler for job {job.job_id}: watching {job.log_dir}/cpu-*.log (Ctrl-C to stop)",
+                      markup=False)
         try:
             while not stop.is_set():
                 toggler.poll_once()

@@ -145,7 +145,7 @@ class Toggler:
                                                                   f"{type(e).__name__}: {e}")
         if self.console is not None:
             self.console.print(f"toggler: {req.target} -> {req.level} ({effective.describe()})"
-                               + (f" at epoch {req.epoch:g}" if req.epoch is not None else ""))
+                               + (f" at epoch {req.epoch:g}" if req.epoch is not None else ""), markup=False)
         return self._record(record, status="applied", effective=effective.to_dict())
 
     def _check(self, req: CpuRequest, rank: int) -> str | None:

@@ -22,6 +22,20 @@ class WorkerFailed(Exception):
     """A worker (process or container) ended with an error; the message names it and holds its log's end."""
 
 
+def first_failure(failures: dict[int, tuple[float, int]], user_error: int = 2) -> int:
+    """The rank whose failure started it all, from ``{rank: (when, exit status)}``.
+
+    When one worker dies, its peers fail a moment later on the broken connection, often before the
+    launcher looks again: the earliest time wins; failures seen together are ordered by kind (killed
+    by a signal, then a user error, then any other status: the peers' consequence errors), then rank.
+    Signal deaths are negative statuses (``Popen``) or 128 + signal (containers).
+    """
+    def kind(status: int) -> int:
+        return 0 if status < 0 or status > 128 else 1 if status == user_error else 2
+
+    return min(failures, key=lambda r: (failures[r][0], kind(failures[r][1]), r))
+
+
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 

@@ -22,7 +22,7 @@ from rich.console import Console
 from omnilearn.emulator.backends import select_backend, sweep_stale
 from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
-from omnilearn.launch.job import JobSpec, WorkerFailed
+from omnilearn.launch.job import JobSpec, WorkerFailed, first_failure
 from omnilearn.launch.progress import JobProgress
 from omnilearn.train.metrics import metrics_path
 
@@ -144,9 +144,10 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
                     progress.set_epochs(cfg.train.epochs)
                 while True:
                     codes = [p.poll() for p in procs]
-                    failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+                    now = time.monotonic()
+                    failed = {r: (now, c) for r, c in enumerate(codes) if c not in (None, 0)}
                     if failed:
-                        r = failed[0]
+                        r = first_failure(failed)
                         who = f"worker rank {r}"
                         if cfg.mode == "asp":
                             role = "parameter server" if r == 0 else "ASP worker"
@@ -168,7 +169,7 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
         backend.close()
     if cfg.mode == "asp":  # after the emulation ends: scoring the snapshots takes no worker's CPU
         from omnilearn.train.asp import evaluate_snapshots
-        console.print(f"{label}: scoring the server's snapshots on the held-out split")
+        console.print(f"{label}: scoring the server's snapshots on the held-out split", markup=False)
         evals = evaluate_snapshots(job)
         if evals:
             console.print(f"{label}: evaluated {len(evals)} snapshots of the server's model; final held-out "

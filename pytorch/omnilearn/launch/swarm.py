@@ -12,9 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import re
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,7 @@ from omnilearn.emulator.docker_backend import (
 from omnilearn.emulator.toggler import Toggler, toggler_lock
 from omnilearn.errors import UserError
 from omnilearn.launch.image import daemon_client, ensure_images
-from omnilearn.launch.job import JobSpec, WorkerFailed, write_atomic
+from omnilearn.launch.job import JobSpec, WorkerFailed, first_failure, write_atomic
 from omnilearn.launch.local import Interrupts
 from omnilearn.launch.progress import JobProgress
 from omnilearn.train.metrics import metrics_path
@@ -135,7 +138,7 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
         if console:
             b = images.worker_build
             console.print(f"image {cfg.docker.image}: " + (images.reason if b is None else
-                          f"built in {b.seconds:.0f} s ({b.size_bytes / 1e9:.2f} GB; {images.reason})"))
+                          f"built in {b.seconds:.0f} s ({b.size_bytes / 1e9:.2f} GB; {images.reason})"), markup=False)
     initialized = ensure_swarm(default, cfg.docker.advertise_addr)
     _check_names_free(job, default, remote)
     net_name = cfg.docker.network or f"omnilearn-{job.job_id}"
@@ -175,7 +178,7 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
         state.save(job.out_dir)
     if console:
         console.print(f"cluster up: {world} containers on overlay network {net_name} ({state.subnet}), "
-                      f"level {first}")
+                      f"level {first}", markup=False)
     return state
 
 
@@ -233,16 +236,30 @@ def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = F
     return removed
 
 
-def _container_states(default: Any, remote: dict[str, Any], state: ClusterState) -> dict[str, tuple[str, int]]:
+def finished_at(stamp: str | None) -> float:
+    """Docker's ``State.FinishedAt`` (RFC 3339, nanoseconds) as a POSIX time; +inf when unknown."""
+    if not stamp or stamp.startswith("0001-"):
+        return math.inf
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", stamp)
+    if m is None:
+        return math.inf
+    base = datetime.fromisoformat(m.group(1) + ("+00:00" if m.group(3) == "Z" else m.group(3)))
+    return base.timestamp() + float("0." + (m.group(2) or "0"))
+
+
+def _container_states(default: Any, remote: dict[str, Any], state: ClusterState
+                      ) -> dict[str, tuple[str, int, float]]:
+    """target -> (status, exit code, when it ended: POSIX time, +inf if running or unknown)."""
     dk = docker_sdk()
     out = {}
     for target, cid in state.containers.items():
         client = remote.get(target, default)
         try:
             c = client.containers.get(cid)
-            out[target] = (c.status, int(c.attrs["State"].get("ExitCode", 0)))
+            st = c.attrs["State"]
+            out[target] = (c.status, int(st.get("ExitCode", 0)), finished_at(st.get("FinishedAt")))
         except dk.errors.NotFound:
-            out[target] = ("vanished", -1)
+            out[target] = ("vanished", -1, math.inf)
     return out
 
 
@@ -267,9 +284,10 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                     progress.set_epochs(job.config.train.epochs)
                 while True:
                     states = _container_states(default, remote, state)
-                    failed = [t for t, (s, code) in states.items() if s in ("exited", "dead", "vanished") and code != 0]
+                    failed = {job.plan.targets.index(t): (when, code) for t, (s, code, when) in states.items()
+                              if s in ("exited", "dead", "vanished") and code != 0}
                     if failed:
-                        target = failed[0]
+                        target = job.plan.targets[first_failure(failed)]
                         if states[target][1] == UserError.exit_status:  # a user error found by the worker
                             logs = _tail_logs(remote.get(target, default), state.containers[target], 40)
                             errors = [ln for ln in logs.splitlines() if ln.startswith("omnilearn: error: ")]
@@ -278,7 +296,7 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                         raise WorkerFailed(f"container {target} (rank {job.plan.targets.index(target)}) ended: "
                                            f"{states[target][0]}, exit code {states[target][1]}; last lines:\n"
                                            f"{_tail_logs(remote.get(target, default), state.containers[target])}")
-                    if all(s == "exited" for s, _ in states.values()):
+                    if all(s == "exited" for s, _, _ in states.values()):
                         break
                     if progress:
                         progress.update()
