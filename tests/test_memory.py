@@ -70,13 +70,18 @@ emulation:
 """
 
 
-def _run(tmp_path: Path, name: str, policy: str, limit0: str, limit1: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _run(tmp_path: Path, name: str, policy: str, limit0: str, limit1: str, job: str = JOB
+         ) -> tuple[subprocess.CompletedProcess, Path]:
     cfg = tmp_path / f"{name}.yaml"
-    cfg.write_text(JOB.replace("POLICY", policy).replace("LIMIT0", limit0).replace("LIMIT1", limit1))
+    cfg.write_text(job.replace("POLICY", policy).replace("LIMIT0", limit0).replace("LIMIT1", limit1))
     out = tmp_path / name
     r = subprocess.run([sys.executable, "-m", "omnilearn", "run", "--config", str(cfg), "--out", str(out),
                         "--no-progress"], capture_output=True, text=True, timeout=600)
     return r, out
+
+
+def _records(path: Path, kind: str) -> list[dict]:
+    return [rec for rec in map(json.loads, path.read_text().splitlines()) if rec["kind"] == kind]
 
 
 @pytest.mark.slow
@@ -90,11 +95,9 @@ def test_memory_limited_worker_is_killed_under_uniform_and_finishes_under_dynami
     r, out = _run(tmp_path, "dynamic", "dynamic", "800M", "8G")
     assert r.returncode == 0, r.stdout + r.stderr
     s = json.loads((out / "summary.json").read_text())
-    bounds = [json.loads(line) for line in (out / "metrics" / "rank-0.jsonl").read_text().splitlines()
-              if '"memory_bounds"' in line]
+    bounds = _records(out / "metrics" / "rank-0.jsonl", "memory_bounds")
     assert bounds and bounds[0]["enforced"] and bounds[0]["max_batch"][0] < 64 <= bounds[0]["max_batch"][1]
-    steps = [json.loads(line) for line in (out / "metrics" / "rank-0.jsonl").read_text().splitlines()
-             if '"kind":"step"' in line]
+    steps = _records(out / "metrics" / "rank-0.jsonl", "step")
     assert steps and all(st["batch"] <= bounds[0]["max_batch"][0] for st in steps)
     assert sum(s["batch_sizes"]) == 128 and s["final_accuracy"] is not None
 
@@ -105,8 +108,7 @@ def test_a_global_batch_that_cannot_fit_stops_before_training(tmp_path: Path) ->
     r, out = _run(tmp_path, "nofit", "dynamic", "600M", "600M")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "does not fit in the workers' memory" in r.stderr and "train.global_batch=128" in r.stderr
-    assert not [line for line in (out / "metrics" / "rank-0.jsonl").read_text().splitlines()
-                if '"kind":"step"' in line]
+    assert not _records(out / "metrics" / "rank-0.jsonl", "step")
 
 
 ASP_JOB = """
@@ -126,25 +128,11 @@ emulation:
 """
 
 
-def _run_asp(tmp_path: Path, name: str, policy: str, limit0: str, limit1: str
-             ) -> tuple[subprocess.CompletedProcess, Path]:
-    cfg = tmp_path / f"{name}.yaml"
-    cfg.write_text(ASP_JOB.replace("POLICY", policy).replace("LIMIT0", limit0).replace("LIMIT1", limit1))
-    out = tmp_path / name
-    r = subprocess.run([sys.executable, "-m", "omnilearn", "run", "--config", str(cfg), "--out", str(out),
-                        "--no-progress"], capture_output=True, text=True, timeout=600)
-    return r, out
-
-
-def _records(path: Path, kind: str) -> list[dict]:
-    return [rec for rec in map(json.loads, path.read_text().splitlines()) if rec["kind"] == kind]
-
-
 @pytest.mark.slow
 @needs_memory_cgroup
 def test_asp_server_keeps_a_memory_limited_worker_under_its_bound(tmp_path: Path) -> None:
     # ASP worker rank 1 (aspworker2) may use 800 MiB: like in BSP, its uniform share (64) would not fit.
-    r, out = _run_asp(tmp_path, "dynamic", "dynamic", "800M", "8G")
+    r, out = _run(tmp_path, "dynamic", "dynamic", "800M", "8G", ASP_JOB)
     assert r.returncode == 0, r.stdout + r.stderr
     server = out / "metrics" / "rank-0.jsonl"
     bounds = _records(server, "memory_bounds")
@@ -160,7 +148,7 @@ def test_asp_server_keeps_a_memory_limited_worker_under_its_bound(tmp_path: Path
 @pytest.mark.slow
 @needs_memory_cgroup
 def test_asp_global_batch_that_cannot_fit_stops_before_training(tmp_path: Path) -> None:
-    r, out = _run_asp(tmp_path, "nofit", "dynamic", "600M", "600M")
+    r, out = _run(tmp_path, "nofit", "dynamic", "600M", "600M", ASP_JOB)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "does not fit in the ASP workers' memory" in r.stderr and "train.global_batch=128" in r.stderr
     assert not _records(out / "metrics" / "rank-0.jsonl", "update")

@@ -87,10 +87,9 @@ def _custom_table(cfg: JobConfig, key: str) -> dict[str, list[Any]]:
                                     f"(known: cpus, cpuset, memory)")
                 if "memory" in entry:
                     parse_memory(entry["memory"], f"{where}.{level}[{i}].memory")
-                inner = entry.get("cpuset", entry.get("cpus"))
-                if inner is None:
+                entry = _cpu_part(entry)
+                if entry is None:
                     continue
-                entry = inner
             if isinstance(entry, str):
                 try:
                     parse_cpuset(entry)
@@ -124,12 +123,17 @@ def parse_memory(value: Any, where: str) -> int:
     raise UserError(f"{where}: expected a memory size such as 600M or 2G, got {value!r}")
 
 
+def _cpu_part(entry: Any) -> Any:
+    """The CPU side of a level entry: the entry itself, or the cpuset/cpus of {cpus|cpuset, memory}."""
+    return entry.get("cpuset", entry.get("cpus")) if isinstance(entry, dict) else entry
+
+
 def _entry_allocation(entry: Any, mode: str, host: list[int], where: str) -> Allocation:
     """One worker's allocation from a level entry: a cpuset, a CPU count, or {cpus|cpuset, memory}."""
     memory = None
-    if isinstance(entry, dict):
-        memory = parse_memory(entry["memory"], f"{where}.memory") if "memory" in entry else None
-        entry = entry.get("cpuset", entry.get("cpus"))
+    if isinstance(entry, dict) and "memory" in entry:
+        memory = parse_memory(entry["memory"], f"{where}.memory")
+    entry = _cpu_part(entry)
     if mode == "none":
         return Allocation()
     if entry is None:
@@ -190,8 +194,7 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
     if e.levels:
         custom = _custom_table(cfg, "emulation.levels")
         if mode is None:
-            cpu_parts = [x.get("cpuset", x.get("cpus")) if isinstance(x, dict) else x
-                         for v in custom.values() for x in v]
+            cpu_parts = [_cpu_part(x) for v in custom.values() for x in v]
             mode = "cpuset" if all(isinstance(x, str) for x in cpu_parts if x is not None) else "quota"
         for level in dict.fromkeys(schedule.levels):
             if level not in custom:

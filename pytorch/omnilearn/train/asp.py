@@ -139,7 +139,7 @@ def run_worker(job: JobSpec) -> None:
             metrics.write("hl_change", step=step, elapsed_s=control["elapsed"], **event)
             window.reset()  # a new allocation: old measurements no longer describe this worker
         if memory_model is not None and (event is not None or max_batch is None):
-            max_batch = memory_bound(memory_model)  # the new level may have changed the memory limit
+            max_batch = memory_model.max_batch_now(torch.device("cpu"))  # the level may change the limit
 
     follow({"level": job.plan.schedule.level_at(0), "epoch": 0.0, "elapsed": 0.0}, 0)
     rpc.init_rpc(target, rank=rank, world_size=world, rpc_backend_options=ps.rpc_options(timeout, cfg.workers))
@@ -193,22 +193,14 @@ def probe_memory(cfg: Any, model: torch.nn.Module, train: Any, grads: GradBuffer
     The probe's forward passes move the local BatchNorm statistics; harmless, as every step starts
     from the server's state.
     """
-    n = min(len(train), cfg.train.global_batch)
-    sizes = (max(1, min(4, n // 4)), max(2, min(16, n)))
-
     def step(b: int) -> None:
         x, y = train.batch(torch.arange(b))
         loss_sum, _ = loss_terms(model(x), y)
         (loss_sum / b).backward()
         grads.zero()
 
-    return memory.probe(step, torch.device("cpu"), sizes, cfg.control.memory_margin)
-
-
-def memory_bound(model: memory.MemoryModel) -> int:
-    """The largest batch that fits the memory budget as it is now (re-read: levels may change it)."""
-    budget = memory.memory_budget(torch.device("cpu"))
-    return memory.MemoryModel(model.base, model.per_sample, budget, model.margin).max_batch()
+    return memory.probe(step, torch.device("cpu"), min(len(train), cfg.train.global_batch),
+                        cfg.control.memory_margin)
 
 
 # ---------------------------------------------------------------------- evaluation after the job

@@ -22,7 +22,6 @@ from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.client import AllocationClient
 from omnilearn.emulator.plan import worker_target
-from omnilearn.errors import UserError
 from omnilearn.launch.job import JobSpec
 from omnilearn.train import distributed, memory
 from omnilearn.train.data import GlobalBatchSampler, eval_indices
@@ -198,15 +197,13 @@ class BSPTrainer:
         """Fit this worker's peak memory per sample (before any level limits the CPU)."""
         if not self.cfg.control.memory_bounds:
             return
-        n = min(len(self.work.train), self.cfg.train.global_batch)
-        sizes = (max(1, min(4, n // 4)), max(2, min(16, n)))
-
         def step(b: int) -> None:
             x, y = self.work.train.batch(torch.arange(b))
             local_backward(self.model, x.to(self.env.device), y.to(self.env.device), b)
             self.grads.zero()
 
-        self.memory = memory.probe(step, self.env.device, sizes, self.cfg.control.memory_margin)
+        self.memory = memory.probe(step, self.env.device, min(len(self.work.train), self.cfg.train.global_batch),
+                                   self.cfg.control.memory_margin)
 
     def update_bounds(self, step: int) -> None:
         """Per-worker max batch from every worker's memory budget (re-read: a level may change it).
@@ -217,21 +214,11 @@ class BSPTrainer:
             return
         own = self.cfg.train.global_batch
         if self.memory is not None:
-            budget = memory.memory_budget(self.env.device)
-            model = memory.MemoryModel(self.memory.base, self.memory.per_sample, budget, self.memory.margin)
-            own = model.max_batch()
+            own = self.memory.max_batch_now(self.env.device)
         if self.oom_cap is not None:
             own = min(own, self.oom_cap)
         maxes = [int(g[0]) for g in distributed.all_gather_floats([float(own)], self.env.device)]
-        configured = self.configured_bounds.max_batch
-        bounds = Bounds(self.configured_bounds.min_batch, tuple(min(a, b) for a, b in zip(maxes, configured,
-                                                                                          strict=True)))
-        B = self.cfg.train.global_batch
-        if not bounds.feasible(B):
-            raise UserError(f"train.global_batch={B} does not fit in the workers' memory: they can take at "
-                            f"most {list(bounds.max_batch)} samples (sum {sum(bounds.max_batch)}; "
-                            f"control.min_batch={bounds.min_batch}); lower the global batch or raise the "
-                            f"memory limits")
+        bounds = memory.memory_bounds(self.configured_bounds, maxes, self.cfg.train.global_batch, "workers")
         if self.cfg.control.policy == "uniform" and not self.oom_seen:  # the baseline ignores memory: say so
             over = [r for r, m in enumerate(bounds.max_batch) if self.controller.batch[r] > m]
             if over and self.rank == 0:

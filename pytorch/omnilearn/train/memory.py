@@ -12,11 +12,14 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+
+from omnilearn.control.policies import Bounds
+from omnilearn.errors import UserError
 
 log = logging.getLogger("omnilearn.memory")
 
@@ -163,19 +166,25 @@ class MemoryModel:
             return 0
         return int(usable // max(self.per_sample, 1))
 
+    def max_batch_now(self, device: torch.device) -> int:
+        """:meth:`max_batch` under the budget as it is now (re-read: a level may change the limit)."""
+        return replace(self, budget=memory_budget(device)).max_batch()
+
     def describe(self) -> str:
         return (f"budget {self.budget.bytes / 2**20:.0f} MiB ({self.budget.source}), base "
                 f"{self.base / 2**20:.0f} MiB + {self.per_sample / 2**20:.2f} MiB/sample, margin "
                 f"{self.margin:.0%} -> max batch {self.max_batch()}")
 
 
-def probe(step: Callable[[int], None], device: torch.device, sizes: tuple[int, int], margin: float,
+def probe(step: Callable[[int], None], device: torch.device, available: int, margin: float,
           budget: MemoryBudget | None = None) -> MemoryModel:
     """Run ``step(b)`` (forward + backward of b samples) at two sizes and fit the peak-memory line.
 
-    Each size runs twice and the second peak is kept: the first call also allocates one-off state
-    (optimizer buffers, caches), which belongs to the base, not to the samples.
+    The sizes (up to 4 and 16) stay within ``available`` samples. Each size runs twice and the
+    second peak is kept: the first call also allocates one-off state (optimizer buffers, caches),
+    which belongs to the base, not to the samples.
     """
+    sizes = (max(1, min(4, available // 4)), max(2, min(16, available)))
     budget = budget or memory_budget(device)
     peaks = []
     for b in sizes:
@@ -189,3 +198,18 @@ def probe(step: Callable[[int], None], device: torch.device, sizes: tuple[int, i
     model = MemoryModel(base=max(base, 0), per_sample=per_sample, budget=budget, margin=margin)
     log.info("memory: %s", model.describe())
     return model
+
+
+def memory_bounds(configured: Bounds, memory_max: Sequence[int | None], global_batch: int, who: str) -> Bounds:
+    """The configured bounds capped by each worker's memory bound (None: not known, not capped).
+
+    Raises :class:`UserError` when the global batch cannot fit; ``who`` names the workers in it.
+    """
+    bounds = Bounds(configured.min_batch, tuple(c if m is None else min(m, c)
+                                                for m, c in zip(memory_max, configured.max_batch, strict=True)))
+    if not bounds.feasible(global_batch):
+        raise UserError(f"train.global_batch={global_batch} does not fit in the {who}' memory: they can take "
+                        f"at most {list(bounds.max_batch)} samples (sum {sum(bounds.max_batch)}; "
+                        f"control.min_batch={bounds.min_batch}); lower the global batch or raise the memory "
+                        f"limits")
+    return bounds

@@ -73,6 +73,7 @@ from omnilearn.errors import UserError
 from omnilearn.launch.job import JobSpec
 from omnilearn.train.bsp import GradBuffer
 from omnilearn.train.distributed import env_int
+from omnilearn.train.memory import memory_bounds
 from omnilearn.train.metrics import MetricsWriter, metrics_path
 from omnilearn.train.models import count_parameters
 from omnilearn.train.workload import build, load_data, make_optimizer
@@ -323,15 +324,11 @@ class ParameterServer:
         """
         if all(m is None for m in self.memory_max):
             return
-        configured = self.configured_bounds
-        bounds = Bounds(configured.min_batch, tuple(c if m is None else min(m, c) for m, c in
-                                                    zip(self.memory_max, configured.max_batch, strict=True)))
-        B = self.cfg.train.global_batch
-        if not bounds.feasible(B):
-            self.fault = UserError(
-                f"train.global_batch={B} does not fit in the ASP workers' memory: they can take at most "
-                f"{list(bounds.max_batch)} samples (sum {sum(bounds.max_batch)}; control.min_batch="
-                f"{bounds.min_batch}); lower the global batch or raise the memory limits")
+        try:
+            bounds = memory_bounds(self.configured_bounds, self.memory_max, self.cfg.train.global_batch,
+                                   "ASP workers")
+        except UserError as e:
+            self.fault = e
             return
         if self.controller.policy == "uniform":  # the baseline ignores memory: say so
             over = [i + 1 for i, m in enumerate(bounds.max_batch) if self.controller.batch[i] > m]
