@@ -20,6 +20,7 @@ demo: $(STAMP)
 
 # Everything, the Docker suite included when a daemon answers or can be started (root + apt).
 test: $(STAMP)
+	bash scripts/install_test_tools.sh
 	$(PY) -m pytest -q tests
 
 # Only the Docker integration suite; a missing daemon is a failure here, not a skip.

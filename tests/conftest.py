@@ -25,10 +25,10 @@ def docker_client() -> Iterator[object]:
     """A client for a daemon that answers: started with ./docker_install.sh when this host allows it
     (root on Debian/Ubuntu), else a skip that says why (a failure under `make test-docker`)."""
     from omnilearn.errors import UserError
-    from omnilearn.launch import image
+    from omnilearn.launch.docker import daemon
 
     try:
-        client = image.daemon_client(timeout=30)
+        client = daemon.daemon_client(timeout=30)
     except UserError as first:
         if os.environ.get("OMNILEARN_NO_DOCKER_INSTALL") == "1":
             _skip_or_fail(f"{first} (OMNILEARN_NO_DOCKER_INSTALL=1)")
@@ -38,7 +38,7 @@ def docker_client() -> Iterator[object]:
                            timeout=900)
         if r.returncode != 0:
             _skip_or_fail(f"docker_install.sh failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-400:]}")
-        client = image.daemon_client(timeout=30)
+        client = daemon.daemon_client(timeout=30)
     yield client
     client.close()
 

@@ -17,10 +17,11 @@ import torch
 from omnilearn import config
 from omnilearn.emulator.plan import SERVER_TARGET, build_plan
 from omnilearn.errors import UserError
-from omnilearn.launch.job import JobSpec
+from omnilearn.files import read_records as read_jsonl
+from omnilearn.jobfile import JobSpec
 from omnilearn.train.asp import IndexStream
-from omnilearn.train.metrics import read_jsonl
-from omnilearn.train.parameter_server import ParameterServer, _LockedWriter, flat_state
+from omnilearn.train.distributed import flat_state
+from omnilearn.train.parameter_server import LockedWriter, ParameterServer
 
 # ---------------------------------------------------------------------------------------- in process
 
@@ -44,7 +45,7 @@ def make_server(tmp_path: Path, *sets: tuple[str, Any], train_size: int = 100) -
     cfg = config.build(None, overrides)
     job = JobSpec(job_id="t", config=cfg, plan=build_plan(cfg), out_dir=tmp_path, backend="none")
     torch.manual_seed(0)
-    return ParameterServer(job, TinyBN(), train_size, _LockedWriter(tmp_path / "metrics" / "rank-0.jsonl"))
+    return ParameterServer(job, TinyBN(), train_size, LockedWriter(tmp_path / "metrics" / "rank-0.jsonl"))
 
 
 def push(server: ParameterServer, rank: int, seq: int, version: int, flat: torch.Tensor, batch: int,

@@ -15,17 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from omnilearn.emulator import backends
-from omnilearn.emulator.backends import (
-    CGROUP_ROOT,
-    AffinityBackend,
-    CgroupV1Backend,
-    CgroupV2Backend,
-    NullBackend,
-    read_own_allocation,
-    select_backend,
-    sweep_stale,
-)
+from omnilearn.emulator.backends import NullBackend, cgroup, select_backend
+from omnilearn.emulator.backends.affinity import AffinityBackend
+from omnilearn.emulator.backends.cgroup import CgroupV1Backend, CgroupV2Backend
+from omnilearn.emulator.backends.cgroupfs import CGROUP_ROOT, read_own_allocation, sweep_stale
 from omnilearn.emulator.levels import Allocation, format_cpuset, parse_cpuset
 from omnilearn.emulator.requests import RequestWriter
 from omnilearn.emulator.toggler import Toggler
@@ -205,7 +198,7 @@ def test_v1_close_after_process_died(job: str, spawn) -> None:
 @two_cpus
 def test_read_own_allocation_inside_the_cgroup(v1: CgroupV1Backend, spawn) -> None:
     code = ("import json, sys; sys.stdin.readline(); "
-            "from omnilearn.emulator.backends import read_own_allocation; "
+            "from omnilearn.emulator.backends.cgroupfs import read_own_allocation; "
             "print(json.dumps(read_own_allocation().to_dict()))")
     child = spawn(code, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     v1.add_process("w1", child.pid)
@@ -261,7 +254,7 @@ def test_select_backend(job: str, monkeypatch: pytest.MonkeyPatch) -> None:
         b.close()
     with pytest.raises(UserError, match="unknown backend 'bogus'"):
         select_backend("bogus", job, ["w0"])
-    monkeypatch.setattr(backends.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(cgroup.os, "geteuid", lambda: 1000)
     with pytest.raises(UserError, match="needs root"):
         select_backend("cgroup", job, ["w0"])
     assert isinstance(select_backend("auto", job, ["w0"]), AffinityBackend)

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from omnilearn.config import ControlConfig
 from omnilearn.control import policies
 from omnilearn.control.controller import BatchController, ComputeWindow
 from omnilearn.control.policies import Bounds
@@ -79,8 +80,8 @@ def simulate(speeds: list[float], overhead: list[float], B: int, decisions: int,
              seed: int = 0) -> tuple[list[int], list[float]]:
     """Drive the controller against simulated workers with t = a + b / s (plus noise)."""
     rng = random.Random(seed)
-    ctl = BatchController(policy="dynamic", global_batch=B, bounds=bounds(len(speeds), 2, B=B), interval=3,
-                          window=3, min_samples=2, deadband=0.05, skip=1)
+    ctl = BatchController(ControlConfig(policy="dynamic", interval=3, window=3, min_samples=2, deadband=0.05,
+                                        skip_after_change=1), global_batch=B, bounds=bounds(len(speeds), 2, B=B))
     history = []
     windows = [ComputeWindow(size=3, skip=1) for _ in speeds]  # each rank keeps its own window
     for step in range(1, 3 * decisions + 1):
@@ -109,25 +110,25 @@ def test_converges_in_a_few_decisions_on_simulated_speeds() -> None:
 
 
 def test_controller_decision_is_identical_for_identical_inputs() -> None:
-    a = BatchController(policy="dynamic", global_batch=100, bounds=bounds(3, B=100))
-    b = BatchController(policy="dynamic", global_batch=100, bounds=bounds(3, B=100))
+    a = BatchController(ControlConfig(policy="dynamic"), global_batch=100, bounds=bounds(3, B=100))
+    b = BatchController(ControlConfig(policy="dynamic"), global_batch=100, bounds=bounds(3, B=100))
     args = ([0.3, 0.9, 0.31], [3, 3, 3], [None, None, None])
     assert a.decide(*args) == b.decide(*args)
     assert a.batch == b.batch
 
 
 def test_controller_waits_for_enough_samples() -> None:
-    c = BatchController(policy="dynamic", global_batch=100, bounds=bounds(2, B=100), min_samples=2)
+    c = BatchController(ControlConfig(policy="dynamic", min_samples=2), global_batch=100, bounds=bounds(2, B=100))
     assert c.decide([0.1, 0.5], [1, 3], [None, None]) is None
     assert c.decide([0.1, None], [3, 3], [None, None]) is None
     assert c.decide([0.1, 0.5], [2, 2], [None, None]) is not None
 
 
 def test_uniform_never_changes_and_static_follows_allocation() -> None:
-    u = BatchController(policy="uniform", global_batch=64, bounds=bounds(4, B=64))
+    u = BatchController(ControlConfig(policy="uniform"), global_batch=64, bounds=bounds(4, B=64))
     assert not u.due(4, True)
     assert u.decide([0.1, 0.2, 0.3, 0.4], [4] * 4, [1, 1, 1, 1]) is None
-    s = BatchController(policy="static", global_batch=64, bounds=bounds(4, B=64))
+    s = BatchController(ControlConfig(policy="static"), global_batch=64, bounds=bounds(4, B=64))
     assert s.initial([1.0, 1.0, 1.0, 5.0]) == [8, 8, 8, 40]
     assert s.decide([None] * 4, [0] * 4, [2.0, 2.0, 2.0, 2.0]) == [16, 16, 16, 16]
 
@@ -146,7 +147,7 @@ def test_window_skips_first_step_after_change_and_uses_median() -> None:
 
 
 def test_set_bounds_resplits_when_violated() -> None:
-    c = BatchController(policy="dynamic", global_batch=120, bounds=bounds(3, B=120), batch=[20, 20, 80])
+    c = BatchController(ControlConfig(policy="dynamic"), global_batch=120, bounds=bounds(3, B=120), batch=[20, 20, 80])
     assert c.set_bounds(Bounds(2, (120, 120, 50))) is not None
     assert c.batch[2] == 50 and sum(c.batch) == 120
 
@@ -157,15 +158,15 @@ def test_imbalance() -> None:
 
 
 def test_allocation_prior_starts_and_follows_level_changes() -> None:
-    c = BatchController(policy="dynamic", global_batch=120, bounds=bounds(3, B=120))
+    c = BatchController(ControlConfig(policy="dynamic"), global_batch=120, bounds=bounds(3, B=120))
     assert c.initial([1.0, 1.0, 4.0]) == [20, 20, 80]
     # Measured: worker 2 is slower than its share says (t = b / s with s = 10, 10, 30).
     assert c.decide([2.0, 2.0, 80 / 30], [3, 3, 3], [1.0, 1.0, 4.0]) == [24, 24, 72]
     # A new level doubles worker 0's CPU: its measured speed is expected to double.
     assert c.reallocate([2.0, 1.0, 4.0]) == [40, 20, 60]
     assert c.speeds is None  # measured under the old allocation
-    u = BatchController(policy="dynamic", global_batch=120, bounds=bounds(3, B=120), prior="uniform")
+    u = BatchController(ControlConfig(policy="dynamic", prior="uniform"), global_batch=120, bounds=bounds(3, B=120))
     assert u.initial([1.0, 1.0, 4.0]) == [40, 40, 40]
     assert u.reallocate([2.0, 1.0, 4.0]) is None
-    unknown = BatchController(policy="dynamic", global_batch=120, bounds=bounds(3, B=120))
+    unknown = BatchController(ControlConfig(policy="dynamic"), global_batch=120, bounds=bounds(3, B=120))
     assert unknown.initial([None, None, None]) == [40, 40, 40]  # no allocation known: equal start

@@ -26,12 +26,9 @@ from omnilearn.train.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     IMAGE_FILE_DATASETS,
-    GlobalBatchSampler,
     TensorData,
     augment_batch,
-    eval_indices,
     load_dataset,
-    proportional_split,
     split_indices,
 )
 from omnilearn.train.image_folders import (
@@ -44,6 +41,7 @@ from omnilearn.train.image_folders import (
     sample_seed,
     train_transform,
 )
+from omnilearn.train.sampler import GlobalBatchSampler, eval_indices, proportional_split
 
 # ---------------------------------------------------------------- sampler
 
@@ -54,6 +52,12 @@ def random_composition(rng: random.Random, total: int, parts: int, allow_zero: b
     cuts = sorted(rng.randint(0, total - parts * low) for _ in range(parts - 1))
     bounds = [0, *cuts, total - parts * low]
     return [bounds[i + 1] - bounds[i] + low for i in range(parts)]
+
+
+def step_indices(sampler: GlobalBatchSampler, step: int) -> torch.Tensor:
+    """All sample indices of step ``step`` (every rank's slices, in rank order)."""
+    start = step * sampler.global_batch
+    return sampler.permutation[start:start + sampler.step_size(step)]
 
 
 def run_epoch(samplers: list[GlobalBatchSampler], compositions: list[list[int]]) -> list[list[torch.Tensor]]:
@@ -112,7 +116,7 @@ def test_permutation_same_on_every_rank_and_changes_with_epoch_and_seed() -> Non
     assert torch.equal(a.permutation, b.permutation)
     assert sorted(a.permutation.tolist()) == list(range(50))
     sizes = [3, 5]
-    assert torch.equal(torch.cat([a.local_indices(1, sizes, 0), b.local_indices(1, sizes, 1)]), a.step_indices(1))
+    assert torch.equal(torch.cat([a.local_indices(1, sizes, 0), b.local_indices(1, sizes, 1)]), step_indices(a, 1))
     first = a.permutation.clone()
     a.set_epoch(3)
     assert not torch.equal(first, a.permutation)

@@ -17,30 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from omnilearn.emulator.docker_backend import LABEL_JOB, DockerBackend, ForeignContainer
+from jobs import write_skew_job
+from omnilearn.emulator.backends.docker import LABEL_JOB, DockerBackend, ForeignContainer
 from omnilearn.emulator.levels import Allocation
 from omnilearn.emulator.requests import RequestWriter
 from omnilearn.emulator.toggler import Toggler, read_audit
-from omnilearn.launch import image, swarm
+from omnilearn.launch.docker import images as image
+from omnilearn.launch.docker import swarm
 
 pytestmark = pytest.mark.docker
 
-JOB = """
-mode: bsp
-workers: 3
-model: {name: smallcnn}
-data: {name: synthetic, image_size: 32, synthetic_size: 2048}
-train: {epochs: 3, global_batch: 192, lr: 0.05}
-control: {policy: dynamic, interval: 2, window: 3, min_samples: 2, deadband: 0.05}
-emulation:
-  backend: docker
-  allocation: quota
-  schedule: SCHEDULE
-  levels:
-    EVEN: [0.6, 0.6, 0.6]
-    SKEW: [0.15, 0.3, 1.2]
-"""
-SCHEDULE = "unit: epoch\npoints:\n  - {at: 0, level: EVEN}\n  - {at: 1, level: SKEW}\n"
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +55,7 @@ def _job_id(out: Path, timeout: float = 60) -> str:
 
 def test_bsp_in_containers_with_a_live_hl_change(tmp_path: Path, docker_client, worker_image: str,
                                                  cleanup: list[str]) -> None:
-    (tmp_path / "sched.yaml").write_text(SCHEDULE)
-    cfg = tmp_path / "job.yaml"
-    cfg.write_text(JOB.replace("SCHEDULE", str(tmp_path / "sched.yaml")))
+    cfg = write_skew_job(tmp_path, "docker", synthetic_size=2048)
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "omnilearn", "run", "--config", str(cfg), "--out", str(out),
                              "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

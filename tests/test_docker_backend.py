@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnilearn.emulator.docker_backend import (
+from omnilearn.emulator.backends.docker import (
     DockerBackend,
     ForeignContainer,
     effective_allocation,
@@ -67,7 +67,7 @@ def test_overlay_interface_is_found_by_subnet() -> None:
 def test_container_end_times_are_parsed_to_the_nanosecond_docker_gives() -> None:
     import math
 
-    from omnilearn.launch.swarm import finished_at
+    from omnilearn.launch.docker.swarm import finished_at
 
     a = finished_at("2026-11-22T10:33:07.123456789Z")
     b = finished_at("2026-11-22T10:33:07.123457Z")

@@ -7,7 +7,6 @@ machine pays the multi-minute build.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import socket
@@ -17,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from omnilearn import cli
 from omnilearn.errors import UserError
-from omnilearn.launch import image
+from omnilearn.launch.docker import base_image, daemon
+from omnilearn.launch.docker import images as image
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL = ROOT / "docker_install.sh"
@@ -34,13 +35,13 @@ def client(docker_client: object) -> object:
 def worker(client: object) -> image.ImageSet:
     """The worker image for this checkout: reused when up to date, else built (minutes, the first time)."""
     if (shutil.which("debootstrap") is None and not os.path.exists("/usr/sbin/debootstrap")
-            and not any(_has_image(client, ref) for ref in (image.DEFAULT_BASE_IMAGE, image.LOCAL_BASE_IMAGE))):
+            and not any(_has_image(client, ref) for ref in (image.DEFAULT_BASE_IMAGE, base_image.LOCAL_BASE_IMAGE))):
         pytest.skip("no base image here and no debootstrap to make one (./docker_install.sh installs it)")
     return image.ensure_images(client=client, on_log=lambda line: None)
 
 
 def _has_image(client: object, ref: str) -> bool:
-    return image._image_or_none(client, ref) is not None
+    return daemon.image_or_none(client, ref) is not None
 
 
 def _run(client: object, ref: str, command: list[str], **kwargs: object) -> str:
@@ -54,9 +55,10 @@ def test_install_script_is_valid_bash() -> None:
     subprocess.run(["bash", "-n", str(INSTALL)], check=True)
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (apt-get install shellcheck)")
-def test_install_script_is_shellcheck_clean() -> None:
-    result = subprocess.run(["shellcheck", str(INSTALL)], capture_output=True, text=True)
+def test_shell_scripts_are_shellcheck_clean() -> None:
+    assert shutil.which("shellcheck"), "shellcheck missing: scripts/install_test_tools.sh installs it (make test runs it)"
+    scripts = [INSTALL, *sorted((INSTALL.parent / "scripts").glob("*.sh"))]
+    result = subprocess.run(["shellcheck", *map(str, scripts)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
 
@@ -77,7 +79,7 @@ def test_daemon_client_without_daemon(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
     try:
         with pytest.raises(UserError) as info:
-            image.daemon_client(timeout=5)
+            daemon.daemon_client(timeout=5)
     finally:
         if sock is not None:
             sock.close()
@@ -87,10 +89,10 @@ def test_daemon_client_without_daemon(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_split_tag() -> None:
-    assert image._split_tag("omnilearn-base:bookworm") == ("omnilearn-base", "bookworm")
-    assert image._split_tag("omnilearn-worker") == ("omnilearn-worker", "latest")
-    assert image._split_tag("registry:5000/team/worker") == ("registry:5000/team/worker", "latest")
-    assert image._split_tag("registry:5000/team/worker:v1") == ("registry:5000/team/worker", "v1")
+    assert daemon.split_tag("omnilearn-base:bookworm") == ("omnilearn-base", "bookworm")
+    assert daemon.split_tag("omnilearn-worker") == ("omnilearn-worker", "latest")
+    assert daemon.split_tag("registry:5000/team/worker") == ("registry:5000/team/worker", "latest")
+    assert daemon.split_tag("registry:5000/team/worker:v1") == ("registry:5000/team/worker", "v1")
 
 
 def _fake_context(root: Path) -> Path:
@@ -145,23 +147,22 @@ def test_default_ca_bundle_prefers_explicit_variable(tmp_path: Path, monkeypatch
 
 
 def test_cli_parses_image_commands() -> None:
-    parser = argparse.ArgumentParser(prog="omnilearn")
-    image.add_cli(parser.add_subparsers(dest="command"))
+    parser = cli.build_parser()
     args = parser.parse_args(["image", "build", "--base", "debian-py:12", "--ca-bundle", "proxy.crt"])
-    assert args.func is image.cmd_image_build
+    assert (args.func, args.image_command) == (cli.cmd_image, "build")
     assert (args.base, args.ca_bundle, args.tag, args.force) == ("debian-py:12", Path("proxy.crt"), image.WORKER_IMAGE, False)
     assert parser.parse_args(["image", "build"]).ca_bundle is None  # None: the "auto" CA policy
     args = parser.parse_args(["image", "base", "--suite", "trixie", "--force"])
-    assert (args.func, args.tag, args.suite, args.mirror, args.force) == (
-        image.cmd_image_base, image.LOCAL_BASE_IMAGE, "trixie", None, True)
-    assert parser.parse_args(["image", "status"]).func is image.cmd_image_status
+    assert (args.image_command, args.tag, args.suite, args.mirror, args.force) == (
+        "base", base_image.LOCAL_BASE_IMAGE, "trixie", None, True)
+    assert parser.parse_args(["image", "status"]).image_command == "status"
 
 
 def test_missing_debootstrap_is_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(image.shutil, "which", lambda name: None)
-    monkeypatch.setattr(image.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(base_image.shutil, "which", lambda name: None)
+    monkeypatch.setattr(base_image.os, "access", lambda path, mode: False)
     with pytest.raises(UserError, match="debootstrap not found"):
-        image._find_debootstrap()
+        base_image._find_debootstrap()
 
 
 def test_install_script_upstream_refuses_next_to_docker_io() -> None:
@@ -181,7 +182,7 @@ def test_install_script_upstream_refuses_next_to_docker_io() -> None:
 def test_base_image_is_not_rebuilt_when_present(client: object, worker: image.ImageSet) -> None:
     lines: list[str] = []
     start = time.monotonic()
-    assert image.build_base_image(worker.base_image, client=client, on_log=lines.append) == worker.base_image
+    assert base_image.build_base_image(worker.base_image, client=client, on_log=lines.append) == worker.base_image
     assert time.monotonic() - start < 5
     assert any("exists" in line for line in lines)
 

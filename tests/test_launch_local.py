@@ -10,31 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from jobs import write_skew_job
 from omnilearn.emulator.toggler import read_audit
-
-JOB = """
-mode: bsp
-workers: 3
-model: {name: smallcnn}
-data: {name: synthetic, image_size: 32, synthetic_size: 1536}
-train: {epochs: 3, global_batch: 192, lr: 0.05}
-control: {policy: dynamic, interval: 2, window: 3, min_samples: 2, deadband: 0.05}
-emulation:
-  backend: auto
-  allocation: quota
-  schedule: SCHEDULE
-  levels:
-    EVEN: [0.6, 0.6, 0.6]
-    SKEW: [0.15, 0.3, 1.2]
-"""
-SCHEDULE = "unit: epoch\npoints:\n  - {at: 0, level: EVEN}\n  - {at: 1, level: SKEW}\n"
 
 
 @pytest.mark.slow
 def test_local_job_moves_batch_toward_allocation(tmp_path: Path) -> None:
-    (tmp_path / "sched.yaml").write_text(SCHEDULE)
-    cfg = tmp_path / "job.yaml"
-    cfg.write_text(JOB.replace("SCHEDULE", str(tmp_path / "sched.yaml")))
+    cfg = write_skew_job(tmp_path, "auto", synthetic_size=1536)
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "omnilearn", "run", "--config", str(cfg), "--out", str(out),
                         "--no-progress"], capture_output=True, text=True, timeout=600)
@@ -129,7 +111,7 @@ def test_a_killed_worker_stops_the_job_with_its_rank(tmp_path: Path) -> None:
 
 
 def test_first_failure_names_the_cause_not_its_consequences() -> None:
-    from omnilearn.launch.job import first_failure
+    from omnilearn.launch.failures import first_failure
 
     # Seen in the same poll: the killed rank, not the peers that failed on the broken connection.
     assert first_failure({0: (5.0, 1), 1: (5.0, -9), 2: (5.0, 1)}) == 1

@@ -15,10 +15,10 @@ from omnilearn.emulator.requests import (
     AUDIT_NAME,
     CpuRequest,
     RequestWriter,
-    read_complete_lines,
     request_log,
 )
 from omnilearn.emulator.toggler import Toggler, read_audit, timeline
+from omnilearn.files import read_lines
 
 TARGETS = ["worker0", "worker1"]
 HOST = [0, 1]
@@ -106,9 +106,9 @@ def test_parse_rejects(line: str, reason: str) -> None:
 def test_read_complete_lines_leaves_partial_tail(tmp_path: Path) -> None:
     p = tmp_path / "f"
     p.write_bytes(b"ab\ncd\nef")
-    lines, end = read_complete_lines(p)
+    lines, end = read_lines(p)
     assert lines == [(b"ab", 3), (b"cd", 6)] and end == 6
-    assert read_complete_lines(tmp_path / "missing", 5) == ([], 5)
+    assert read_lines(tmp_path / "missing", 5) == ([], 5)
 
 
 # ---------------------------------------------------------------- toggler

@@ -58,7 +58,8 @@ def _prepare_out(path: Path, force: bool) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
 
     from omnilearn.emulator.plan import build_plan
-    from omnilearn.launch.job import JobSpec, WorkerFailed, new_job_id
+    from omnilearn.jobfile import JobSpec, new_job_id
+    from omnilearn.launch.failures import WorkerFailed
     from omnilearn.launch.local import check_local_prerequisites, run_local
     from omnilearn.report.plot import plot_compare, plot_run
     from omnilearn.report.summary import compare, summarize
@@ -69,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = build_plan(cfg)  # every table, schedule and cpuset check happens here, before anything starts
     docker = cfg.emulation.backend == "docker"
     if docker:
-        from omnilearn.launch.image import daemon_client
+        from omnilearn.launch.docker.daemon import daemon_client
         daemon_client()  # no daemon: one clear message before anything is made
     else:
         check_local_prerequisites()
@@ -94,13 +95,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         job = JobSpec(job_id=new_job_id(), config=run_cfg, plan=plan, out_dir=run_dir.resolve(), backend="")
         try:
             if docker:
-                from omnilearn.launch.swarm import run_docker
+                from omnilearn.launch.docker.swarm import run_docker
                 run_docker(job, console, label=policy, show_progress=not args.no_progress)
             else:
                 run_local(job, console, label=policy, show_progress=not args.no_progress)
         except WorkerFailed as e:
             console.print(str(e), style="red", markup=False)  # worker logs hold brackets rich would parse
             return 1
+        if run_cfg.mode == "asp":  # after the emulation ends: scoring takes no worker's CPU
+            console.print(f"{policy}: scoring the server's snapshots on the held-out split", markup=False)
         summaries[policy] = summarize(run_dir)
         plot_run(run_dir, cfg.workers, f"{policy} · {cfg.model.name}/{cfg.data.name} · schedule "
                  f"{plan.schedule.name} · backend {job.backend}")
@@ -117,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from omnilearn.launch.job import JobSpec
+    from omnilearn.jobfile import JobSpec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     job_path = Path(args.job)
@@ -165,7 +168,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def _job_for_cluster(args: argparse.Namespace):
     """Config, plan and saved job file for ``cluster up`` (the same checks as ``run``)."""
     from omnilearn.emulator.plan import build_plan
-    from omnilearn.launch.job import JobSpec, new_job_id
+    from omnilearn.jobfile import JobSpec, new_job_id
     from omnilearn.train.preflight import preflight
 
     overrides = _overrides(args) + [("emulation.backend", "docker")]
@@ -181,8 +184,8 @@ def _job_for_cluster(args: argparse.Namespace):
 
 def cmd_cluster(args: argparse.Namespace) -> int:
 
-    from omnilearn.launch import swarm
-    from omnilearn.launch.job import JobSpec
+    from omnilearn.jobfile import JobSpec
+    from omnilearn.launch.docker import swarm
 
     console = _console()
     if args.cluster_command == "up":
@@ -213,10 +216,10 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     """The host-side toggler for a job whose containers were started by ``cluster up``."""
     import threading
 
-    from omnilearn.emulator.docker_backend import DockerBackend
+    from omnilearn.emulator.backends.docker import DockerBackend
     from omnilearn.emulator.toggler import Toggler, toggler_lock
-    from omnilearn.launch import swarm
-    from omnilearn.launch.job import JobSpec
+    from omnilearn.jobfile import JobSpec
+    from omnilearn.launch.docker import swarm
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     out = Path(args.out)
@@ -274,10 +277,35 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    from omnilearn.emulator.backends import sweep_stale
+    from omnilearn.emulator.backends.cgroupfs import sweep_stale
 
     removed = sweep_stale()
     print("\n".join(removed) if removed else "nothing to clean")
+    return 0
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    """``omnilearn image build|base|status``: the Docker images the container launcher runs."""
+    from omnilearn.launch.docker.base_image import build_base_image
+    from omnilearn.launch.docker.images import ensure_images, image_status
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    if args.image_command == "build":
+        ca: Path | str = args.ca_bundle if args.ca_bundle is not None else "auto"
+        result = ensure_images(args.tag, base_image=args.base, ca_bundle=ca, force=args.force, on_log=say)
+        if result.worker_build is None:
+            print(f"{result.worker_image}: up to date (base {result.base_image})")
+        else:
+            b = result.worker_build
+            print(f"{b.tag}: built in {b.seconds:.0f} s, {b.size_bytes / 1e9:.2f} GB (base {result.base_image}; "
+                  f"{result.reason})")
+    elif args.image_command == "base":
+        build_base_image(args.tag, suite=args.suite, mirror=args.mirror, force=args.force, on_log=say)
+    else:
+        for line in image_status(args.tag):
+            print(line)
     return 0
 
 
@@ -347,8 +375,28 @@ def build_parser() -> argparse.ArgumentParser:
     tg.add_argument("--until-done", action="store_true", help="stop when every container of the job has exited")
     tg.set_defaults(func=cmd_toggle)
 
-    from omnilearn.launch.image import add_cli
-    add_cli(sub)
+    from omnilearn.launch.docker.base_image import DEFAULT_SUITE, LOCAL_BASE_IMAGE
+    from omnilearn.launch.docker.images import DEFAULT_BASE_IMAGE, WORKER_IMAGE
+
+    im = sub.add_parser("image", help="build the Docker images the container launcher runs")
+    im_sub = im.add_subparsers(dest="image_command", required=True)
+    b = im_sub.add_parser("build", help="build the worker image if missing or stale (and a base if none can be "
+                                        "pulled)")
+    b.add_argument("--base", help=f"base image (default: {DEFAULT_BASE_IMAGE} if it can be had, else "
+                                  f"{LOCAL_BASE_IMAGE} made with debootstrap)")
+    b.add_argument("--ca-bundle", type=Path,
+                   help="PEM file of extra CAs the image must trust, for a TLS-inspecting proxy (default: the "
+                        "bundle named by OMNILEARN_CA_BUNDLE or PIP_CERT, if any)")
+    b.add_argument("--tag", default=WORKER_IMAGE, help=f"worker image tag (default {WORKER_IMAGE})")
+    b.add_argument("--force", action="store_true", help="rebuild even when the labels say it is up to date")
+    s = im_sub.add_parser("base", help=f"make the Debian base image with debootstrap (default tag {LOCAL_BASE_IMAGE})")
+    s.add_argument("--tag", default=LOCAL_BASE_IMAGE)
+    s.add_argument("--suite", default=DEFAULT_SUITE, help=f"Debian/Ubuntu suite (default {DEFAULT_SUITE})")
+    s.add_argument("--mirror", help="package mirror (default: debootstrap's)")
+    s.add_argument("--force", action="store_true", help="rebuild even if the tag exists")
+    st = im_sub.add_parser("status", help="show the images and whether the worker image matches this checkout")
+    st.add_argument("--tag", default=WORKER_IMAGE)
+    im.set_defaults(func=cmd_image)
     return p
 
 

@@ -17,6 +17,7 @@ import yaml
 
 from omnilearn.control.policies import POLICIES
 from omnilearn.errors import UserError
+from omnilearn.files import CONFIG_DIR, load_yaml
 
 MODES = ("bsp", "asp")
 BACKENDS = ("auto", "cgroup", "affinity", "docker", "none")
@@ -337,12 +338,7 @@ def load(path: str | Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"config file {p} not found")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise UserError(f"{p}: not valid YAML: {e}") from None
+    data = load_yaml(p, "config file")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -386,8 +382,6 @@ def build(path: str | Path | None, overrides: list[tuple[str, Any]]) -> JobConfi
         set_key(data, key, value)
     where = str(path) if path is not None else "<defaults>"
     if path is None and data.get("mode") == "asp":
-        from omnilearn.emulator.levels import CONFIG_DIR
-
         base = load(CONFIG_DIR / ASP_DEFAULTS)
         for key, value in overrides:
             set_key(base, key, value)

@@ -11,6 +11,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from omnilearn.config import ControlConfig
 from omnilearn.control import policies
 from omnilearn.control.policies import Bounds
 
@@ -55,19 +56,14 @@ class ComputeWindow:
 class BatchController:
     """Holds the current batch sizes of all workers and decides new ones.
 
-    ``interval``: decide every ``interval`` steps (0: only at epoch ends, see ``due``).
-    A decision needs at least ``min_samples`` fresh measurements on every worker.
+    Its settings are the job's ``control`` section (:class:`~omnilearn.config.ControlConfig`: one set of
+    defaults, one mapping): decide every ``interval`` steps (0: only at epoch ends, see ``due``), each
+    decision needing at least ``min_samples`` fresh measurements on every worker.
     """
 
-    policy: str
+    config: ControlConfig
     global_batch: int
     bounds: Bounds
-    interval: int = 4
-    window: int = 4
-    min_samples: int = 2
-    deadband: float = 0.05
-    skip: int = 1
-    prior: str = "allocation"
     batch: list[int] = field(default_factory=list)
     # Per-worker samples/s at the last decision, and the CPU shares they were measured under: the
     # dynamic policy's starting point after a level change.
@@ -79,14 +75,18 @@ class BatchController:
         workers = len(self.bounds.max_batch)
         if not self.batch:
             self.batch = policies.uniform(workers, self.global_batch, self.bounds)
-        self.own = ComputeWindow(size=self.window, skip=self.skip)
+        self.own = ComputeWindow(size=self.config.window, skip=self.config.skip_after_change)
+
+    @property
+    def policy(self) -> str:
+        return self.config.policy
 
     @property
     def workers(self) -> int:
         return len(self.batch)
 
     def _use_prior(self, cpu_shares: Sequence[float | None]) -> bool:
-        return self.policy == "dynamic" and self.prior == "allocation" and all(cpu_shares)
+        return self.policy == "dynamic" and self.config.prior == "allocation" and all(cpu_shares)
 
     def initial(self, cpu_shares: Sequence[float | None]) -> list[int]:
         """Batch sizes before any measurement.
@@ -128,9 +128,9 @@ class BatchController:
         """Whether this step (1-based count of steps done) is a decision point."""
         if self.policy == "uniform":
             return False
-        if self.interval <= 0:
+        if self.config.interval <= 0:
             return end_of_epoch
-        return step_in_run % self.interval == 0
+        return step_in_run % self.config.interval == 0
 
     def decide(
         self,
@@ -148,11 +148,11 @@ class BatchController:
         if self.policy == "static":
             new = policies.static(cpu_shares, self.global_batch, self.bounds)
         else:
-            if min(counts) < self.min_samples or any(e is None for e in estimates):
+            if min(counts) < self.config.min_samples or any(e is None for e in estimates):
                 return None
             self.speeds = [b / max(float(e), 1e-9) for b, e in zip(self.batch, estimates, strict=True)]
             new = policies.dynamic(self.batch, [float(e) for e in estimates], self.global_batch,
-                                   self.bounds, self.deadband)
+                                   self.bounds, self.config.deadband)
         if new == self.batch:
             return None
         self.batch = new

@@ -14,11 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from omnilearn.errors import UserError
+from omnilearn.files import CONFIG_DIR, load_yaml
 
-CONFIG_DIR = Path(os.environ.get("OMNILEARN_CONFIGS", Path(__file__).resolve().parents[3] / "configs"))
 LEVELS_FILE = CONFIG_DIR / "levels.yaml"
 
 
@@ -55,6 +53,13 @@ def format_cpuset(cpus: list[int] | set[int]) -> str:
         parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+def effective_cpuset(kernel: str, requested: str | None, full: str) -> str | None:
+    """The cpuset read back; None ("no narrower than the parent") when none was asked and none is set."""
+    if requested is None and (not kernel or not full or parse_cpuset(kernel) == parse_cpuset(full)):
+        return None
+    return format_cpuset(parse_cpuset(kernel)) if kernel else None
 
 
 def host_cpus() -> list[int]:
@@ -127,12 +132,7 @@ class LevelTable:
 
 def load_tables(path: Path = LEVELS_FILE) -> dict[str, LevelTable]:
     """Read ``levels.yaml`` into one LevelTable per mode, checking its shape."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: HL table file not found") from None
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML: {e}") from None
+    raw = load_yaml(path, "HL table file")
     if not isinstance(raw, dict) or "server_cores" not in raw:
         raise UserError(f"{path}: expected keys 'server_cores', 'bsp', 'asp'")
     server_cores = raw["server_cores"]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.emulator.levels import Allocation, parse_cpuset
+from omnilearn.files import read_jsonl, read_lines
 
 AUDIT_NAME = "toggler-audit.jsonl"
 REQUEST_GLOB = "cpu-*.log"
@@ -122,43 +123,6 @@ class CpuRequest:
         )
 
 
-def read_complete_lines(path: Path, offset: int = 0) -> tuple[list[tuple[bytes, int]], int]:
-    """The complete lines of ``path`` from byte ``offset`` on, each with the offset after it.
-
-    An incomplete last line (its writer has not finished it yet) is left for the next call; the
-    returned offset is where that call should start. A missing file has no lines.
-    """
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return [], offset
-    lines: list[tuple[bytes, int]] = []
-    pos = 0
-    while True:
-        end = data.find(b"\n", pos)
-        if end < 0:
-            break
-        lines.append((data[pos:end], offset + end + 1))
-        pos = end + 1
-    return lines, offset + pos
-
-
-def read_jsonl(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """The JSON objects on the complete lines of ``path`` from ``offset``; bad lines are skipped."""
-    lines, end = read_complete_lines(path, offset)
-    records: list[dict[str, Any]] = []
-    for raw, _ in lines:
-        try:
-            record = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records, end
-
-
 def append_line(path: Path, line: str) -> None:
     """Append one complete line durably (the only way either side writes its file).
 
@@ -196,7 +160,7 @@ class RequestWriter:
         self._audit_seen: dict[int, dict[str, Any]] = {}
 
     def _highest_seq(self) -> int:
-        lines, _ = read_complete_lines(self.path)
+        lines, _ = read_lines(self.path)
         highest = -1
         for raw, _ in lines:
             try:

@@ -7,10 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from omnilearn.emulator.levels import CONFIG_DIR
 from omnilearn.errors import UserError
+from omnilearn.files import CONFIG_DIR, load_yaml
 
 SCHEDULES_FILE = CONFIG_DIR / "schedules.yaml"
 
@@ -90,14 +88,8 @@ def load_schedule(ref: str) -> Schedule:
     """A named schedule from ``configs/schedules.yaml``, or a YAML file holding one schedule."""
     path = Path(ref)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
-            raise UserError(f"schedule file {ref} not found")
-        try:
-            spec = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise UserError(f"{ref}: not valid YAML: {e}") from None
-        return parse_schedule(path.stem, spec, str(path))
-    named = yaml.safe_load(SCHEDULES_FILE.read_text()) or {}
+        return parse_schedule(path.stem, load_yaml(path, "schedule file"), str(path))
+    named = load_yaml(SCHEDULES_FILE, "schedule file") or {}
     if ref not in named:
         raise UserError(f"unknown schedule {ref!r} (named schedules: {', '.join(named)}; or give a YAML file)")
     return parse_schedule(ref, named[ref], f"{SCHEDULES_FILE.name}:{ref}")

@@ -27,10 +27,9 @@ from omnilearn.emulator.requests import (
     CpuRequest,
     append_line,
     audit_path,
-    read_complete_lines,
-    read_jsonl,
 )
 from omnilearn.errors import UserError
+from omnilearn.files import read_jsonl, read_lines
 
 log = logging.getLogger("omnilearn.toggler")
 
@@ -98,7 +97,7 @@ class Toggler:
                 continue
             state = self._files.setdefault(path.name, _FileState())
             try:
-                lines, _ = read_complete_lines(path, state.offset)
+                lines, _ = read_lines(path, state.offset)
             except OSError as e:
                 log.warning("cannot read %s: %s", path, e)
                 continue

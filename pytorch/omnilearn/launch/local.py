@@ -19,12 +19,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from omnilearn.emulator.backends import select_backend, sweep_stale
+from omnilearn.emulator.backends import select_backend
+from omnilearn.emulator.backends.cgroupfs import sweep_stale
 from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
-from omnilearn.launch.job import JobSpec, WorkerFailed, first_failure
-from omnilearn.launch.progress import JobProgress
-from omnilearn.train.metrics import metrics_path
+from omnilearn.jobfile import JobSpec
+from omnilearn.launch.failures import WorkerFailed, first_failure, last_error, tail
+from omnilearn.launch.interrupts import Interrupts
+from omnilearn.launch.progress import progress_for
 
 
 def free_port() -> int:
@@ -42,53 +44,6 @@ def worker_env(rank: int, world: int, port: int) -> dict[str, str]:
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.setdefault("OMP_NUM_THREADS", "1")  # raised by the worker once its allocation is known
     return env
-
-
-def last_error(path: Path) -> str:
-    """The ``omnilearn: error: ...`` line a worker printed before exiting with status 2."""
-    for line in reversed(tail(path, 40).splitlines()):
-        if line.startswith("omnilearn: error: "):
-            return line.removeprefix("omnilearn: error: ")
-    return f"exited with status 2 (see {path})"
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-class Interrupts:
-    """Ctrl-C and SIGTERM while a job runs: noted by a handler, acted on at the monitor loop's pace.
-
-    Raising KeyboardInterrupt from the handler could land anywhere, e.g. between a lock's acquire
-    and its ``try`` inside ``subprocess.Popen.poll``, and leave the teardown waiting forever on that
-    lock. The handler only sets an event; :meth:`check` raises at a point of our choosing.
-    """
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, lambda signum, frame: self.event.set())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def wait(self, seconds: float) -> None:
-        """Sleep, waking at once on a signal, and raise KeyboardInterrupt if one came."""
-        self.event.wait(seconds)
-        self.check()
-
-    def check(self) -> None:
-        if self.event.is_set():
-            raise KeyboardInterrupt
 
 
 def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
@@ -134,12 +89,7 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
                 procs.append(proc)
                 backend.add_process(job.plan.targets[rank], proc.pid)
                 interrupts.check()
-            if cfg.mode == "asp":
-                from omnilearn.train.asp import AspProgress
-                progress_cm = AspProgress(job.out_dir, label, console)
-            else:
-                progress_cm = JobProgress(metrics_path(job.out_dir, 0), label, console)
-            with progress_cm if show_progress else contextlib.nullcontext() as progress:
+            with progress_for(job, label, console) if show_progress else contextlib.nullcontext() as progress:
                 if progress:
                     progress.set_epochs(cfg.train.epochs)
                 while True:
@@ -167,13 +117,6 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
         if toggler_thread.is_alive():
             toggler_thread.join(timeout=10)
         backend.close()
-    if cfg.mode == "asp":  # after the emulation ends: scoring the snapshots takes no worker's CPU
-        from omnilearn.train.asp import evaluate_snapshots
-        console.print(f"{label}: scoring the server's snapshots on the held-out split", markup=False)
-        evals = evaluate_snapshots(job)
-        if evals:
-            console.print(f"{label}: evaluated {len(evals)} snapshots of the server's model; final held-out "
-                          f"accuracy {evals[-1]['accuracy']:.3f}")
 
 
 def check_local_prerequisites() -> None:

@@ -2,40 +2,27 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from omnilearn.files import read_jsonl
+from omnilearn.jobfile import JobSpec
+from omnilearn.metrics import metrics_path
+
 
 class JsonlTail:
-    """Reads the complete lines appended to a file since the last call."""
+    """Reads the complete records appended to a JSONL file since the last call."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
-        self._partial = b""
 
     def read(self) -> list[dict[str, Any]]:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
+        records, self.offset = read_jsonl(self.path, self.offset)
+        return records
 
 
 class JobProgress:
@@ -80,3 +67,38 @@ class JobProgress:
         batch = "/".join(map(str, self.batch)) if self.batch else "initial"
         desc = f"epoch {self.epoch + 1}/{self.epochs} · {self.level} · batch {batch} · loss {self.loss:.3f}"
         self.progress.update(self.task, description=desc)
+
+
+class AspProgress(JobProgress):
+    """``epoch 1.4/3 · HL8 · batch 13/13/13/89 · loss 0.41 · staleness 2.1`` over the applied samples."""
+
+    def __init__(self, out_dir: Path, label: str, console: Console | None = None) -> None:
+        super().__init__(metrics_path(out_dir, 0), label, console)
+        self.epoch_f = 0.0
+        self.staleness = 0.0
+
+    def update(self) -> None:
+        for rec in self.tail.read():
+            kind = rec.get("kind")
+            if kind == "start":
+                self.progress.update(self.task, total=rec["target_samples"])
+            elif kind == "update":
+                self.progress.update(self.task, completed=rec["samples"])
+                self.epoch_f = rec["epoch"]
+                self.loss = rec["loss"] if self.loss != self.loss else 0.9 * self.loss + 0.1 * rec["loss"]
+                self.staleness = 0.9 * self.staleness + 0.1 * rec["staleness"]
+            elif kind == "batch_change":
+                self.batch = rec["batch"]
+            elif kind == "hl_change":
+                self.level = rec["level"]
+        batch = "/".join(map(str, self.batch)) if self.batch else "initial"
+        desc = (f"epoch {self.epoch_f:.2f}/{self.epochs} · {self.level} · batch {batch} · loss {self.loss:.3f} · "
+                f"staleness {self.staleness:.1f}")
+        self.progress.update(self.task, description=desc)
+
+
+def progress_for(job: JobSpec, label: str, console: Console | None = None) -> JobProgress:
+    """The progress line of a job: over steps (BSP, rank 0's file) or applied samples (ASP, the server's)."""
+    if job.config.mode == "asp":
+        return AspProgress(job.out_dir, label, console)
+    return JobProgress(metrics_path(job.out_dir, 0), label, console)

@@ -11,11 +11,11 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from omnilearn.train.metrics import metrics_path, read_jsonl  # noqa: E402
+from omnilearn.metrics import read_rank  # noqa: E402
 
 
 def _steps(out_dir: Path, rank: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    recs = read_jsonl(metrics_path(out_dir, rank))
+    recs = read_rank(out_dir, rank)
     return [r for r in recs if r["kind"] == "step"], [r for r in recs if r["kind"] == "hl_change"]
 
 
@@ -48,13 +48,13 @@ def _rolling(updates: list[dict[str, Any]], t0: float, k: int = 5
 
 def plot_run_asp(out_dir: Path, workers: int, title: str, path: Path) -> Path:
     """ASP ``run.png``: per-worker batch size, update rate at the server, and staleness over wall time."""
-    server = read_jsonl(metrics_path(out_dir, 0))
+    server = read_rank(out_dir, 0)
     start = next(r["time"] for r in server if r["kind"] == "train_start")
     updates = [r for r in server if r["kind"] == "update"]
     hl = [{**e, "step": e.get("elapsed_s", e["time"] - start)} for e in server if e["kind"] == "hl_change"]
     fig, (ax_b, ax_r, ax_s) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     for w in range(1, workers + 1):
-        steps = [r for r in read_jsonl(metrics_path(out_dir, w)) if r["kind"] == "step"]
+        steps = [r for r in read_rank(out_dir, w) if r["kind"] == "step"]
         label = f"aspworker{w + 1}"
         ax_b.step([r["time"] - start for r in steps], [r["batch"] for r in steps], where="post", label=label)
         xs, rates, stale = _rolling([u for u in updates if u["worker"] == w], start)
@@ -105,7 +105,7 @@ def plot_compare(runs: dict[str, Path], summaries: dict[str, dict[str, Any]], pa
     fig, (ax_s, ax_a) = plt.subplots(1, 2, figsize=(11, 4))
     for name, out_dir in runs.items():
         if _is_asp(out_dir):  # samples applied at the server
-            recs = read_jsonl(metrics_path(out_dir, 0))
+            recs = read_rank(out_dir, 0)
             updates = [r for r in recs if r["kind"] == "update"]
             xs, ys = [r["elapsed_s"] for r in updates], [r["samples"] for r in updates]
         else:

@@ -7,8 +7,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from omnilearn.launch.job import JobSpec, write_atomic
-from omnilearn.train.metrics import metrics_path, read_jsonl
+from omnilearn.files import read_records, write_atomic
+from omnilearn.jobfile import JobSpec
+from omnilearn.metrics import eval_path, read_rank
 
 FINAL_WINDOW = 8  # steps per worker behind the "final" compute time (at the final batch size)
 
@@ -94,7 +95,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         summary = summarize_asp(out_dir, job)
         write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
-    ranks = [read_jsonl(metrics_path(out_dir, r)) for r in range(cfg.workers)]
+    ranks = [read_rank(out_dir, r) for r in range(cfg.workers)]
     steps = [_by_kind(recs, "step") for recs in ranks]
     ends = [(_by_kind(recs, "end") or [None])[-1] for recs in ranks]
     if any(e is None for e in ends):
@@ -182,8 +183,8 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
     controller's convergence); ``update_rates_run``: the same over the whole run.
     """
     cfg = job.config
-    server = read_jsonl(metrics_path(out_dir, 0))
-    workers = [read_jsonl(metrics_path(out_dir, r)) for r in range(1, cfg.workers + 1)]
+    server = read_rank(out_dir, 0)
+    workers = [read_rank(out_dir, r) for r in range(1, cfg.workers + 1)]
     end = (_by_kind(server, "end") or [None])[-1]
     missing = [r for r, recs in enumerate(workers, start=1) if not _by_kind(recs, "end")]
     if end is None or missing:
@@ -192,9 +193,9 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
     start = _by_kind(server, "train_start")[-1]["time"]
     updates = _by_kind(server, "update")
     steps = [_by_kind(recs, "step") for recs in workers]
-    evals = read_jsonl(out_dir / "metrics" / "eval.jsonl")
+    evals = read_records(eval_path(out_dir))
     if not evals and (out_dir / "snapshots").is_dir():  # a launcher that did not score them (e.g. Docker)
-        from omnilearn.train.asp import evaluate_snapshots
+        from omnilearn.train.evaluate import evaluate_snapshots
         evals = evaluate_snapshots(job)
     batches = end["batch"]
     # At the batch size of each worker's last steps: a change decided at the very end has no steps yet.
@@ -263,7 +264,7 @@ def ideal_speedups(uniform_dir: Path) -> tuple[float, float] | None:
     step as compute + that cost, the second as compute alone (an upper bound no BSP job reaches).
     """
     job = JobSpec.load(uniform_dir / "job.json", out_dir=uniform_dir)
-    steps = [_by_kind(read_jsonl(metrics_path(uniform_dir, r)), "step") for r in range(job.config.workers)]
+    steps = [_by_kind(read_rank(uniform_dir, r), "step") for r in range(job.config.workers)]
     n = min(len(s) for s in steps)
     slowest = balanced = comm = 0.0
     for k in range(n):

@@ -1,4 +1,4 @@
-"""Asynchronous training (ASP): workers of a parameter server, and the evaluation of its snapshots.
+"""Asynchronous training (ASP): the workers of a parameter server.
 
 Process rank 0 is the parameter server (:mod:`omnilearn.train.parameter_server`, target
 ``aspworker1``); ranks 1..N are the workers (``aspworker2``...). One step of a worker, with no barrier
@@ -21,7 +21,7 @@ by ``(seed, rank, pass)``; a batch that runs past the end of a pass continues in
 is the server's count of applied samples divided by the training-set size.
 
 Evaluation must not take CPU from the emulated training: the server saves snapshots of its model at
-fixed epoch intervals (``asp.eval_interval``) and at the end, and :func:`evaluate_snapshots` scores
+fixed epoch intervals (``asp.eval_interval``) and at the end, and :func:`~omnilearn.train.evaluate.evaluate_snapshots` scores
 every one on the held-out split after the job, outside the emulated allocations
 (``metrics/eval.jsonl``: accuracy over the server's wall time and epochs).
 """
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,19 +39,15 @@ import torch.distributed.rpc as rpc
 from omnilearn.control.controller import ComputeWindow
 from omnilearn.emulator.client import AllocationClient
 from omnilearn.emulator.plan import SERVER_TARGET
-from omnilearn.launch.job import JobSpec
-from omnilearn.launch.progress import JobProgress
-from omnilearn.train import memory
-from omnilearn.train import parameter_server as ps
-from omnilearn.train.bsp import GradBuffer
-from omnilearn.train.distributed import env_int
-from omnilearn.train.metrics import MetricsWriter, metrics_path, read_jsonl
+from omnilearn.jobfile import JobSpec
+from omnilearn.metrics import MetricsWriter, metrics_path
+from omnilearn.train import asp_rpc, memory
+from omnilearn.train.distributed import GradBuffer, env_int, flat_state
 from omnilearn.train.models import count_parameters
-from omnilearn.train.workload import build, load_data, loss_terms, perplexity
+from omnilearn.train.workload import build, load_data, loss_terms
 
 log = logging.getLogger("omnilearn.worker")
 
-EVAL_FILE = "eval.jsonl"  # in the run's metrics folder
 RPC_ATTEMPTS = 3  # a pull or push that times out is sent again (a push at most once is applied)
 
 
@@ -104,7 +99,7 @@ def _call(fn: Any, args: tuple, timeout: float) -> Any:
 def run(job: JobSpec) -> None:
     """Entry point of every ASP process: rank 0 serves, the other ranks train."""
     if env_int("RANK") == 0:
-        ps.run_server(job)
+        asp_rpc.run_server(job)
     else:
         run_worker(job)
 
@@ -117,7 +112,7 @@ def run_worker(job: JobSpec) -> None:
     work = load_data(cfg)
     train, test = work.train, work.test
     model = build(cfg, work).train()
-    state, n_params = ps.flat_state(model)
+    state, n_params = flat_state(model)
     grads = GradBuffer(list(model.parameters()), extra=state.numel() - n_params)  # gradient, then BN change
     target = job.plan.target(rank)
     client = AllocationClient(job.plan, job.log_dir, rank, target, cfg.emulation.ack_timeout)
@@ -142,15 +137,15 @@ def run_worker(job: JobSpec) -> None:
             max_batch = memory_model.max_batch_now(torch.device("cpu"))  # the level may change the limit
 
     follow({"level": job.plan.schedule.level_at(0), "epoch": 0.0, "elapsed": 0.0}, 0)
-    rpc.init_rpc(target, rank=rank, world_size=world, rpc_backend_options=ps.rpc_options(timeout, cfg.workers))
-    control = rpc.rpc_sync(SERVER_TARGET, ps.rpc_hello, args=(rank, timeout, max_batch), timeout=2 * timeout)
+    rpc.init_rpc(target, rank=rank, world_size=world, rpc_backend_options=asp_rpc.rpc_options(timeout, cfg.workers))
+    control = rpc.rpc_sync(SERVER_TARGET, asp_rpc.rpc_hello, args=(rank, timeout, max_batch), timeout=2 * timeout)
     t_start = time.time()
     batch = control["batch"]
     step = seq = samples = 0
     while not control["stop"]:
         follow(control, step)
         t0 = time.perf_counter()
-        pulled, control = _call(ps.rpc_pull, (rank,), timeout)
+        pulled, control = _call(asp_rpc.rpc_pull, (rank,), timeout)
         if pulled is None:  # training ended while this worker was busy
             break
         version = control["version"]
@@ -168,7 +163,7 @@ def run_worker(job: JobSpec) -> None:
         stats = {"loss": float(loss_sum.detach()), "correct": float(correct),
                  "compute_s": t2 - t1, "estimate_s": estimate, "count": window.count, "level": client.level,
                  "max_batch": max_batch}
-        control = _call(ps.rpc_push, (rank, seq, version, grads.flat, batch, stats), timeout)
+        control = _call(asp_rpc.rpc_push, (rank, seq, version, grads.flat, batch, stats), timeout)
         t3 = time.perf_counter()
         step += 1
         samples += batch
@@ -184,7 +179,7 @@ def run_worker(job: JobSpec) -> None:
     metrics.write("end", wall_time_s=time.time() - t_start, steps=step, pushes=seq, samples=samples, batch=batch,
                   level=client.level)
     metrics.close()
-    ps.shutdown_rpc()
+    asp_rpc.shutdown_rpc()
 
 
 def probe_memory(cfg: Any, model: torch.nn.Module, train: Any, grads: GradBuffer) -> memory.MemoryModel:
@@ -201,75 +196,3 @@ def probe_memory(cfg: Any, model: torch.nn.Module, train: Any, grads: GradBuffer
 
     return memory.probe(step, torch.device("cpu"), min(len(train), cfg.train.global_batch),
                         cfg.control.memory_margin)
-
-
-# ---------------------------------------------------------------------- evaluation after the job
-
-@torch.no_grad()
-def evaluate_model(model: torch.nn.Module, test: Any, chunk: int = 256) -> tuple[float, float]:
-    """(accuracy, mean loss) of ``model`` on the whole held-out split."""
-    model.eval()
-    correct, loss, n = 0.0, 0.0, len(test)
-    for start in range(0, n, chunk):
-        x, y = test.batch(torch.arange(start, min(start + chunk, n)))
-        loss_sum, right = loss_terms(model(x), y)
-        loss += float(loss_sum)
-        correct += float(right)
-    model.train()
-    return correct / n, loss / n
-
-
-def evaluate_snapshots(job: JobSpec) -> list[dict[str, Any]]:
-    """Score every snapshot the server saved; writes and returns the ``eval`` records, in order."""
-    work = load_data(job.config)
-    test = work.test
-    model = build(job.config, work)
-    state, _ = ps.flat_state(model)
-    path = job.metrics_dir / EVAL_FILE
-    path.unlink(missing_ok=True)
-    writer = MetricsWriter(path)
-    records = []
-    for snap_file in sorted((job.out_dir / ps.SNAPSHOT_DIR).glob("snapshot-*.pt")):
-        snap = torch.load(snap_file, weights_only=True)
-        state.copy_(snap["state"])
-        accuracy, loss = evaluate_model(model, test)
-        rec = {"kind": "eval", "snapshot": snap_file.name, "epoch": snap["epoch"], "version": snap["version"],
-               "samples": snap["samples"], "elapsed_s": snap["elapsed_s"], "final": snap["final"],
-               "accuracy": accuracy, "loss": loss, "test_samples": len(test),
-               "perplexity": perplexity(loss) if work.language else None}
-        writer.write(**rec)
-        records.append(rec)
-    writer.close()
-    return records
-
-
-def read_evals(out_dir: Path) -> list[dict[str, Any]]:
-    return read_jsonl(Path(out_dir) / "metrics" / EVAL_FILE)
-
-
-class AspProgress(JobProgress):
-    """``epoch 1.4/3 · HL8 · batch 13/13/13/89 · loss 0.41 · staleness 2.1`` over the applied samples."""
-
-    def __init__(self, out_dir: Path, label: str, console: Any = None) -> None:
-        super().__init__(metrics_path(out_dir, 0), label, console)
-        self.epoch_f = 0.0
-        self.staleness = 0.0
-
-    def update(self) -> None:
-        for rec in self.tail.read():
-            kind = rec.get("kind")
-            if kind == "start":
-                self.progress.update(self.task, total=rec["target_samples"])
-            elif kind == "update":
-                self.progress.update(self.task, completed=rec["samples"])
-                self.epoch_f = rec["epoch"]
-                self.loss = rec["loss"] if self.loss != self.loss else 0.9 * self.loss + 0.1 * rec["loss"]
-                self.staleness = 0.9 * self.staleness + 0.1 * rec["staleness"]
-            elif kind == "batch_change":
-                self.batch = rec["batch"]
-            elif kind == "hl_change":
-                self.level = rec["level"]
-        batch = "/".join(map(str, self.batch)) if self.batch else "initial"
-        desc = (f"epoch {self.epoch_f:.2f}/{self.epochs} · {self.level} · batch {batch} · loss {self.loss:.3f} · "
-                f"staleness {self.staleness:.1f}")
-        self.progress.update(self.task, description=desc)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -22,42 +21,19 @@ from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.client import AllocationClient
 from omnilearn.emulator.plan import worker_target
-from omnilearn.launch.job import JobSpec
+from omnilearn.jobfile import JobSpec
+from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.train import distributed, memory
-from omnilearn.train.data import GlobalBatchSampler, eval_indices
-from omnilearn.train.metrics import MetricsWriter, metrics_path
+from omnilearn.train.distributed import GradBuffer
+from omnilearn.train.evaluate import evaluate
 from omnilearn.train.models import count_parameters
+from omnilearn.train.sampler import GlobalBatchSampler
 from omnilearn.train.workload import build, load_data, loss_terms, make_optimizer, perplexity
 
 log = logging.getLogger("omnilearn.worker")
 
 # Slots after the gradients in the all-reduced buffer: statistics that ride along for free.
 LOSS, CORRECT, CLOCK, OOM, EXTRA = 0, 1, 2, 3, 4
-
-
-class GradBuffer:
-    """One flat tensor holding every parameter's gradient (``.grad`` are views into it).
-
-    Backward accumulates straight into the buffer, so the all-reduce is a single call with no
-    packing or unpacking copies, and zeroing is one ``fill_``.
-    """
-
-    def __init__(self, params: list[torch.nn.Parameter], extra: int = EXTRA) -> None:
-        self.params = params
-        self.numel = sum(p.numel() for p in params)
-        self.flat = torch.zeros(self.numel + extra, device=params[0].device)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = self.flat[offset:offset + n].view_as(p)
-            offset += n
-        self.extra = self.flat[self.numel:]
-
-    def zero(self) -> None:
-        self.flat.zero_()
-
-    def all_reduce(self) -> None:
-        dist.all_reduce(self.flat)
 
 
 def local_backward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, global_size: int
@@ -72,84 +48,6 @@ def local_backward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, glo
     loss_sum, correct = loss_terms(model(x), y)
     (loss_sum / global_size).backward()
     return float(loss_sum.detach()), float(correct)
-
-
-@dataclass
-class EvalResult:
-    accuracy: float
-    loss: float
-    samples: int
-
-
-@torch.no_grad()
-def recalibrate_batchnorm(model: torch.nn.Module, train, shares: list[int], rank: int, device: torch.device,
-                          samples: int = 512, chunk: int = 128) -> None:
-    """Re-estimate BatchNorm statistics with the current weights before evaluating ("precise BN").
-
-    The running averages mix statistics of many past weights (after a short run, mostly of the
-    initial ones) and each replica saw only its own batches. Here every rank runs forward passes on
-    its share of one fixed set of training samples, and the ranks pool their averages weighted by
-    samples, so every replica evaluates with the same statistics of the model as it is now.
-    """
-    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-           and m.track_running_stats]
-    if not bns:
-        return
-    n = min(samples, len(train))
-    subset = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:n]
-    idx = eval_indices(n, shares, rank)
-    momenta = [m.momentum for m in bns]
-    for m in bns:
-        m.reset_running_stats()
-        m.momentum = None  # a cumulative average over the calibration batches
-    was_training = model.training
-    model.train()
-    seen = 0
-    for start in range(idx.start, idx.stop, chunk):
-        sel = subset[start:min(start + chunk, idx.stop)]
-        if len(sel) < 2:  # BatchNorm cannot normalise a single sample
-            continue
-        x, _ = train.batch(sel)
-        model(x.to(device))
-        seen += len(sel)
-    stats = torch.cat([torch.cat([m.running_mean, m.running_var]) for m in bns]).double() * seen
-    stats = torch.cat([stats, torch.tensor([float(seen)], dtype=torch.float64, device=stats.device)])
-    dist.all_reduce(stats)
-    pooled = stats[:-1] / stats[-1].clamp(min=1)
-    offset = 0
-    for m, momentum in zip(bns, momenta, strict=True):
-        c = m.running_mean.numel()
-        m.running_mean.copy_(pooled[offset:offset + c])
-        m.running_var.copy_(pooled[offset + c:offset + 2 * c])
-        offset += 2 * c
-        m.momentum = momentum
-    model.train(was_training)
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, test, shares: list[int], rank: int, device: torch.device,
-             chunk: int = 256, train=None) -> EvalResult:
-    """Held-out accuracy, the test set split among ranks in proportion to ``shares``.
-
-    With ``train``, BatchNorm statistics are first re-estimated on training samples (see
-    :func:`recalibrate_batchnorm`); otherwise the replicas' running statistics are averaged.
-    """
-    if train is not None:
-        recalibrate_batchnorm(model, train, shares, rank, device)
-    else:
-        distributed.average_buffers(model)
-    model.eval()
-    idx = eval_indices(len(test), shares, rank)
-    stats = torch.zeros(3, dtype=torch.float64, device=device)
-    for start in range(idx.start, idx.stop, chunk):
-        sel = torch.arange(start, min(start + chunk, idx.stop))
-        x, y = test.batch(sel)
-        loss_sum, correct = loss_terms(model(x.to(device)), y.to(device))
-        stats += torch.tensor([float(loss_sum), float(correct), len(sel)], dtype=torch.float64, device=device)
-    dist.all_reduce(stats)
-    model.train()
-    n = int(stats[2].item())
-    return EvalResult(accuracy=float(stats[1] / n), loss=float(stats[0] / n), samples=n)
 
 
 class BSPTrainer:
@@ -168,16 +66,13 @@ class BSPTrainer:
         for p in self.model.parameters():  # belt and braces: identical start even if seeding diverged
             dist.broadcast(p.data, src=0)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.grads = GradBuffer(params)
+        self.grads = GradBuffer(params, extra=EXTRA)
         self.optimizer = make_optimizer(cfg, params)
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=t.milestones, gamma=t.gamma)
         self.sampler = GlobalBatchSampler(len(self.work.train), t.global_batch, t.seed, drop_last=t.drop_last,
                                           min_local=c.min_batch)
         self.configured_bounds = Bounds.make(self.world, c.min_batch, c.max_batch, t.global_batch)
-        self.controller = BatchController(policy=c.policy, global_batch=t.global_batch,
-                                          bounds=self.configured_bounds, interval=c.interval, window=c.window,
-                                          min_samples=c.min_samples, deadband=c.deadband,
-                                          skip=c.skip_after_change, prior=c.prior)
+        self.controller = BatchController(c, t.global_batch, self.configured_bounds)
         self.targets = [worker_target(cfg.mode, r) for r in range(self.world)]
         self.client = AllocationClient(job.plan, job.log_dir, self.rank, self.targets[self.rank],
                                        cfg.emulation.ack_timeout)
@@ -218,18 +113,15 @@ class BSPTrainer:
         if self.oom_cap is not None:
             own = min(own, self.oom_cap)
         maxes = [int(g[0]) for g in distributed.all_gather_floats([float(own)], self.env.device)]
-        bounds = memory.memory_bounds(self.configured_bounds, maxes, self.cfg.train.global_batch, "workers")
-        if self.cfg.control.policy == "uniform" and not self.oom_seen:  # the baseline ignores memory: say so
-            over = [r for r, m in enumerate(bounds.max_batch) if self.controller.batch[r] > m]
-            if over and self.rank == 0:
-                log.warning("uniform batching gives workers %s more than their memory bound %s: they may be "
-                            "killed", over, list(bounds.max_batch))
-            self.metrics.write("memory_bounds", step=step, max_batch=list(bounds.max_batch), enforced=False)
-            return
-        new = self.controller.set_bounds(bounds)
-        self.metrics.write("memory_bounds", step=step, max_batch=list(bounds.max_batch), enforced=True)
-        if new is not None:
-            self.metrics.write("batch_change", step=step, batch=list(new), reason="memory")
+        change = memory.enforce_bounds(self.controller, self.configured_bounds, maxes, "workers",
+                                       force=self.oom_seen)
+        if change.over and self.rank == 0:
+            log.warning("uniform batching gives workers %s more than their memory bound %s: they may be "
+                        "killed", change.over, list(change.bounds.max_batch))
+        self.metrics.write("memory_bounds", step=step, max_batch=list(change.bounds.max_batch),
+                           enforced=change.enforced)
+        if change.new is not None:
+            self.metrics.write("batch_change", step=step, batch=list(change.new), reason="memory")
 
     # ------------------------------------------------------------------------------------ levels
     def shares(self, level: str) -> list[float | None]:

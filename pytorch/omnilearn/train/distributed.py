@@ -1,4 +1,8 @@
-"""torch.distributed set-up from torchrun's environment variables, and small collectives."""
+"""torch.distributed set-up from torchrun's environment variables, small collectives, and flat buffers.
+
+Flat buffers: the BSP all-reduce, the ASP pull and push and the server's snapshots each move ONE
+tensor; parameters, gradients and buffers are views into it, so none of them packs or unpacks.
+"""
 
 from __future__ import annotations
 
@@ -130,3 +134,51 @@ def average_buffers(module: torch.nn.Module) -> None:
         n = b.numel()
         b.copy_(flat[offset:offset + n].view_as(b))
         offset += n
+
+
+class GradBuffer:
+    """One flat tensor holding every parameter's gradient (``.grad`` are views into it).
+
+    Backward accumulates straight into the buffer, so the all-reduce is a single call with no
+    packing or unpacking copies, and zeroing is one ``fill_``.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], extra: int = 0) -> None:
+        self.params = params
+        self.numel = sum(p.numel() for p in params)
+        self.flat = torch.zeros(self.numel + extra, device=params[0].device)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = self.flat[offset:offset + n].view_as(p)
+            offset += n
+        self.extra = self.flat[self.numel:]
+
+    def zero(self) -> None:
+        self.flat.zero_()
+
+    def all_reduce(self) -> None:
+        dist.all_reduce(self.flat)
+
+
+def flat_state(model: torch.nn.Module) -> tuple[torch.Tensor, int]:
+    """Move the model's parameters and floating-point buffers into one flat tensor; return it.
+
+    Parameters and buffers become views into the returned tensor (parameters first, in
+    ``model.parameters()`` order, then the buffers in ``model.modules()`` order), so a pull is one
+    ``copy_`` and a snapshot one ``clone``. Also returns the number of parameter elements.
+    """
+    params = list(model.parameters())
+    assert all(p.requires_grad for p in params), "every parameter is trained"
+    buffers = [(m, name, b) for m in model.modules() for name, b in m.named_buffers(recurse=False)
+               if b.dtype.is_floating_point]
+    n_params = sum(p.numel() for p in params)
+    flat = torch.cat([p.detach().reshape(-1) for p in params] + [b.reshape(-1) for _, _, b in buffers])
+    offset = 0
+    for p in params:
+        p.data = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    for m, name, b in buffers:
+        setattr(m, name, flat[offset:offset + b.numel()].view_as(b))
+        offset += b.numel()
+    return flat, n_params

@@ -18,63 +18,17 @@ from pathlib import Path
 
 import torch
 
+from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
+from omnilearn.emulator.backends.cgroupfs import memory_limit, memory_peak_file
 from omnilearn.errors import UserError
 
 log = logging.getLogger("omnilearn.memory")
 
-CGROUP = Path("/sys/fs/cgroup")
-NO_LIMIT = 2**60  # v1 reports "no limit" as a huge page-rounded number
-
-
 @dataclass(frozen=True)
 class MemoryBudget:
     bytes: int
-    source: str  # e.g. "cgroup v1 /omnilearn/job/worker1", "host MemAvailable", "cuda:0"
-
-
-def _own_cgroup_paths() -> dict[str, str]:
-    """controller -> path, from /proc/self/cgroup ("" for the v2 unified hierarchy)."""
-    out = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, ctrls, path = line.split(":", 2)
-        for c in (ctrls.split(",") if ctrls else [""]):
-            out[c] = path
-    return out
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        raw = path.read_text().strip()
-    except OSError:
-        return None
-    if raw == "max":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        return None
-    return value if value < NO_LIMIT else None
-
-
-def cgroup_limit(root: Path = CGROUP) -> tuple[int, str] | None:
-    """The tightest memory limit on this process's cgroup and its ancestors (v1 or v2)."""
-    paths = _own_cgroup_paths()
-    candidates: list[tuple[int, str]] = []
-    if "memory" in paths:  # v1: /sys/fs/cgroup/memory/<path>/memory.limit_in_bytes
-        rel, base, name, version = paths["memory"], root / "memory", "memory.limit_in_bytes", "v1"
-    elif "" in paths and (root / "cgroup.controllers").exists():
-        rel, base, name, version = paths[""], root, "memory.max", "v2"
-    else:
-        return None
-    parts = [p for p in rel.split("/") if p]
-    # Inside a container the namespace root is our own cgroup: walk from the deepest directory that exists.
-    for depth in range(len(parts), -1, -1):
-        d = base.joinpath(*parts[:depth])
-        limit = _read_int(d / name)
-        if limit is not None:
-            candidates.append((limit, f"cgroup {version} /{'/'.join(parts[:depth])}"))
-    return min(candidates) if candidates else None
+    source: str  # e.g. "cgroup v1 /sys/fs/cgroup/memory/omnilearn/<job>/worker1", "host MemAvailable", "cuda:0"
 
 
 def host_available() -> int:
@@ -88,7 +42,7 @@ def memory_budget(device: torch.device) -> MemoryBudget:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return MemoryBudget(total, f"{device}")
-    limit = cgroup_limit()
+    limit = memory_limit()
     if limit is not None:
         return MemoryBudget(*limit)
     return MemoryBudget(host_available() + current_rss(), "host MemAvailable")
@@ -105,22 +59,16 @@ def _status_kb(key: str) -> int:
     return 0
 
 
-def _cgroup_peak_file(root: Path = CGROUP) -> Path | None:
+def _cgroup_peak_file() -> Path | None:
     """The kernel's peak-usage counter of this process's own memory cgroup, if we may reset it.
 
     It counts exactly what the limit is checked against (anonymous memory and the page cache this
     cgroup touched first), unlike the process's peak RSS, which also counts shared library pages
     that other processes loaded and the kernel charged elsewhere.
     """
-    paths = _own_cgroup_paths()
-    if "memory" in paths:
-        f = root / "memory" / paths["memory"].lstrip("/") / "memory.max_usage_in_bytes"
-    elif "" in paths:
-        f = root / paths[""].lstrip("/") / "memory.peak"
-    else:
+    f = memory_peak_file()
+    if f is None:
         return None
-    if not paths.get("memory", paths.get("", "/")).strip("/"):
-        return None  # the root cgroup (or a container's namespace root): shared, not ours
     try:
         f.write_text("0")  # v1 and recent v2 kernels reset the counter to the current usage
     except OSError:
@@ -213,3 +161,32 @@ def memory_bounds(configured: Bounds, memory_max: Sequence[int | None], global_b
                         f"control.min_batch={bounds.min_batch}); lower the global batch or raise the memory "
                         f"limits")
     return bounds
+
+
+@dataclass(frozen=True)
+class BoundsChange:
+    """What :func:`enforce_bounds` did: the bounds, whether the controller keeps to them, and the effect."""
+
+    bounds: Bounds
+    enforced: bool
+    over: list[int]
+    """Workers (indices) given more than their bound by a policy that does not enforce it."""
+    old: list[int]
+    new: list[int] | None
+    """The batch sizes after enforcement moved them; None when nothing moved."""
+
+
+def enforce_bounds(controller: BatchController, configured: Bounds, memory_max: Sequence[int | None], who: str,
+                   force: bool = False) -> BoundsChange:
+    """Bound ``controller`` by the workers' memory: the one path BSP and the parameter server share.
+
+    ``uniform``, the baseline, ignores the bounds (``over`` names the workers it overloads) unless
+    ``force`` (a worker already ran out of memory). Raises :class:`UserError` when the global batch
+    cannot fit.
+    """
+    bounds = memory_bounds(configured, memory_max, controller.global_batch, who)
+    old = list(controller.batch)
+    if controller.policy == "uniform" and not force:
+        return BoundsChange(bounds, False, [i for i, m in enumerate(bounds.max_batch) if old[i] > m], old, None)
+    new = controller.set_bounds(bounds)
+    return BoundsChange(bounds, True, [], old, new)

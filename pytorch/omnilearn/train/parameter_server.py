@@ -1,7 +1,8 @@
 """The ASP parameter server: applies every pushed gradient exactly once, and balances the workers.
 
 Process rank 0 of an ASP job (target ``aspworker1``); the workers (:mod:`omnilearn.train.asp`, ranks
-1..N) call it through three RPCs on ``torch.distributed.rpc`` (TensorPipe):
+1..N) call it through three RPCs on ``torch.distributed.rpc`` (TensorPipe; the entry points and the
+server process's life are in :mod:`omnilearn.train.asp_rpc`):
 
 - ``rpc_hello(rank)``: registration; answers once every worker has registered, so all start together.
 - ``rpc_pull(rank)``: the parameters and the BatchNorm running statistics as ONE flat tensor, with
@@ -52,68 +53,35 @@ A watchdog stops the job, with ``OUT/checkpoint.pt`` saved, when a worker has no
 
 from __future__ import annotations
 
+import io
 import logging
-import os
-import signal
-import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.rpc as rpc
 
 from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.client import AllocationClient
-from omnilearn.emulator.plan import SERVER_TARGET, worker_target
+from omnilearn.emulator.plan import worker_target
 from omnilearn.errors import UserError
-from omnilearn.launch.job import JobSpec
-from omnilearn.train.bsp import GradBuffer
-from omnilearn.train.distributed import env_int
-from omnilearn.train.memory import memory_bounds
-from omnilearn.train.metrics import MetricsWriter, metrics_path
-from omnilearn.train.models import count_parameters
-from omnilearn.train.workload import build, load_data, make_optimizer
+from omnilearn.files import write_atomic
+from omnilearn.jobfile import JobSpec
+from omnilearn.metrics import MetricsWriter
+from omnilearn.train.distributed import GradBuffer, flat_state
+from omnilearn.train.evaluate import SNAPSHOT_DIR
+from omnilearn.train.memory import enforce_bounds
+from omnilearn.train.workload import make_optimizer
 
 log = logging.getLogger("omnilearn.server")
 
-SNAPSHOT_DIR = "snapshots"
 CHECKPOINT = "checkpoint.pt"
-SHUTDOWN_TIMEOUT_S = 30.0
 
 
 class WorkerTimeout(Exception):
     """A worker stopped calling the server (dead or hung)."""
-
-
-class Terminated(Exception):
-    """SIGTERM: the launcher is stopping the job."""
-
-
-def flat_state(model: torch.nn.Module) -> tuple[torch.Tensor, int]:
-    """Move the model's parameters and floating-point buffers into one flat tensor; return it.
-
-    Parameters and buffers become views into the returned tensor (parameters first, in
-    ``model.parameters()`` order, then the buffers in ``model.modules()`` order), so a pull is one
-    ``copy_`` and a snapshot one ``clone``. Also returns the number of parameter elements.
-    """
-    params = list(model.parameters())
-    assert all(p.requires_grad for p in params), "every parameter is trained"
-    buffers = [(m, name, b) for m in model.modules() for name, b in m.named_buffers(recurse=False)
-               if b.dtype.is_floating_point]
-    n_params = sum(p.numel() for p in params)
-    flat = torch.cat([p.detach().reshape(-1) for p in params] + [b.reshape(-1) for _, _, b in buffers])
-    offset = 0
-    for p in params:
-        p.data = flat[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
-    for m, name, b in buffers:
-        setattr(m, name, flat[offset:offset + b.numel()].view_as(b))
-        offset += b.numel()
-    return flat, n_params
 
 
 def batchnorm_counters(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -121,18 +89,7 @@ def batchnorm_counters(model: torch.nn.Module) -> list[torch.Tensor]:
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.num_batches_tracked is not None]
 
 
-def rpc_options(cfg_timeout: float, workers: int) -> rpc.TensorPipeRpcBackendOptions:
-    """TensorPipe options from torchrun's MASTER_ADDR/MASTER_PORT (the ``env://`` rendezvous)."""
-    env_int("MASTER_PORT")  # a clear message when the launcher's variables are missing
-    # TCP (libuv) transport and the basic channel only. TensorPipe's default shared-memory transport
-    # busy-polls: measured, every RPC process then burns a whole CPU (mostly system time) even when
-    # idle, which under a CPU quota is taken from the emulated worker's own compute. One thread per
-    # worker can sit in hello; the rest answer pulls and pushes.
-    return rpc.TensorPipeRpcBackendOptions(num_worker_threads=2 * workers + 4, rpc_timeout=cfg_timeout,
-                                           init_method="env://", _transports=["uv"], _channels=["basic"])
-
-
-class _LockedWriter:
+class LockedWriter:
     """A MetricsWriter shared by the RPC threads and the main loop."""
 
     def __init__(self, path: Path) -> None:
@@ -151,7 +108,7 @@ class _LockedWriter:
 class ParameterServer:
     """The server's model, optimizer, version and controller; the RPC handlers are its methods."""
 
-    def __init__(self, job: JobSpec, model: torch.nn.Module, train_size: int, metrics: _LockedWriter) -> None:
+    def __init__(self, job: JobSpec, model: torch.nn.Module, train_size: int, metrics: LockedWriter) -> None:
         cfg = job.config
         t, c = cfg.train, cfg.control
         self.job, self.cfg, self.metrics = job, cfg, metrics
@@ -171,10 +128,7 @@ class ParameterServer:
         self.configured_bounds = Bounds.make(self.workers, c.min_batch, c.max_batch, t.global_batch)
         self.memory_max: list[int | None] = [None] * self.workers  # what each worker's memory takes
         self.fault: UserError | None = None  # set by a handler, raised by the main loop
-        self.controller = BatchController(
-            policy=c.policy, global_batch=t.global_batch, bounds=self.configured_bounds,
-            interval=c.interval, window=c.window, min_samples=c.min_samples, deadband=c.deadband,
-            skip=c.skip_after_change, prior=c.prior)
+        self.controller = BatchController(c, t.global_batch, self.configured_bounds)
         self.level = self.schedule.level_at(0)
         self.controller.initial(self.shares(self.level))
         # RLock: the SIGTERM handler (main thread) may checkpoint while the main thread holds it.
@@ -325,26 +279,19 @@ class ParameterServer:
         if all(m is None for m in self.memory_max):
             return
         try:
-            bounds = memory_bounds(self.configured_bounds, self.memory_max, self.cfg.train.global_batch,
-                                   "ASP workers")
+            change = enforce_bounds(self.controller, self.configured_bounds, self.memory_max, "ASP workers")
         except UserError as e:
             self.fault = e
             return
-        if self.controller.policy == "uniform":  # the baseline ignores memory: say so
-            over = [i + 1 for i, m in enumerate(bounds.max_batch) if self.controller.batch[i] > m]
-            if over:
-                log.warning("uniform batching gives ASP workers (ranks) %s more than their memory bound %s: "
-                            "they may be killed", over, list(bounds.max_batch))
-            self.metrics.write("memory_bounds", version=self.version, max_batch=list(bounds.max_batch),
-                               enforced=False)
-            return
-        old = list(self.controller.batch)
-        new = self.controller.set_bounds(bounds)
-        self.metrics.write("memory_bounds", version=self.version, max_batch=list(bounds.max_batch), enforced=True)
-        if new is not None:
-            self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=old, batch=new,
-                               reason="memory")
-            for j, (a, b) in enumerate(zip(old, new, strict=True)):
+        if change.over:
+            log.warning("uniform batching gives ASP workers (ranks) %s more than their memory bound %s: "
+                        "they may be killed", [i + 1 for i in change.over], list(change.bounds.max_batch))
+        self.metrics.write("memory_bounds", version=self.version, max_batch=list(change.bounds.max_batch),
+                           enforced=change.enforced)
+        if change.new is not None:
+            self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=change.old,
+                               batch=change.new, reason="memory")
+            for j, (a, b) in enumerate(zip(change.old, change.new, strict=True)):
                 if a != b:
                     self.estimates[j], self.counts[j] = None, 0
 
@@ -445,106 +392,6 @@ class ParameterServer:
 
 
 def _save_atomic(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-# The RPC entry points: TensorPipe calls module-level functions, which reach the one server of this
-# process (set by run_server before the RPC agent starts; workers never touch it).
-_SERVER: ParameterServer | None = None
-
-
-def _server() -> ParameterServer:
-    assert _SERVER is not None, "no parameter server in this process"
-    return _SERVER
-
-
-def rpc_hello(rank: int, timeout: float, max_batch: int | None = None) -> dict[str, Any]:
-    return _server().hello(rank, timeout, max_batch)
-
-
-def rpc_pull(rank: int) -> tuple[torch.Tensor | None, dict[str, Any]]:
-    return _server().pull(rank)
-
-
-def rpc_push(rank: int, seq: int, version: int, flat: torch.Tensor, batch: int, stats: dict[str, Any]
-             ) -> dict[str, Any]:
-    return _server().push(rank, seq, version, flat, batch, stats)
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:  # noqa: ARG001
-    raise Terminated
-
-
-def run_server(job: JobSpec) -> None:
-    """Rank 0 of an ASP job: serve until the target samples are applied, then snapshot and stop."""
-    global _SERVER
-    cfg = job.config
-    t = cfg.train
-    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
-    assert rank == 0 and world == cfg.workers + 1, (rank, world, cfg.workers)
-    torch.manual_seed(t.seed)
-    work = load_data(cfg)
-    train, test = work.train, work.test
-    model = build(cfg, work)
-    metrics = _LockedWriter(metrics_path(job.out_dir, 0))
-    server = ParameterServer(job, model, len(train), metrics)
-    metrics.write("start", rank=0, world=world, target=SERVER_TARGET, role="server", params=count_parameters(model),
-                  train_samples=len(train), test_samples=len(test), target_samples=server.target_samples,
-                  policy=cfg.control.policy, lr_reference_batch=server.b_ref,
-                  staleness_damping=cfg.asp.staleness_damping, workers=cfg.workers)
-    metrics.write("batch_change", version=0, epoch=0.0, batch=list(server.controller.batch), reason="initial")
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    client = AllocationClient(job.plan, job.log_dir, 0, SERVER_TARGET, cfg.emulation.ack_timeout)
-    try:
-        event = client.ensure(server.level, 0.0)
-        if event is not None:
-            metrics.write("hl_change", version=0, elapsed_s=0.0, **event)
-        _SERVER = server
-        rpc.init_rpc(SERVER_TARGET, rank=0, world_size=world,
-                     rpc_backend_options=rpc_options(cfg.asp.worker_timeout_s, cfg.workers))
-        server.serve(client)
-    except BaseException as e:  # noqa: BLE001 - every way out of training leaves a checkpoint
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the checkpoint short
-        if isinstance(e, UserError) and server.version == 0:
-            metrics.write("fault", message=str(e), checkpoint=None, version=0, samples=0, epoch=0.0)
-            metrics.close()
-            print(f"omnilearn: error: {e}", file=sys.stderr, flush=True)  # nothing trained, nothing to keep
-            os._exit(UserError.exit_status)
-        if not isinstance(e, (WorkerTimeout, Terminated, KeyboardInterrupt, UserError)):
-            traceback.print_exc()
-        path = server.save_checkpoint()
-        reason = str(e) if isinstance(e, (WorkerTimeout, UserError)) else (
-            "stopped by the launcher" if isinstance(e, (Terminated, KeyboardInterrupt))
-            else f"parameter server failed: {type(e).__name__}: {e}")
-        metrics.write("fault", message=reason, checkpoint=str(path), version=server.version,
-                      samples=server.samples, epoch=server.epoch)
-        metrics.close()
-        print(f"omnilearn: error: {reason}; job stopped, server checkpoint saved to {path}", file=sys.stderr,
-              flush=True)
-        # No RPC shutdown: it would wait for the worker that is gone. The launcher stops the rest.
-        os._exit(143 if isinstance(e, Terminated) else UserError.exit_status if isinstance(e, UserError) else 1)
-    signal.signal(signal.SIGTERM, previous)
-    assert server.t_start is not None and server.t_done is not None and server.t_end is not None
-    wall = server.t_end - server.t_start  # until the last worker stopped: every gradient applied
-    metrics.write("end", wall_time_s=wall, train_time_s=wall, done_time_s=server.t_done - server.t_start,
-                  samples=server.samples, target_samples=server.target_samples, updates=list(server.updates),
-                  version=server.version, duplicates=server.duplicates, batch=list(server.controller.batch),
-                  level=server.level, epoch=server.epoch)
-    metrics.close()
-    shutdown_rpc()
-
-
-def shutdown_rpc() -> None:
-    """Graceful RPC shutdown (every rank reaches it), bounded: a vanished peer must not hang us."""
-    t0 = time.perf_counter()
-    try:
-        rpc.shutdown(graceful=True, timeout=SHUTDOWN_TIMEOUT_S)
-        log.info("RPC shut down in %.2f s", time.perf_counter() - t0)
-    except Exception as e:  # noqa: BLE001 - any failure here only means a peer left first
-        log.warning("graceful RPC shutdown failed (%s); shutting down locally", e)
-        try:
-            rpc.shutdown(graceful=False)
-        except Exception:  # noqa: BLE001
-            pass
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_atomic(path, buffer.getvalue())

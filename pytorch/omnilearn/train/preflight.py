@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from omnilearn.config import JobConfig
-from omnilearn.train.data import GlobalBatchSampler
 from omnilearn.train.models import count_parameters
+from omnilearn.train.sampler import GlobalBatchSampler
 from omnilearn.train.workload import build, load_data
 
 

@@ -7,7 +7,6 @@ else: the validated config, the emulation plan, where logs and metrics go.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -16,35 +15,11 @@ from typing import Any
 
 from omnilearn.config import JobConfig, from_dict
 from omnilearn.emulator.plan import EmulationPlan
-
-
-class WorkerFailed(Exception):
-    """A worker (process or container) ended with an error; the message names it and holds its log's end."""
-
-
-def first_failure(failures: dict[int, tuple[float, int]], user_error: int = 2) -> int:
-    """The rank whose failure started it all, from ``{rank: (when, exit status)}``.
-
-    When one worker dies, its peers fail a moment later on the broken connection, often before the
-    launcher looks again: the earliest time wins; failures seen together are ordered by kind (killed
-    by a signal, then a user error, then any other status: the peers' consequence errors), then rank.
-    Signal deaths are negative statuses (``Popen``) or 128 + signal (containers).
-    """
-    def kind(status: int) -> int:
-        return 0 if status < 0 or status > 128 else 1 if status == user_error else 2
-
-    return min(failures, key=lambda r: (failures[r][0], kind(failures[r][1]), r))
+from omnilearn.files import write_atomic
 
 
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary name and rename: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @dataclass

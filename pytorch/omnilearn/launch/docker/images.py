@@ -1,36 +1,39 @@
-"""Docker images for the container launcher: a base image made locally when no registry answers, and the
-worker image (``Dockerfile`` at the project root) built on top of it.
+"""The worker image for the container launcher (``Dockerfile`` at the project root), built on a base image.
 
 Why this module exists: workers of a Docker-backed job run in containers, so the image must hold exactly
 the pinned environment of ``requirements.lock`` and the project's current code. Many clusters (and this
 project's CI machines) reach PyPI and a Debian mirror but no image registry, so ``python:3.11-slim``
-cannot be pulled; :func:`build_base_image` then makes an equivalent Debian base with debootstrap and
-imports it. :func:`ensure_images` is what a launcher calls: it builds only what is missing or stale, judged
+cannot be pulled; :func:`~omnilearn.launch.docker.base_image.build_base_image` then makes an equivalent
+Debian base with debootstrap. :func:`ensure_images` is what a launcher calls: it builds only what is missing or stale, judged
 by labels that hold hashes of the lock file and of the project's sources.
 
-Everything talks to the daemon through the Docker SDK for Python; the only subprocesses are debootstrap
-and umount, with argument lists (never a shell string). ``docker`` is imported lazily: importing it costs
-~0.2 s, which ``omnilearn --help`` and every worker would otherwise pay.
+Everything talks to the daemon through the Docker SDK for Python. ``docker`` is imported lazily: importing
+it costs ~0.2 s, which ``omnilearn --help`` and every worker would otherwise pay.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tarfile
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
+from omnilearn.emulator.backends.docker import docker_sdk
 from omnilearn.errors import UserError
+from omnilearn.launch.docker.base_image import LOCAL_BASE_IMAGE, build_base_image
+from omnilearn.launch.docker.daemon import (
+    LOG_TAIL_LINES,
+    LogFn,
+    daemon_client,
+    emit_to,
+    image_or_none,
+    split_tag,
+)
 
 if TYPE_CHECKING:
     import docker
@@ -39,26 +42,17 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BASE_IMAGE = "python:3.11-slim"
 """The Dockerfile's default base: the official slim Python image, for hosts that reach Docker Hub."""
-LOCAL_BASE_IMAGE = "omnilearn-base:bookworm"
-"""The debootstrap'd Debian base :func:`ensure_images` makes when the default base cannot be pulled."""
 WORKER_IMAGE = "omnilearn-worker:latest"
-DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
-DEFAULT_SUITE = "bookworm"
-BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
-"""What the Dockerfile needs from any base: python3 >= 3.10 with venv, and a CA store."""
 
 LABEL_LOCK = "omnilearn.lock-sha256"
 LABEL_SOURCE = "omnilearn.source-sha256"
 LABEL_BASE = "omnilearn.base-image"
 LABEL_CA = "omnilearn.ca-sha256"
-LABEL_SUITE = "omnilearn.base.suite"
 
 CA_DIR = Path("docker") / "ca"
 CA_BUILD_NAME = "omnilearn-build-ca.crt"
 """Reserved file name in ``docker/ca/``: ``--ca-bundle`` is copied there for one build, then removed."""
 
-LOG_TAIL_LINES = 40  # lines of build/debootstrap output kept for an error message
-LogFn = Callable[[str], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,59 +76,9 @@ class ImageSet:
     reason: str  # why the worker image was (or was not) rebuilt
 
 
-# ---------------------------------------------------------------------------------------------- daemon
-def _docker() -> Any:
-    """Import the SDK on first use (see the module docstring for why not at import time)."""
-    import docker
-
-    return docker
-
-
-def daemon_client(timeout: int = 60) -> docker.DockerClient:
-    """A client for the daemon named by DOCKER_HOST (default: the local socket) that has answered a ping.
-
-    Raises UserError with one line naming the address, so a missing daemon is a user-facing condition
-    with a remedy rather than a traceback from deep inside requests.
-    """
-    import requests
-
-    dk = _docker()
-    host = os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
-    try:
-        client = dk.from_env(timeout=timeout)
-        client.ping()
-    except (dk.errors.DockerException, requests.exceptions.RequestException, OSError) as e:
-        if "permission denied" in str(e).lower():
-            raise UserError(f"no access to the Docker daemon at {host}: permission denied (run as root, or "
-                            f"add your user to the docker group)") from e
-        raise UserError(f"no Docker daemon at {host}: start it with ./docker_install.sh") from e
-    return client
-
-
-def _image_or_none(client: docker.DockerClient, ref: str) -> Any | None:
-    dk = _docker()
-    try:
-        return client.images.get(ref)
-    except dk.errors.ImageNotFound:
-        return None
-
-
-def _split_tag(ref: str) -> tuple[str, str]:
-    """``repo[:tag]`` -> (repo, tag); a registry port (``host:5000/name``) is not mistaken for a tag."""
-    repo, sep, tag = ref.rpartition(":")
-    if not sep or "/" in tag:
-        return ref, "latest"
-    return repo, tag
-
-
-def _emit(on_log: LogFn | None) -> LogFn:
-    return on_log if on_log is not None else log.info
-
-
-# ------------------------------------------------------------------------------------- project hashing
 def project_root() -> Path:
-    """The source checkout this package runs from (pytorch/omnilearn/launch/image.py -> 3 levels up)."""
-    return Path(__file__).resolve().parents[3]
+    """The source checkout this package runs from (pytorch/omnilearn/launch/docker/images.py -> 4 levels up)."""
+    return Path(__file__).resolve().parents[4]
 
 
 def _sha256_file(path: Path) -> str:
@@ -184,124 +128,6 @@ def source_digest(context: Path | None = None) -> str:
     return h.hexdigest()
 
 
-# ------------------------------------------------------------------------------------------ base image
-def _find_debootstrap() -> str:
-    for candidate in (shutil.which("debootstrap"), "/usr/sbin/debootstrap"):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    raise UserError("debootstrap not found: install it (apt-get install debootstrap, or run "
-                    "./docker_install.sh, which installs it) to build the base image locally")
-
-
-def _run_streaming(cmd: list[str], on_log: LogFn, env: Mapping[str, str] | None = None) -> tuple[int, list[str]]:
-    """Run cmd (an argument list), passing each output line to on_log; return (status, last lines)."""
-    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                          text=True, errors="replace", env=dict(env) if env is not None else None) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip()
-            tail.append(line)
-            on_log(line)
-        status = proc.wait()
-    return status, list(tail)
-
-
-def _unmount_below(root: Path) -> None:
-    """Unmount whatever an interrupted debootstrap left mounted inside root (proc, sys), deepest first.
-
-    Without this, removing the temp dir could walk into a live /proc or /sys mount.
-    """
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return
-    prefix = str(root.resolve())
-    targets = []
-    for line in mounts:
-        fields = line.split()
-        if len(fields) > 1:
-            target = fields[1].replace("\\040", " ")
-            if target == prefix or target.startswith(prefix + "/"):
-                targets.append(target)
-    for target in sorted(targets, key=len, reverse=True):
-        subprocess.run(["umount", "--lazy", target], check=False, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-
-
-def _tar_rootfs(rootfs: Path, out: Path) -> None:
-    """A plain tar of rootfs for ``docker import``: numeric owners, devices and hard links preserved.
-
-    Package caches and apt lists are left out: they only make the image bigger.
-    """
-    skip = {"var/cache/apt/archives", "var/lib/apt/lists"}
-
-    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        name = info.name.removeprefix("./")
-        for s in skip:
-            if name.startswith(s + "/") and not info.isdir():
-                return None
-        info.uname = info.gname = ""  # docker import uses the numeric ids; host names would be misleading
-        return info
-
-    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
-        tar.add(str(rootfs), arcname=".", recursive=True, filter=keep)
-
-
-def build_base_image(tag: str = LOCAL_BASE_IMAGE, suite: str = DEFAULT_SUITE, mirror: str | None = None, *,
-                     force: bool = False, client: docker.DockerClient | None = None,
-                     on_log: LogFn | None = None) -> str:
-    """Make a minimal Debian image with python3/venv/pip by debootstrap, import it as ``tag``, return tag.
-
-    For hosts without a reachable registry (``python:3.11-slim`` cannot be pulled). Skips all work when
-    the tag exists, unless force. Needs root (debootstrap chroots and creates device nodes). The temp
-    dir is removed whatever happens.
-    """
-    emit = _emit(on_log)
-    client = client or daemon_client()
-    if not force and _image_or_none(client, tag) is not None:
-        emit(f"base image {tag} exists: kept (force=True rebuilds it)")
-        return tag
-    debootstrap = _find_debootstrap()
-    if os.geteuid() != 0:
-        raise UserError(f"building the base image {tag} runs debootstrap, which needs root: run as root "
-                        f"(or sudo), or pass a base image that exists (--base)")
-    start = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="omnilearn-base-"))
-    rootfs = tmp / "rootfs"
-    try:
-        cmd = [debootstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, str(rootfs)]
-        if mirror:
-            cmd.append(mirror)
-        emit(f"debootstrap {suite} into {rootfs} (about a minute)")
-        env = dict(os.environ)
-        env["PATH"] = env.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin"
-        status, tail = _run_streaming(cmd, emit, env=env)
-        if status != 0:
-            last = "\n".join(tail[-15:])
-            raise UserError(f"debootstrap {suite} failed (exit {status}); last lines:\n{last}")
-        _unmount_below(rootfs)
-        archive = tmp / "rootfs.tar"
-        emit(f"packing {rootfs} for docker import")
-        _tar_rootfs(rootfs, archive)
-        repo, version = _split_tag(tag)
-        emit(f"importing {archive.stat().st_size / 1e6:.0f} MB as {tag}")
-        changes = ["ENV LANG=C.UTF-8",
-                   "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                   f"LABEL {LABEL_SUITE}={suite}",
-                   'CMD ["/bin/bash"]']
-        client.api.import_image(src=str(archive), repository=repo, tag=version, changes=changes)
-    finally:
-        _unmount_below(rootfs)
-        shutil.rmtree(tmp, ignore_errors=True)
-    image = _image_or_none(client, tag)
-    assert image is not None, f"docker import reported success but {tag} is missing"
-    emit(f"base image {tag} built in {time.monotonic() - start:.0f} s "
-         f"({image.attrs.get('Size', 0) / 1e6:.0f} MB)")
-    return tag
-
-
-# ---------------------------------------------------------------------------------------- worker image
 def _check_ca_bundle(path: Path) -> bytes:
     try:
         data = path.read_bytes()
@@ -334,8 +160,8 @@ def build_worker_image(tag: str = WORKER_IMAGE, base_image: str | None = None, c
     is copied to docker/ca/ for this build only. The image is labelled with the hashes that
     :func:`ensure_images` compares. A failed build raises UserError with the tail of the log.
     """
-    emit = _emit(on_log)
-    dk = _docker()
+    emit = emit_to(on_log)
+    dk = docker_sdk()
     client = client or daemon_client()
     context = (context or project_root()).resolve()
     if not (context / "Dockerfile").is_file():
@@ -343,12 +169,12 @@ def build_worker_image(tag: str = WORKER_IMAGE, base_image: str | None = None, c
                         f"pass the checkout as the build context)")
     ca_data = _check_ca_bundle(Path(ca_bundle)) if ca_bundle is not None else None
     base_ref = base_image or DEFAULT_BASE_IMAGE
-    base = _image_or_none(client, base_ref)
+    base = image_or_none(client, base_ref)
     args = dict(buildargs or {})
     if base_image:
         args["BASE_IMAGE"] = base_image
     labels = _worker_labels(context, base_ref, base.id if base is not None else "", ca_data)
-    previous = _image_or_none(client, tag)
+    previous = image_or_none(client, tag)
 
     ca_copy = context / CA_DIR / CA_BUILD_NAME
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
@@ -383,7 +209,7 @@ def build_worker_image(tag: str = WORKER_IMAGE, base_image: str | None = None, c
                     f"one with `omnilearn image base`, or let `omnilearn image build` do it)")
         last = "\n".join(tail)
         raise UserError(f"docker build of {tag} failed: {error}{hint}\n--- last lines of the build log ---\n{last}")
-    image = _image_or_none(client, tag)
+    image = image_or_none(client, tag)
     if image is None:
         raise UserError(f"docker build of {tag} ended without an image; last lines:\n" + "\n".join(tail))
     seconds = time.monotonic() - start
@@ -399,8 +225,8 @@ def _remove_if_dangling(client: docker.DockerClient, image_id: str, emit: LogFn)
 
     Why: each lock change leaves a multi-GB untagged image behind, and a few of those fill a disk.
     """
-    dk = _docker()
-    old = _image_or_none(client, image_id)
+    dk = docker_sdk()
+    old = image_or_none(client, image_id)
     if old is None or old.tags:
         return
     try:
@@ -410,7 +236,6 @@ def _remove_if_dangling(client: docker.DockerClient, image_id: str, emit: LogFn)
         emit(f"kept the replaced image {old.short_id}: {e.explanation or e}")
 
 
-# -------------------------------------------------------------------------------------------- ensure
 def resolve_base_image(base_image: str | None = None, *, client: docker.DockerClient | None = None,
                        on_log: LogFn | None = None) -> tuple[str, bool]:
     """The base to build on, and whether it had to be built: (tag, built).
@@ -418,24 +243,24 @@ def resolve_base_image(base_image: str | None = None, *, client: docker.DockerCl
     An explicit base_image must be here or pullable. Without one: python:3.11-slim if present or
     pullable, else the local debootstrap base (made once, then reused without trying the registry again).
     """
-    dk = _docker()
-    emit = _emit(on_log)
+    dk = docker_sdk()
+    emit = emit_to(on_log)
     client = client or daemon_client()
     if base_image:
-        if _image_or_none(client, base_image) is None:
+        if image_or_none(client, base_image) is None:
             try:
                 emit(f"pulling {base_image}")
-                client.images.pull(*_split_tag(base_image))
+                client.images.pull(*split_tag(base_image))
             except dk.errors.DockerException as e:
                 raise UserError(f"--base {base_image}: not on this host and cannot be pulled ({e})") from e
         return base_image, False
-    if _image_or_none(client, DEFAULT_BASE_IMAGE) is not None:
+    if image_or_none(client, DEFAULT_BASE_IMAGE) is not None:
         return DEFAULT_BASE_IMAGE, False
-    if _image_or_none(client, LOCAL_BASE_IMAGE) is not None:
+    if image_or_none(client, LOCAL_BASE_IMAGE) is not None:
         return LOCAL_BASE_IMAGE, False
     try:
         emit(f"pulling {DEFAULT_BASE_IMAGE}")
-        client.images.pull(*_split_tag(DEFAULT_BASE_IMAGE))
+        client.images.pull(*split_tag(DEFAULT_BASE_IMAGE))
         return DEFAULT_BASE_IMAGE, False
     except dk.errors.DockerException as e:
         emit(f"cannot pull {DEFAULT_BASE_IMAGE} ({str(e).splitlines()[0][:160]}): "
@@ -469,7 +294,7 @@ def ensure_images(worker_tag: str = WORKER_IMAGE, base_image: str | None = None,
     :func:`default_ca_bundle` and does not count a different bundle as staleness: a trust store is not
     a reason to rebuild 5 GB, and a host whose variables differ must not trigger a build it cannot finish.
     """
-    emit = _emit(on_log)
+    emit = emit_to(on_log)
     client = client or daemon_client()
     context = (context or project_root()).resolve()
     compare_ca = ca_bundle != "auto"
@@ -477,9 +302,9 @@ def ensure_images(worker_tag: str = WORKER_IMAGE, base_image: str | None = None,
         ca_bundle = default_ca_bundle()
     ca_data = _check_ca_bundle(Path(ca_bundle)) if ca_bundle is not None else None
     base_ref, base_built = resolve_base_image(base_image, client=client, on_log=on_log)
-    base = _image_or_none(client, base_ref)
+    base = image_or_none(client, base_ref)
     wanted = _worker_labels(context, base_ref, base.id if base is not None else "", ca_data)
-    current = _image_or_none(client, worker_tag)
+    current = image_or_none(client, worker_tag)
     if current is None:
         reason = f"{worker_tag} does not exist"
     elif force:
@@ -504,62 +329,19 @@ def ensure_images(worker_tag: str = WORKER_IMAGE, base_image: str | None = None,
     return ImageSet(base_ref, worker_tag, base_built, result, reason)
 
 
-# ---------------------------------------------------------------------------------------------- CLI
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``omnilearn image build|base|status`` to the CLI's subparsers (cli.py calls this once)."""
-    p = subparsers.add_parser("image", help="build the Docker images the container launcher runs")
-    sub = p.add_subparsers(dest="image_command", required=True)
-    b = sub.add_parser("build", help="build the worker image if missing or stale (and a base if none can be pulled)")
-    b.add_argument("--base", help=f"base image (default: {DEFAULT_BASE_IMAGE} if it can be had, else "
-                                  f"{LOCAL_BASE_IMAGE} made with debootstrap)")
-    b.add_argument("--ca-bundle", type=Path,
-                   help="PEM file of extra CAs the image must trust, for a TLS-inspecting proxy (default: the "
-                        "bundle named by OMNILEARN_CA_BUNDLE or PIP_CERT, if any)")
-    b.add_argument("--tag", default=WORKER_IMAGE, help=f"worker image tag (default {WORKER_IMAGE})")
-    b.add_argument("--force", action="store_true", help="rebuild even when the labels say it is up to date")
-    b.set_defaults(func=cmd_image_build)
-    s = sub.add_parser("base", help=f"make the Debian base image with debootstrap (default tag {LOCAL_BASE_IMAGE})")
-    s.add_argument("--tag", default=LOCAL_BASE_IMAGE)
-    s.add_argument("--suite", default=DEFAULT_SUITE, help="Debian/Ubuntu suite (default bookworm)")
-    s.add_argument("--mirror", help="package mirror (default: debootstrap's)")
-    s.add_argument("--force", action="store_true", help="rebuild even if the tag exists")
-    s.set_defaults(func=cmd_image_base)
-    st = sub.add_parser("status", help="show the images and whether the worker image matches this checkout")
-    st.add_argument("--tag", default=WORKER_IMAGE)
-    st.set_defaults(func=cmd_image_status)
-
-
-def _print(line: str) -> None:
-    print(line, flush=True)
-
-
-def cmd_image_build(args: argparse.Namespace) -> int:
-    ca: Path | Literal["auto"] = args.ca_bundle if args.ca_bundle is not None else "auto"
-    result = ensure_images(args.tag, base_image=args.base, ca_bundle=ca, force=args.force, on_log=_print)
-    if result.worker_build is None:
-        print(f"{result.worker_image}: up to date (base {result.base_image})")
-    else:
-        b = result.worker_build
-        print(f"{b.tag}: built in {b.seconds:.0f} s, {b.size_bytes / 1e9:.2f} GB (base {result.base_image}; "
-              f"{result.reason})")
-    return 0
-
-
-def cmd_image_base(args: argparse.Namespace) -> int:
-    build_base_image(args.tag, suite=args.suite, mirror=args.mirror, force=args.force, on_log=_print)
-    return 0
-
-
-def cmd_image_status(args: argparse.Namespace) -> int:
+def image_status(tag: str = WORKER_IMAGE) -> list[str]:
+    """One line per image (the bases and ``tag``), and whether ``tag`` matches this checkout."""
     client = daemon_client()
-    for ref in (DEFAULT_BASE_IMAGE, LOCAL_BASE_IMAGE, args.tag):
-        image = _image_or_none(client, ref)
-        print(f"{ref:28} " + (f"{image.short_id}  {image.attrs.get('Size', 0) / 1e9:.2f} GB" if image else "absent"))
-    image = _image_or_none(client, args.tag)
+    lines = []
+    for ref in (DEFAULT_BASE_IMAGE, LOCAL_BASE_IMAGE, tag):
+        image = image_or_none(client, ref)
+        lines.append(f"{ref:28} " + (f"{image.short_id}  {image.attrs.get('Size', 0) / 1e9:.2f} GB"
+                                     if image else "absent"))
+    image = image_or_none(client, tag)
     if image is not None:
         have = image.labels or {}
         lock_ok = have.get(LABEL_LOCK) == lock_digest()
         src_ok = have.get(LABEL_SOURCE) == source_digest()
-        print(f"{args.tag}: requirements.lock {'matches' if lock_ok else 'CHANGED'}, "
-              f"sources {'match' if src_ok else 'CHANGED'} (omnilearn image build brings it up to date)")
-    return 0
+        lines.append(f"{tag}: requirements.lock {'matches' if lock_ok else 'CHANGED'}, "
+                     f"sources {'match' if src_ok else 'CHANGED'} (omnilearn image build brings it up to date)")
+    return lines

@@ -23,7 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
-from omnilearn.emulator.docker_backend import (
+from omnilearn.emulator.backends.docker import (
     LABEL_JOB,
     LABEL_RANK,
     LABEL_TARGET,
@@ -33,11 +33,13 @@ from omnilearn.emulator.docker_backend import (
 )
 from omnilearn.emulator.toggler import Toggler, toggler_lock
 from omnilearn.errors import UserError
-from omnilearn.launch.image import daemon_client, ensure_images
-from omnilearn.launch.job import JobSpec, WorkerFailed, first_failure, write_atomic
-from omnilearn.launch.local import Interrupts
-from omnilearn.launch.progress import JobProgress
-from omnilearn.train.metrics import metrics_path
+from omnilearn.files import write_atomic
+from omnilearn.jobfile import JobSpec
+from omnilearn.launch.docker.daemon import daemon_client
+from omnilearn.launch.docker.images import ensure_images
+from omnilearn.launch.failures import WorkerFailed, first_failure
+from omnilearn.launch.interrupts import Interrupts
+from omnilearn.launch.progress import progress_for
 
 log = logging.getLogger("omnilearn.swarm")
 
@@ -278,7 +280,7 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
             thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
             thread.start()
             state = up(job, console)  # Ctrl-C here interrupts the image build or the SDK call at once
-            with Interrupts() as interrupts, (JobProgress(metrics_path(job.out_dir, 0), label, console)
+            with Interrupts() as interrupts, (progress_for(job, label, console)
                                               if show_progress else contextlib.nullcontext()) as progress:
                 if progress:
                     progress.set_epochs(job.config.train.epochs)

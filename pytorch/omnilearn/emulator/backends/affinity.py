@@ -1,0 +1,174 @@
+"""The affinity backend: CPU affinity for cpusets, a SIGSTOP/SIGCONT duty cycle for quotas (no root needed)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+
+from omnilearn.emulator.levels import Allocation, effective_cpuset, format_cpuset, host_cpus, parse_cpuset
+
+log = logging.getLogger("omnilearn.backends")
+
+
+def _open_pidfd(pid: int) -> int | None:
+    """A pidfd, so a throttle never signals an unrelated process that reused a dead worker's pid."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+@dataclass
+class _Proc:
+    pid: int
+    pidfd: int | None
+
+    def signal(self, sig: int) -> bool:
+        """Send ``sig``; False once the process is gone."""
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            else:
+                os.kill(self.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def set_affinity(self, cpus: set[int]) -> None:
+        """Every existing thread; new threads inherit the mask from the thread that creates them."""
+        if not self.signal(0):  # gone (via the pidfd: not some process that reused the pid)
+            return
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{self.pid}/task")]
+        except FileNotFoundError:
+            return
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except (ProcessLookupError, PermissionError):
+                pass  # the thread exited meanwhile, or is not ours to change
+
+
+@dataclass
+class _Target:
+    procs: list[_Proc] = field(default_factory=list)
+    allocation: Allocation = field(default_factory=Allocation)
+    fraction: float = 1.0  # of each period the processes may run
+    thread: threading.Thread | None = None
+
+
+class AffinityBackend:
+    """For unprivileged users: cpusets via sched_setaffinity, quotas via SIGSTOP/SIGCONT duty cycles.
+
+    A quota of ``cpus`` for a worker running ``Allocation.threads()`` compute threads lets the
+    process run ``cpus / threads`` of every 100 ms period. If the host process dies while a worker
+    is stopped, the worker stays stopped: ``close()`` must run (the launcher's finally).
+    """
+
+    name = "affinity"
+    period = 0.1
+
+    def __init__(self) -> None:
+        self._targets: dict[str, _Target] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._host = set(host_cpus())
+
+    def add_process(self, target: str, pid: int) -> None:
+        proc = _Proc(pid, _open_pidfd(pid))
+        with self._lock:
+            t = self._targets.setdefault(target, _Target())
+            t.procs.append(proc)
+            cpus = self._cpus(t.allocation)
+        proc.set_affinity(cpus)
+        self._ensure_thread(target)
+
+    def _cpus(self, allocation: Allocation) -> set[int]:
+        return set(parse_cpuset(allocation.cpuset)) if allocation.cpuset is not None else self._host
+
+    def apply(self, target: str, allocation: Allocation) -> Allocation:
+        if allocation.memory is not None:
+            log.warning("affinity backend cannot limit memory; %s runs without a memory limit", target)
+        fraction = 1.0 if allocation.cpus is None else min(1.0, allocation.cpus / allocation.threads())
+        with self._lock:
+            t = self._targets.setdefault(target, _Target())
+            t.allocation, t.fraction = allocation, fraction
+            procs = list(t.procs)
+        cpus = self._cpus(allocation)
+        for p in procs:
+            p.set_affinity(cpus)
+        self._ensure_thread(target)
+        cpuset = allocation.cpuset  # nothing to read back before a process is added
+        for p in procs:
+            try:
+                kernel = format_cpuset(os.sched_getaffinity(p.pid))
+            except ProcessLookupError:
+                continue
+            cpuset = effective_cpuset(kernel, allocation.cpuset, format_cpuset(self._host))
+            break
+        return Allocation(cpuset=cpuset, cpus=allocation.cpus, memory=None)
+
+    def _ensure_thread(self, target: str) -> None:
+        with self._lock:
+            t = self._targets[target]
+            if t.thread is not None or not t.procs or self._stop.is_set():
+                return
+            t.thread = threading.Thread(target=self._throttle, args=(target,), daemon=True,
+                                        name=f"omnilearn-throttle-{target}")
+            t.thread.start()
+
+    def _throttle(self, target: str) -> None:
+        """Run ``fraction`` of each period, stopped for the rest; re-pin threads born since."""
+        stopped = False
+        procs: list[_Proc] = []
+        try:
+            # The quota leaks if the throttler wakes late; a busy worker of higher weight can delay a
+            # nice-0 thread by hundreds of ms. Real-time priority (if allowed) makes it run on time.
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        except (AttributeError, OSError):
+            pass
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    t = self._targets[target]
+                    procs, fraction, cpus = list(t.procs), t.fraction, self._cpus(t.allocation)
+                for p in procs:
+                    try:
+                        p.set_affinity(cpus)
+                    except OSError as e:  # must not kill the throttle (the apply reported it already)
+                        log.debug("re-pinning pid %d: %s", p.pid, e)
+                if fraction >= 1.0:
+                    self._stop.wait(self.period)
+                    continue
+                if self._stop.wait(self.period * fraction):
+                    break
+                stopped = True
+                for p in procs:
+                    p.signal(signal.SIGSTOP)
+                self._stop.wait(self.period * (1.0 - fraction))
+                for p in procs:
+                    p.signal(signal.SIGCONT)
+                stopped = False
+        finally:
+            if stopped:
+                for p in procs:
+                    p.signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        """Stop the throttles and let every process run again."""
+        self._stop.set()
+        with self._lock:
+            targets = list(self._targets.values())
+        for t in targets:
+            if t.thread is not None:
+                t.thread.join()
+        for t in targets:
+            for p in t.procs:
+                p.signal(signal.SIGCONT)
+                if p.pidfd is not None:
+                    os.close(p.pidfd)
+                    p.pidfd = None
+            t.procs.clear()

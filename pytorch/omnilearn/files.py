@@ -1,0 +1,94 @@
+"""The project's files, read and written one way: YAML configs, JSONL records, atomic replacement.
+
+Every module that reads a YAML file, a JSONL file or replaces a file goes through here, so they
+all fail the same way (one :class:`UserError` naming the file) and no reader ever sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from omnilearn.errors import UserError
+
+CONFIG_DIR = Path(os.environ.get("OMNILEARN_CONFIGS", Path(__file__).resolve().parents[2] / "configs"))
+"""The project's named configs: job files, ``levels.yaml``, ``schedules.yaml``."""
+
+
+def load_yaml(path: str | Path, what: str = "file") -> Any:
+    """The YAML document in ``path``; a missing file or bad YAML is a UserError naming it."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{what} {p} not found")
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(f"{p}: not valid YAML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{p}: cannot read: {e}") from None
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write to a temporary name beside ``path``, fsync, rename: readers see the old file or the new one.
+
+    A crash at any point leaves the previous version (or nothing, for a new file) under ``path``.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    raw = data.encode() if isinstance(data, str) else data
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_lines(path: Path, offset: int = 0) -> tuple[list[tuple[bytes, int]], int]:
+    """The complete lines of ``path`` from byte ``offset`` on, each with the offset after it.
+
+    An incomplete last line (its writer has not finished it yet) is left for the next call; the
+    returned offset is where that call should start. A missing file has no lines.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    lines: list[tuple[bytes, int]] = []
+    pos = 0
+    while (end := data.find(b"\n", pos)) >= 0:
+        lines.append((data[pos:end], offset + end + 1))
+        pos = end + 1
+    return lines, offset + pos
+
+
+def read_jsonl(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The JSON objects on the complete lines of ``path`` from byte ``offset``, and where to go on.
+
+    An incomplete last line (its writer is still writing it) is left for the next call; lines that
+    are not JSON objects are skipped. A missing file has no records.
+    """
+    lines, end = read_lines(path, offset)
+    records: list[dict[str, Any]] = []
+    for raw, _ in lines:
+        try:
+            record = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records, end
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every complete record of a JSONL file (see :func:`read_jsonl`)."""
+    return read_jsonl(path)[0]

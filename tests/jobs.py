@@ -1,0 +1,31 @@
+"""Job configs the tests share: one home, so a change to the config schema is made once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SKEW_SCHEDULE = "unit: epoch\npoints:\n  - {at: 0, level: EVEN}\n  - {at: 1, level: SKEW}\n"
+
+
+def write_skew_job(folder: Path, backend: str, synthetic_size: int) -> Path:
+    """A 3-worker BSP job whose level goes from equal quotas (EVEN) to 0.15/0.3/1.2 CPUs (SKEW) after
+    epoch 1; writes its schedule beside it and returns the config's path."""
+    schedule = folder / "sched.yaml"
+    schedule.write_text(SKEW_SCHEDULE)
+    cfg = folder / "job.yaml"
+    cfg.write_text(f"""
+mode: bsp
+workers: 3
+model: {{name: smallcnn}}
+data: {{name: synthetic, image_size: 32, synthetic_size: {synthetic_size}}}
+train: {{epochs: 3, global_batch: 192, lr: 0.05}}
+control: {{policy: dynamic, interval: 2, window: 3, min_samples: 2, deadband: 0.05}}
+emulation:
+  backend: {backend}
+  allocation: quota
+  schedule: {schedule}
+  levels:
+    EVEN: [0.6, 0.6, 0.6]
+    SKEW: [0.15, 0.3, 1.2]
+""")
+    return cfg
