@@ -71,44 +71,50 @@ _LINK_KEYS = ("rate", "delay", "jitter", "loss")
 # ---------------------------------------------------------------- values
 
 
+def shown(value: Any, limit: int = 40) -> str:
+    """``repr(value)``, cut short: messages echo what they refuse without repeating a whole line of it."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def parse_rate(value: Any) -> int:
     """``"100mbit"`` -> 100_000_000 (bit/s). ValueError says why a value is refused."""
     if not isinstance(value, str):
-        raise ValueError(f"expected a rate with its unit such as 100mbit, got {value!r}")
+        raise ValueError(f"expected a rate with its unit such as 100mbit, got {shown(value)}")
     text = value.strip()
     m = _RATE.fullmatch(text)
     if m is None:
         if _BYTE_RATE.fullmatch(text):
-            raise ValueError(f"{value!r} is in bytes per second to tc; write the rate in bits, "
+            raise ValueError(f"{shown(value)} is in bytes per second to tc; write the rate in bits, "
                              f"such as 100mbit")
         raise ValueError(f"expected a rate in bits with its unit (bit, kbit, mbit, gbit), such as "
-                         f"100mbit, got {value!r}")
-    bits = round(float(m.group(1)) * _RATE_SCALE[m.group(2).lower()])
-    if not MIN_RATE <= bits <= MAX_RATE:
-        raise ValueError(f"{value} is outside [{format_rate(MIN_RATE)}, {format_rate(MAX_RATE)}]")
-    return bits
+                         f"100mbit, got {shown(value)}")
+    bits = float(m.group(1)) * _RATE_SCALE[m.group(2).lower()]
+    if not MIN_RATE <= bits <= MAX_RATE:  # (an overlong number is inf, and outside too)
+        raise ValueError(f"{shown(value)} is outside [{format_rate(MIN_RATE)}, {format_rate(MAX_RATE)}]")
+    return round(bits)
 
 
 def parse_duration(value: Any, limit_s: float = MAX_DELAY_S) -> float:
     """``"10ms"`` -> 0.01 (seconds); a unit (us, ms, s) is required."""
     if not isinstance(value, str):
-        raise ValueError(f"expected a duration with its unit (us, ms, s) such as 10ms, got {value!r}")
+        raise ValueError(f"expected a duration with its unit (us, ms, s) such as 10ms, got {shown(value)}")
     m = _DURATION.fullmatch(value.strip())
     if m is None:
-        raise ValueError(f"expected a duration with its unit (us, ms, s) such as 10ms, got {value!r}")
+        raise ValueError(f"expected a duration with its unit (us, ms, s) such as 10ms, got {shown(value)}")
     seconds = float(m.group(1)) * _DURATION_SCALE[m.group(2)]
     if seconds > limit_s:
-        raise ValueError(f"{value} exceeds {limit_s:g}s")
+        raise ValueError(f"{shown(value)} exceeds {limit_s:g}s")
     return seconds
 
 
 def parse_loss(value: Any) -> float:
     """``"0.5%"`` -> 0.5 (percent); the ``%`` is required (is 0.5 half a percent or half of all?)."""
     if not isinstance(value, str) or (m := _PERCENT.fullmatch(value.strip())) is None:
-        raise ValueError(f"expected a percentage such as 0.5%, got {value!r}")
+        raise ValueError(f"expected a percentage such as 0.5%, got {shown(value)}")
     percent = float(m.group(1))
     if percent > 100:
-        raise ValueError(f"{value} exceeds 100%")
+        raise ValueError(f"{shown(value)} exceeds 100%")
     return percent
 
 
@@ -205,7 +211,7 @@ def parse_link(value: Any, where: str) -> Link | None:
             raise UserError(f"{where}: {e}") from None
     if not isinstance(value, dict):
         raise UserError(f"{where}: expected null, a rate such as 100mbit, or a mapping of "
-                        f"{', '.join(_LINK_KEYS)}; got {value!r}")
+                        f"{', '.join(_LINK_KEYS)}; got {shown(value)}")
     unknown = sorted(str(k) for k in value if k not in _LINK_KEYS)
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(_LINK_KEYS)})")
