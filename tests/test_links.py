@@ -334,6 +334,10 @@ def test_refusals_change_nothing(recorded_tc: Path, monkeypatch) -> None:
     assert str(err.value).startswith("emulation.links: 100mbit, delay 10ms: delay needs the sch_netem")
     with pytest.raises(UserError, match="sch_netem"):
         shaper.check(Link(loss=1.0), "emulation.links.worker3")
+    plan_links = {"HL2": {"worker1": Link(rate=10**8)}, "HL4": {"worker1": Link(rate=10**8), "worker3": Link(loss=1.0)}}
+    with pytest.raises(UserError, match="^emulation.links: worker3 at HL4: loss 1%: loss needs the sch_netem"):
+        shaper.check_all(plan_links)
+    LinkShaper(ALL, needs_root=False).check_all(plan_links)
     assert _calls(recorded_tc) == []
     with pytest.raises(links_mod.ShapingError, match="not an interface name"):
         shaper.apply("veth0; reboot", Link(rate=10**8))

@@ -520,6 +520,12 @@ class LinkShaper:
         if reason is not None:
             raise UserError(f"{where}: {link.describe()}: {reason}")
 
+    def check_all(self, links: dict[str, dict[str, Link]]) -> None:
+        """Check every link of a plan (level -> target -> link), naming the first one refused."""
+        for level, per_target in links.items():
+            for target, link in per_target.items():
+                self.check(link, f"emulation.links: {target} at {level}")
+
     # -- applying
 
     def apply(self, dev: str, link: Link | None) -> Link | None:
