@@ -127,6 +127,12 @@ class EmulationConfig:
     """Own level table: level -> one cpuset string or CPU quota number per worker."""
     ack_timeout: float = 20.0
     """Seconds a worker waits for the toggler to apply its request."""
+    links: list[Any] | dict[str, Any] | None = None
+    """Network links per worker: a list (one entry per worker), a mapping target -> entry
+    (``{worker1: 100mbit}``), or a mapping level -> either. An entry is null (unshaped), a rate
+    (``100mbit``) or ``{rate, delay, jitter, loss}`` (``10ms``, ``0.5%``; these three need the kernel's
+    sch_netem). Shaping needs root; ``--set emulation.links=null`` switches links off. Checked when
+    the plan is built (emulator/links.py)."""
 
 
 @dataclass

@@ -6,7 +6,7 @@ starts, and handed to the workers in the job file: a worker only looks up its ow
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omnilearn.config import JobConfig
@@ -19,6 +19,7 @@ from omnilearn.emulator.levels import (
     parse_cpuset,
     resolve_level,
 )
+from omnilearn.emulator.links import Link, parse_links
 from omnilearn.emulator.schedule import Schedule, load_schedule
 from omnilearn.errors import UserError
 
@@ -41,9 +42,14 @@ class EmulationPlan:
     targets: tuple[str, ...]  # one per process, in rank order: BSP workers; ASP server (rank 0), then workers
     levels: dict[str, dict[str, Allocation]]
     schedule: Schedule
+    links: dict[str, dict[str, Link]] = field(default_factory=dict)
+    """level -> target -> its network link at that level; unshaped targets are absent."""
 
     def allocation(self, level: str, target: str) -> Allocation:
         return self.levels[level][target]
+
+    def link(self, level: str, target: str) -> Link | None:
+        return self.links.get(level, {}).get(target)
 
     def target(self, rank: int) -> str:
         """The target of process ``rank`` (the world size is ``len(targets)``)."""
@@ -58,6 +64,7 @@ class EmulationPlan:
             "targets": list(self.targets),
             "levels": {lv: {t: a.to_dict() for t, a in m.items()} for lv, m in self.levels.items()},
             "schedule": self.schedule.to_dict(),
+            "links": {lv: {t: k.to_dict() for t, k in m.items()} for lv, m in self.links.items()},
         }
 
     @staticmethod
@@ -67,6 +74,7 @@ class EmulationPlan:
             targets=tuple(d["targets"]),
             levels={lv: {t: Allocation.from_dict(a) for t, a in m.items()} for lv, m in d["levels"].items()},
             schedule=Schedule.from_dict(d["schedule"]),
+            links={lv: {t: Link.from_dict(k) for t, k in m.items()} for lv, m in d.get("links", {}).items()},
         )
 
 
@@ -229,4 +237,7 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
             if mode == "cpuset":
                 _check_cpusets(allocs, host, f"{where}: {key} {level}")
             levels[level] = allocs
-    return EmulationPlan(mode=mode, targets=all_targets, levels=levels, schedule=schedule)
+    links = parse_links(e.links, all_targets, targets, list(levels), f"{where}: emulation.links")
+    if e.backend == "none":
+        links = {}  # emulation off: checked, not applied
+    return EmulationPlan(mode=mode, targets=all_targets, levels=levels, schedule=schedule, links=links)
