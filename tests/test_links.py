@@ -17,14 +17,9 @@ from pathlib import Path
 import pytest
 
 from omnilearn import config
-from omnilearn.emulator import links as links_mod
+from omnilearn.emulator import shaping as links_mod
 from omnilearn.emulator.links import (
     Link,
-    LinkShaper,
-    QdiscSupport,
-    detect_qdiscs,
-    egress_commands,
-    ingress_commands,
     parse_duration,
     parse_link,
     parse_links,
@@ -32,6 +27,13 @@ from omnilearn.emulator.links import (
     parse_rate,
 )
 from omnilearn.emulator.plan import EmulationPlan, build_plan
+from omnilearn.emulator.shaping import (
+    LinkShaper,
+    QdiscSupport,
+    detect_qdiscs,
+    egress_commands,
+    ingress_commands,
+)
 from omnilearn.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

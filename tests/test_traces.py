@@ -10,19 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from omnilearn.emulator import trace as trace_mod
+from omnilearn.emulator import trace_parse as trace_mod
 from omnilearn.emulator.levels import Allocation
 from omnilearn.emulator.links import Link
-from omnilearn.emulator.trace import (
-    FULL,
-    Refusal,
-    Stall,
-    Trace,
-    WorkerState,
-    convert_trace,
-    load_trace,
-    parse_trace,
-)
+from omnilearn.emulator.trace import FULL, Refusal, Stall, Trace, WorkerState
+from omnilearn.emulator.trace_convert import convert_trace
+from omnilearn.emulator.trace_parse import load_trace, parse_trace
 from omnilearn.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
