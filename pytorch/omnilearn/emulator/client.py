@@ -53,7 +53,9 @@ class AllocationClient:
         elif record.get("status") == "applied":
             effective, status = Allocation.from_dict(record.get("effective") or {}), "applied"
         else:
-            log.warning("rank %d: request for %s rejected: %s", self.rank, level, record.get("reason"))
+            # Refused (or not applied by the backend): the allocation in force stays.
+            log.warning("rank %d: request for %s %s: %s (%s)", self.rank, level, record.get("status"),
+                        record.get("reason"), record.get("detail"))
             effective, status = self.allocation, "rejected"
         previous = self.level
         self.level, self.allocation = level, effective
