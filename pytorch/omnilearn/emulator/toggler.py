@@ -229,6 +229,9 @@ class Toggler:
     def _poll_log(self, lg: _Log, written: list[dict[str, Any]]) -> None:
         if lg.pending is not None:  # a change was begun and not finished (a crash, an interrupt)
             written.append(self._complete(lg, lg.pending))
+        self._close_if_flooded(lg, written)
+        if lg.closed is not None:
+            return
         data = self._read(lg, written)
         if data is None:
             return
@@ -243,6 +246,9 @@ class Toggler:
             lg.offset = start + pos
         handled = 0
         while handled < MAX_LINES_PER_POLL and lg.closed is None:
+            self._close_if_flooded(lg, written)
+            if lg.closed is not None:
+                return
             end = data.find(b"\n", pos)
             if end < 0 and len(data) - pos <= MAX_LINE_BYTES:
                 return  # an incomplete line: its writer has not finished it (or the read stopped)
@@ -346,12 +352,6 @@ class Toggler:
         if req.target is not None and req.target != lg.target:
             return self._refuse(lg, offset_end, "refused", "wrong-target",
                                 f"target {echo(req.target)} in the log of {lg.target}", **fields)
-        if req.seq <= lg.last_seq:
-            return self._refuse(lg, offset_end, "duplicate", "seq-replayed",
-                                f"seq {req.seq} <= last seq {lg.last_seq}", **fields)
-        if req.seq > lg.last_seq + MAX_SEQ_STEP:
-            return self._refuse(lg, offset_end, "refused", "seq-jump",
-                                f"seq {req.seq} jumps past last seq {lg.last_seq} + {MAX_SEQ_STEP}", **fields)
         allocs = self._allocations.get(req.level)
         if allocs is None:
             return self._refuse(lg, offset_end, "refused", "unknown-level",
@@ -367,6 +367,13 @@ class Toggler:
                 return self._refuse(lg, offset_end, "refused", "not-in-plan",
                                     f"{key} {echo(getattr(asked, key))} is not {lg.target}'s {req.level} "
                                     f"allocation ({echo(getattr(planned, key))})", **fields)
+        # The seq last: a line's reason does not depend on where its log's seq stands.
+        if req.seq <= lg.last_seq:
+            return self._refuse(lg, offset_end, "duplicate", "seq-replayed",
+                                f"seq {req.seq} <= last seq {lg.last_seq}", **fields)
+        if req.seq > lg.last_seq + MAX_SEQ_STEP:
+            return self._refuse(lg, offset_end, "refused", "seq-jump",
+                                f"seq {req.seq} jumps past last seq {lg.last_seq} + {MAX_SEQ_STEP}", **fields)
         note = None
         if req.seq > lg.last_seq + 1:
             note = f"seq {req.seq} after {lg.last_seq}: {req.seq - lg.last_seq - 1} seq(s) skipped"
@@ -418,12 +425,16 @@ class Toggler:
         self._write(record)
         lg.offset = offset_end
         lg.refusals += 1
-        if lg.refusals >= MAX_REFUSALS_PER_LOG and lg.closed is None:
-            self._write(self._record(lg, status="refused", reason="too-many-refusals",
-                                     detail=f"{lg.refusals} refused lines: {lg.name} is no longer read"))
-            log.warning("toggler: %s: %d refused lines, no longer read", lg.name, lg.refusals)
-            lg.closed = "too-many-refusals"
         return record
+
+    def _close_if_flooded(self, lg: _Log, written: list[dict[str, Any]]) -> None:
+        """Stop reading a log that has had MAX_REFUSALS_PER_LOG lines refused (each costs an audit record)."""
+        if lg.refusals >= MAX_REFUSALS_PER_LOG and lg.closed is None:
+            log.warning("toggler: %s: %d refused lines, no longer read", lg.name, lg.refusals)
+            written.append(self._write(self._record(
+                lg, status="refused", reason="too-many-refusals",
+                detail=f"{lg.refusals} refused lines: {lg.name} is no longer read")))
+            lg.closed = "too-many-refusals"
 
     def _refuse_file(self, lg: _Log, reason: str, detail: str) -> list[dict[str, Any]]:
         """Audit a log that cannot be read, once until its state changes."""
