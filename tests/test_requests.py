@@ -23,7 +23,8 @@ from omnilearn.emulator.requests import (
     request_log,
 )
 from omnilearn.emulator.schedule import Schedule
-from omnilearn.emulator.toggler import Toggler, read_audit, timeline
+from omnilearn.emulator.toggler import Toggler, read_audit, timeline, toggler_lock
+from omnilearn.errors import UserError
 
 TARGETS = ("worker0", "worker1")
 HOST = [0, 1]
@@ -521,3 +522,53 @@ def test_wait_applied_tolerates_partial_audit_line(tmp_path: Path) -> None:
     threading.Thread(target=finish).start()
     rec = writer.wait_applied(req, timeout=3, poll=0.02)
     assert rec is not None and rec["seq"] == 0
+
+
+# ---------------------------------------------------------------- the log folder is the workers' too
+
+
+def test_a_read_error_on_one_log_leaves_the_others_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    tog, backend = make(tmp_path)
+    append(request_log(tmp_path, 0), req_line(0))
+    append(request_log(tmp_path, 1), req_line(0, rank=1, target="worker1"))
+    real_pread = os.pread
+    bad = os.stat(request_log(tmp_path, 0)).st_ino
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        if os.fstat(fd).st_ino == bad:
+            raise OSError(5, "Input/output error")
+        return real_pread(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    records = tog.poll_once()
+    assert [(r["file"], r["status"], r["reason"]) for r in records] == [
+        ("cpu-0.log", "refused", "cannot-read"), ("cpu-1.log", "applied", None)]
+    monkeypatch.setattr(os, "pread", real_pread)
+    assert [(r["file"], r["status"]) for r in tog.poll_once()] == [("cpu-0.log", "applied")]
+
+
+def test_an_audit_that_is_a_symlink_is_never_written_and_nothing_is_applied(tmp_path: Path) -> None:
+    tog, backend = make(tmp_path)
+    victim = tmp_path.parent / f"{tmp_path.name}-victim"
+    victim.write_text("precious\n")
+    (tmp_path / AUDIT_NAME).symlink_to(victim)
+    append(request_log(tmp_path, 0), req_line(0))
+    assert tog.poll_once() == [] and backend.applied == []
+    assert victim.read_text() == "precious\n"
+    (tmp_path / AUDIT_NAME).unlink()
+    assert statuses(tog.poll_once()) == ["applied"]  # the line was not consumed meanwhile
+    (tmp_path / AUDIT_NAME).rename(tmp_path / "old-audit")
+    (tmp_path / AUDIT_NAME).symlink_to(victim)
+    with pytest.raises(UserError, match="audit"):  # a restarted toggler cannot trust its state: says so
+        make(tmp_path)
+
+
+def test_the_lock_is_never_taken_through_a_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "toggler.lock").symlink_to(victim)
+    with pytest.raises(UserError, match="lock"), toggler_lock(tmp_path / "logs"):
+        pass
+    assert not victim.exists()

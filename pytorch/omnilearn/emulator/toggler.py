@@ -209,7 +209,12 @@ class Toggler:
         try:
             for lg in self._logs:
                 if lg.closed is None:
-                    self._poll_log(lg, written)
+                    try:
+                        self._poll_log(lg, written)
+                    except AuditUnavailable:
+                        raise
+                    except Exception:  # noqa: BLE001 - one log's trouble must not stop the others
+                        log.exception("toggler: error reading %s; trying again at the next poll", lg.name)
             self._report_strays(written)
         except AuditUnavailable as e:
             if str(e) != self._audit_error:
@@ -305,6 +310,9 @@ class Toggler:
             if st.st_size == lg.offset:
                 return None
             return os.pread(fd, min(MAX_READ_BYTES, st.st_size - lg.offset), lg.offset)
+        except OSError as e:
+            written.extend(self._refuse_file(lg, "cannot-read", f"{lg.name}: {e.strerror}"))
+            return None
         finally:
             os.close(fd)
 
@@ -313,8 +321,12 @@ class Toggler:
         (``cpu-00.log``, ``cpu-9.log`` in a job of 4, other digits): they are never read."""
         if len(self._strays) >= MAX_STRAY_REPORTS:
             return
-        with os.scandir(self._dir_fd) as entries:
-            names = [e.name for e in islice(entries, MAX_DIR_ENTRIES)]
+        try:
+            with os.scandir(self._dir_fd) as entries:
+                names = [e.name for e in islice(entries, MAX_DIR_ENTRIES)]
+        except OSError as e:
+            log.warning("toggler: cannot list %s: %s", self.log_dir, e)
+            return
         for name in names:
             if name.startswith("cpu-") and name not in self._by_name:
                 shown = echo(name)
