@@ -19,8 +19,10 @@ from omnilearn.emulator.backends import NullBackend, cgroup, select_backend
 from omnilearn.emulator.backends.affinity import AffinityBackend
 from omnilearn.emulator.backends.cgroup import CgroupV1Backend, CgroupV2Backend
 from omnilearn.emulator.backends.cgroupfs import CGROUP_ROOT, read_own_allocation, sweep_stale
+from omnilearn.emulator.client import RequestWriter
 from omnilearn.emulator.levels import Allocation, format_cpuset, parse_cpuset
-from omnilearn.emulator.requests import RequestWriter
+from omnilearn.emulator.plan import EmulationPlan
+from omnilearn.emulator.schedule import Schedule
 from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
 
@@ -212,7 +214,9 @@ def test_read_own_allocation_inside_the_cgroup(v1: CgroupV1Backend, spawn) -> No
 def test_toggler_through_real_cgroups(v1: CgroupV1Backend, job: str, tmp_path: Path, spawn) -> None:
     child = spawn("import time; time.sleep(60)")
     v1.add_process("w1", child.pid)
-    toggler = Toggler(tmp_path, v1, v1.targets)
+    plan = EmulationPlan("cpuset", ("w0", "w1"), {"HL4": {"w0": Allocation(), "w1": Allocation(cpuset="1", cpus=0.5)}},
+                         Schedule.pinned("HL4"))
+    toggler = Toggler(tmp_path, v1, plan)
     writer = RequestWriter(tmp_path, 1)
     req = writer.submit("w1", "HL4", Allocation(cpuset="1", cpus=0.5), epoch=3)
     toggler.poll_once()

@@ -18,10 +18,13 @@ from pathlib import Path
 import pytest
 
 from jobs import write_skew_job
+from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends.docker import LABEL_JOB, DockerBackend, ForeignContainer
+from omnilearn.emulator.client import RequestWriter
 from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.requests import RequestWriter
-from omnilearn.emulator.toggler import Toggler, read_audit
+from omnilearn.emulator.plan import EmulationPlan
+from omnilearn.emulator.schedule import Schedule
+from omnilearn.emulator.toggler import Toggler
 from omnilearn.launch.docker import images as image
 from omnilearn.launch.docker import swarm
 
@@ -106,10 +109,12 @@ def test_toggler_never_touches_a_container_of_another_job(tmp_path: Path, docker
         with pytest.raises(ForeignContainer):
             backend.apply("omnilearn-test-foreign", Allocation(cpus=0.5))
         # Through the protocol: even a request naming it as a target of this job is rejected, unapplied.
-        toggler = Toggler(tmp_path, backend, ["omnilearn-test-foreign"])
+        plan = EmulationPlan("quota", ("omnilearn-test-foreign",),
+                             {"HL8": {"omnilearn-test-foreign": Allocation(cpus=0.5)}}, Schedule.pinned("HL8"))
+        toggler = Toggler(tmp_path, backend, plan)
         RequestWriter(tmp_path, 0).submit("omnilearn-test-foreign", "HL8", Allocation(cpus=0.5), 0)
         (record,) = toggler.poll_once()
-        assert record["status"] == "rejected" and "someone-else" in record["reason"]
+        assert record["status"] == "rejected" and "someone-else" in record["detail"]
         foreign.reload()
         assert not foreign.attrs["HostConfig"]["CpuQuota"]
     finally:

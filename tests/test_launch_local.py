@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from jobs import write_skew_job
-from omnilearn.emulator.toggler import read_audit
+from omnilearn.emulator.audit import read_audit
 
 
 @pytest.mark.slow

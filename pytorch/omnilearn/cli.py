@@ -231,7 +231,7 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     console = _console()
     stop = threading.Event()
     with toggler_lock(job.log_dir):
-        toggler = Toggler(job.log_dir, backend, job.plan.targets, console=console)
+        toggler = Toggler(job.log_dir, backend, job.plan, console=console)
         console.print(f"toggler for job {job.job_id}: watching {job.log_dir}/cpu-*.log (Ctrl-C to stop)",
                       markup=False)
         try:

@@ -1,4 +1,4 @@
-"""The project's files, read and written one way: YAML configs, JSONL records, atomic replacement.
+"""The project's files, read and written one way: YAML configs, lines and JSONL records, atomic replacement.
 
 Every module that reads a YAML file, a JSONL file or replaces a file goes through here, so they
 all fail the same way (one :class:`UserError` naming the file) and no reader ever sees half a file.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,19 +72,49 @@ def read_lines(path: Path, offset: int = 0) -> tuple[list[tuple[bytes, int]], in
     return lines, offset + pos
 
 
-def read_jsonl(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+def iter_lines(fd: int, max_line: int, chunk: int = 2**20) -> Iterator[tuple[bytes | None, int]]:
+    """Stream the complete lines of an open file: (line, or None when longer than ``max_line``,
+    offset after it). Memory stays within ``chunk + max_line`` whatever the file holds.
+
+    For files others may write (see :func:`read_lines` for one's own, read from an offset).
+    """
+    offset = 0  # of the start of ``buf`` in the file
+    buf = b""
+    too_long = False  # inside a line already known to be too long
+    while data := os.pread(fd, chunk, offset + len(buf)):
+        buf += data
+        pos = 0
+        while (end := buf.find(b"\n", pos)) >= 0:
+            yield (None if too_long or end - pos > max_line else buf[pos:end]), offset + end + 1
+            too_long = False
+            pos = end + 1
+        offset += pos
+        buf = buf[pos:]
+        if len(buf) > max_line:
+            too_long = True
+            offset += len(buf)
+            buf = b""
+
+
+def _loads_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def read_jsonl(path: Path, offset: int = 0,
+               loads: Callable[[bytes], Any] = _loads_or_none) -> tuple[list[dict[str, Any]], int]:
     """The JSON objects on the complete lines of ``path`` from byte ``offset``, and where to go on.
 
     An incomplete last line (its writer is still writing it) is left for the next call; lines that
-    are not JSON objects are skipped. A missing file has no records.
+    are not JSON objects are skipped. A missing file has no records. ``loads`` parses one line (None
+    for one it refuses; a file others may write wants a bounded one), by default ``json.loads``.
     """
     lines, end = read_lines(path, offset)
     records: list[dict[str, Any]] = []
     for raw, _ in lines:
-        try:
-            record = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
+        record = loads(raw)
         if isinstance(record, dict):
             records.append(record)
     return records, end

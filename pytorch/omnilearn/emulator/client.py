@@ -1,8 +1,15 @@
-"""The worker's side of the emulator: ask for the allocation of a level, wait, adapt threads."""
+"""The worker's side of the emulator: ask for the allocation of a level, wait, adapt threads.
+
+:class:`RequestWriter` is the worker's half of the request protocol (:mod:`.requests`): it appends
+requests to the rank's own log and finds the toggler's decision on each in the audit (:mod:`.audit`).
+:class:`AllocationClient` drives it from the level the schedule asks for.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,11 +17,121 @@ from typing import Any
 
 import torch
 
+from omnilearn.emulator.audit import FINAL_STATUSES, read_bounded_audit
+from omnilearn.emulator.bounded_json import loads_bounded
 from omnilearn.emulator.levels import Allocation
 from omnilearn.emulator.plan import EmulationPlan
-from omnilearn.emulator.requests import RequestWriter
+from omnilearn.emulator.requests import (
+    MAX_JSON_DEPTH,
+    MAX_LINE_BYTES,
+    MAX_SEQ_STEP,
+    CpuRequest,
+    audit_path,
+    canonical_cpuset,
+    request_log,
+)
+from omnilearn.files import read_jsonl
 
 log = logging.getLogger("omnilearn.worker")
+
+
+def append_line(path: Path, line: str) -> int:
+    """Append one complete line durably (the only way a worker writes its log); returns the offset
+    just after it, which the toggler's decision on the line names as ``offset_end``.
+
+    If the file ends with an unfinished line (its writer crashed mid-line), that line is closed
+    first: otherwise the new line would be glued to it and both would be lost as one bad line.
+    """
+    assert line.endswith("\n") and "\n" not in line[:-1], line
+    data = line.encode("utf-8")
+    with open(path, "ab") as f:
+        if f.tell() > 0 and not _ends_with_newline(path):
+            data = b"\n" + data
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+        return f.tell()
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def next_seq(seqs: list[int]) -> int:
+    """The seq after the last one the toggler's rule takes from ``seqs`` (the seqs of a log's lines, in
+    order): each taken seq is above the previous one by at most MAX_SEQ_STEP."""
+    last = -1
+    for seq in seqs:
+        if last < seq <= last + MAX_SEQ_STEP:
+            last = seq
+    return last + 1
+
+
+class RequestWriter:
+    """The worker's side: appends requests to its own ``cpu-<rank>.log``, never rewrites it."""
+
+    def __init__(self, log_dir: Path, rank: int) -> None:
+        self.log_dir = Path(log_dir)
+        self.rank = rank
+        self.path = request_log(self.log_dir, rank)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        # A restarted worker continues after the seqs already written: the toggler takes each seq
+        # once per file, and no further than MAX_SEQ_STEP past the last one it took.
+        self._next_seq = self._continue_seq()
+        self._offsets: dict[int, int] = {}  # seq -> offset_end of the line that carried it
+        self._audit_offset = 0
+        self._audit_seen: dict[int, dict[str, Any]] = {}  # offset_end -> decision
+
+    def _continue_seq(self) -> int:
+        records, _ = read_jsonl(self.path, loads=lambda raw: loads_bounded(raw, MAX_LINE_BYTES, MAX_JSON_DEPTH))
+        return next_seq([r["seq"] for r in records if type(r.get("seq")) is int])
+
+    def submit(self, target: str, level: str, allocation: Allocation, epoch: float | None) -> CpuRequest:
+        """Append a request for ``target`` to get ``allocation`` (durable when this returns)."""
+        with self._lock:
+            req = CpuRequest(
+                seq=self._next_seq,
+                rank=self.rank,
+                target=target,
+                level=level,
+                cpuset=canonical_cpuset(allocation.cpuset),  # the protocol takes the canonical form only
+                cpus=allocation.cpus,
+                memory=allocation.memory,
+                epoch=epoch,
+                time=time.time(),
+            )
+            self._offsets[req.seq] = append_line(self.path, req.to_line())
+            self._next_seq += 1
+        return req
+
+    def wait_applied(self, req: CpuRequest, timeout: float, poll: float = 0.05) -> dict[str, Any] | None:
+        """The toggler's decision on ``req`` (status "applied", or why not), None on timeout.
+
+        Reads the audit incrementally and matches the decision by the offset of the request's line,
+        so a line someone else wrote with the same seq is never taken for this one. An applied
+        record carries the ``effective`` allocation the toggler read back from the kernel.
+        """
+        deadline = time.monotonic() + timeout
+        audit = audit_path(self.log_dir)
+        offset_end = self._offsets.get(req.seq)
+        while True:
+            with self._lock:
+                records, self._audit_offset = read_bounded_audit(audit, self._audit_offset)
+                for record in records:
+                    end = record.get("offset_end")
+                    if (record.get("file") == self.path.name and record.get("status") in FINAL_STATUSES
+                            and type(end) is int):
+                        self._audit_seen[end] = record
+                found = self._audit_seen.get(offset_end) if offset_end is not None else None
+            if found is not None:
+                return found
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            time.sleep(min(poll, remaining))
 
 
 @dataclass
@@ -53,7 +170,9 @@ class AllocationClient:
         elif record.get("status") == "applied":
             effective, status = Allocation.from_dict(record.get("effective") or {}), "applied"
         else:
-            log.warning("rank %d: request for %s rejected: %s", self.rank, level, record.get("reason"))
+            # Refused (or not applied by the backend): the allocation in force stays.
+            log.warning("rank %d: request for %s %s: %s (%s)", self.rank, level, record.get("status"),
+                        record.get("reason"), record.get("detail"))
             effective, status = self.allocation, "rejected"
         previous = self.level
         self.level, self.allocation = level, effective

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from omnilearn.emulator.bounded_json import json_depth
 from omnilearn.emulator.levels import format_cpuset
 from omnilearn.emulator.links import parse_duration, parse_link, shown
 from omnilearn.emulator.trace import (
@@ -164,7 +165,7 @@ def _jsonl_rows(lines: list[tuple[int, str]]) -> list[tuple[int, dict[str, Any]]
     for n, s in lines:
         if len(rows) > MAX_ROWS:
             break
-        if _json_depth(s) > MAX_JSON_DEPTH:
+        if json_depth(s) > MAX_JSON_DEPTH:
             return Refusal(n, "a row must be one flat JSON object (no nested values)")
         try:
             obj = json.loads(s)
@@ -177,28 +178,6 @@ def _jsonl_rows(lines: list[tuple[int, str]]) -> list[tuple[int, dict[str, Any]]
             return Refusal(n, problem)
         rows.append((n, obj))
     return rows
-
-
-def _json_depth(s: str) -> int:
-    """How deeply ``s`` nests brackets outside strings, counted without recursion (json.loads recurses)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in s:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 def _event(row: dict[str, Any], workers: int | None) -> tuple[TraceEvent, str] | str:

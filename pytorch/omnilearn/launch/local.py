@@ -68,7 +68,7 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
     backend = select_backend(cfg.emulation.backend, job.job_id, list(job.plan.targets), memory=limits_memory)
     job.backend = backend.name
     job_file = job.save()
-    toggler = Toggler(job.log_dir, backend, job.plan.targets)
+    toggler = Toggler(job.log_dir, backend, job.plan)
     stop = threading.Event()
     toggler_thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
     procs: list[subprocess.Popen] = []

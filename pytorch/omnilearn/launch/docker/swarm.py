@@ -276,7 +276,7 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
     state: ClusterState | None = None
     try:
         with toggler_lock(job.log_dir):
-            toggler = Toggler(job.log_dir, backend, job.plan.targets)
+            toggler = Toggler(job.log_dir, backend, job.plan)
             thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
             thread.start()
             state = up(job, console)  # Ctrl-C here interrupts the image build or the SDK call at once
