@@ -1,7 +1,8 @@
 # The omnilearn worker image: one container = one training rank (or the ASP parameter server).
 #
 #   docker build -t omnilearn-worker:latest .
-#   docker run --rm --init -v "$PWD/runs/x:/run/omnilearn" omnilearn-worker:latest omnilearn worker --job /run/job.json
+#   docker run --rm --init --read-only -v "$PWD/runs/x/job.json:/run/omnilearn/job.json:ro" ... \
+#       omnilearn-worker:latest omnilearn worker --job /run/omnilearn/job.json   (the launcher's mounts: README)
 #
 # BASE_IMAGE is any Debian/Ubuntu image with python3 (3.10+) and its venv module: the official slim
 # image by default; where no registry is reachable, `omnilearn image build` makes one with debootstrap
@@ -98,6 +99,12 @@ RUN set -eu; \
 COPY --from=pins /pins/rest.txt /tmp/pins/rest.txt
 RUN pip install --no-deps -r /tmp/pins/rest.txt && pip check
 
+# The user workers run as: no login, no home of its own (HOME is the container's /tmp tmpfs), owning
+# nothing in the image. The launcher passes it (--user 10001:10001), or the launching user's own ids
+# when that user is not root (README, "Security model").
+RUN groupadd --system --gid 10001 omnilearn \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin omnilearn
+
 # The project itself, editable: the code lives once, in /opt/omnilearn/pytorch (a launcher may bind-mount a
 # working tree over it), and configs/ sits beside it so relative config paths work from WORKDIR.
 WORKDIR /opt/omnilearn
@@ -111,4 +118,5 @@ RUN pip install --quiet --no-deps --no-build-isolation -e . \
 # No ENTRYPOINT: the command is the worker, e.g. `omnilearn worker --job /run/job.json`, so the container
 # lives exactly as long as the worker. Run it with an init (docker run --init, or init=True in the SDK and
 # in a swarm ContainerSpec) so SIGTERM reaches Python: as PID 1 it would ignore it.
+USER 10001:10001
 CMD ["omnilearn", "--help"]

@@ -43,6 +43,25 @@ def docker_client() -> Iterator[object]:
     client.close()
 
 
+@pytest.fixture(scope="session")
+def worker_image(docker_client: object) -> str:
+    """The worker image for this checkout (built from the Dockerfile when missing or stale)."""
+    from omnilearn.launch.docker import images
+
+    return images.ensure_images(client=docker_client, on_log=lambda line: None).worker_image
+
+
+@pytest.fixture
+def cleanup(docker_client: object) -> Iterator[list[str]]:
+    """Job ids a test starts; whatever happens, their containers and networks are removed after."""
+    from omnilearn.launch.docker import swarm
+
+    jobs: list[str] = []
+    yield jobs
+    for job_id in jobs:
+        swarm.down(job_id)
+
+
 def pytest_report_header(config: pytest.Config) -> str:  # noqa: ARG001
     return "Docker suite: " + ("required (make test-docker)" if REQUIRE_DOCKER else
                                "runs when a daemon answers or can be started (root + apt), else skipped")

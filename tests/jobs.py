@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import time
 from pathlib import Path
 
 SKEW_SCHEDULE = "unit: epoch\npoints:\n  - {at: 0, level: EVEN}\n  - {at: 1, level: SKEW}\n"
@@ -29,3 +32,13 @@ emulation:
     SKEW: [0.15, 0.3, 1.2]
 """)
     return cfg
+
+
+def job_id_of(out: Path, timeout: float = 60) -> str:
+    """The job id in ``out/job.json``, once a launcher has written it."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+            return json.loads((out / "job.json").read_text())["job_id"]
+        time.sleep(0.2)
+    raise AssertionError(f"no {out / 'job.json'}")

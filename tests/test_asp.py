@@ -285,7 +285,7 @@ def test_asp_compare_applies_every_gradient_once_and_evens_update_rates(tmp_path
         snapshots = sorted((run / "snapshots").glob("snapshot-*.pt"))
         assert len(snapshots) == len(s["accuracy_curve"])
         assert (run / "run.png").stat().st_size > 10_000
-        assert not (run / "checkpoint.pt").exists()
+        assert not (run / "snapshots" / "checkpoint.pt").exists()
         if os.geteuid() == 0:
             assert s["backend"].startswith("cgroup")
     u, d = summaries["uniform"], summaries["dynamic"]
@@ -345,10 +345,10 @@ def test_a_killed_asp_worker_stops_the_job_with_its_rank_and_a_checkpoint(tmp_pa
     assert proc.returncode == 1, output
     assert "ASP worker rank 2 (aspworker3) exited with status -9" in output
     assert time.time() - t0 < 15
-    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
+    checkpoint = torch.load(out / "snapshots" / "checkpoint.pt", weights_only=True)
     assert checkpoint["version"] >= 6 and set(checkpoint) >= {"model", "optimizer", "samples", "batch"}
     fault = [r for r in read_jsonl(out / "metrics" / "rank-0.jsonl") if r["kind"] == "fault"]
-    assert fault and fault[-1]["checkpoint"] == str(out / "checkpoint.pt")
+    assert fault and fault[-1]["checkpoint"] == str(out / "snapshots" / "checkpoint.pt")
     _assert_cleaned_up(out)
 
 
@@ -366,5 +366,5 @@ def test_a_hung_asp_worker_is_detected_by_the_server_watchdog(tmp_path: Path) ->
     assert proc.returncode == 1, output
     assert "ASP worker rank 1 (aspworker2) sent nothing for more than 6 s" in output
     assert time.time() - t0 < 6 + 15
-    assert (out / "checkpoint.pt").is_file()
+    assert (out / "snapshots" / "checkpoint.pt").is_file()
     _assert_cleaned_up(out)

@@ -6,18 +6,16 @@ worker image is built once per checkout (minutes the first time, seconds after a
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from jobs import write_skew_job
+from jobs import job_id_of, write_skew_job
 from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends.docker import LABEL_JOB, DockerBackend, ForeignContainer
 from omnilearn.emulator.client import RequestWriter
@@ -25,35 +23,9 @@ from omnilearn.emulator.levels import Allocation
 from omnilearn.emulator.plan import EmulationPlan
 from omnilearn.emulator.schedule import Schedule
 from omnilearn.emulator.toggler import Toggler
-from omnilearn.launch.docker import images as image
 from omnilearn.launch.docker import swarm
 
 pytestmark = pytest.mark.docker
-
-
-
-@pytest.fixture(scope="module")
-def worker_image(docker_client: object) -> str:
-    """The worker image for this checkout (built from the Dockerfile when missing or stale)."""
-    return image.ensure_images(client=docker_client, on_log=lambda line: None).worker_image
-
-
-@pytest.fixture
-def cleanup(docker_client: object) -> Iterator[list[str]]:
-    """Job ids a test starts; whatever happens, their containers and networks are removed after."""
-    jobs: list[str] = []
-    yield jobs
-    for job_id in jobs:
-        swarm.down(job_id)
-
-
-def _job_id(out: Path, timeout: float = 60) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-            return json.loads((out / "job.json").read_text())["job_id"]
-        time.sleep(0.2)
-    raise AssertionError("no job.json")
 
 
 def test_bsp_in_containers_with_a_live_hl_change(tmp_path: Path, docker_client, worker_image: str,
@@ -63,7 +35,7 @@ def test_bsp_in_containers_with_a_live_hl_change(tmp_path: Path, docker_client, 
     proc = subprocess.Popen([sys.executable, "-m", "omnilearn", "run", "--config", str(cfg), "--out", str(out),
                              "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        job_id = _job_id(out)
+        job_id = job_id_of(out)
         cleanup.append(job_id)
         # Wait until the toggler has applied the SKEW level to every container, then look inside them.
         deadline = time.time() + 300
@@ -131,7 +103,7 @@ def test_cluster_up_toggle_down_as_the_papers_scripts(tmp_path: Path, docker_cli
                          "--set", "data.synthetic_size=512", "--set", "data.image_size=16"],
                         capture_output=True, text=True, env=env, timeout=300)
     assert up.returncode == 0, up.stdout + up.stderr
-    cleanup.append(_job_id(out))
+    cleanup.append(job_id_of(out))
     rows = swarm.status(out)
     assert [r["target"] for r in rows] == ["worker1", "worker2"]
     toggle = subprocess.run([str(root / "scripts" / "exec_HL.sh"), str(out)], capture_output=True, text=True,

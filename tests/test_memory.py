@@ -152,4 +152,4 @@ def test_asp_global_batch_that_cannot_fit_stops_before_training(tmp_path: Path) 
     assert r.returncode == 2, r.stdout + r.stderr
     assert "does not fit in the ASP workers' memory" in r.stderr and "train.global_batch=128" in r.stderr
     assert not _records(out / "metrics" / "rank-0.jsonl", "update")
-    assert not (out / "checkpoint.pt").exists()
+    assert not (out / "snapshots" / "checkpoint.pt").exists()

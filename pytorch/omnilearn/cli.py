@@ -15,7 +15,6 @@ import faulthandler
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
@@ -45,22 +44,13 @@ def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
     return out
 
 
-def _prepare_out(path: Path, force: bool) -> None:
-    """A run folder is never silently overwritten: results are not lost by a second run."""
-    if path.exists() and any(path.iterdir()):
-        if not force:
-            raise UserError(f"--out {path}: folder exists and is not empty (choose another, or add --force "
-                            f"to replace it)")
-        shutil.rmtree(path)
-    path.mkdir(parents=True, exist_ok=True)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
 
     from omnilearn.emulator.plan import build_plan
     from omnilearn.jobfile import JobSpec, new_job_id
     from omnilearn.launch.failures import WorkerFailed
     from omnilearn.launch.local import check_local_prerequisites, run_local
+    from omnilearn.launch.runfolder import prepare_out
     from omnilearn.report.plot import plot_compare, plot_run
     from omnilearn.report.summary import compare, summarize
     from omnilearn.report.table import print_report
@@ -75,8 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         check_local_prerequisites()
     facts = preflight(cfg)  # data present (or downloaded once), model builds, batch fits the data
-    out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    _prepare_out(out, args.force)
+    out = prepare_out(args.out, args.force)  # a new or replaceable folder, marked as a run's
     console = _console()
     policies = ["uniform", "dynamic"] if args.compare else [cfg.control.policy]
     runs: dict[str, Path] = {}
@@ -169,14 +158,14 @@ def _job_for_cluster(args: argparse.Namespace):
     """Config, plan and saved job file for ``cluster up`` (the same checks as ``run``)."""
     from omnilearn.emulator.plan import build_plan
     from omnilearn.jobfile import JobSpec, new_job_id
+    from omnilearn.launch.runfolder import prepare_out
     from omnilearn.train.preflight import preflight
 
     overrides = _overrides(args) + [("emulation.backend", "docker")]
     cfg = config.build(args.config, overrides)
     plan = build_plan(cfg)
     preflight(cfg)
-    out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    _prepare_out(out, args.force)
+    out = prepare_out(args.out, args.force)  # a new or replaceable folder, marked as a run's
     job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="docker")
     job.save()
     return job
@@ -328,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dataset")
     r.add_argument("--compare", action="store_true", help="run uniform then dynamic under the same schedule")
     r.add_argument("--out", help="run folder (default: a new folder under runs/)")
-    r.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    r.add_argument("--force", action="store_true", help="replace an existing --out folder (only a run folder)")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=cmd_run)
 

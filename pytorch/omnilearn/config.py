@@ -159,8 +159,9 @@ class DockerConfig:
     """Build the image first when it is missing or older than this checkout (``omnilearn image build``)."""
     network: str | None = None
     """Attachable overlay network; default ``omnilearn-<job id>``, created and removed with the job."""
-    encrypted: bool = False
-    """Encrypt the overlay network's traffic (IPsec between hosts)."""
+    encrypted: bool | None = None
+    """Encrypt the overlay network's traffic (IPsec between hosts). Unset: on when ``hosts`` places a
+    target on another daemon, off on one host (where the traffic never leaves the machine)."""
     advertise_addr: str | None = None
     """Address for ``docker swarm init`` when this host is not in a swarm yet (default: Docker's choice,
     falling back to 127.0.0.1 on a host with no routable address)."""
@@ -169,6 +170,8 @@ class DockerConfig:
     The run folder must be the same path on every host (a shared file system)."""
     master_port: int = 29500
     stop_timeout: float = 10.0
+    pids_limit: int = 4096
+    """Processes and threads one container may hold (a fork bomb stops there); a worker uses about 100."""
 
 
 @dataclass
@@ -261,6 +264,9 @@ class JobConfig:
                       f"{e.ack_timeout:g}: a worker waits that long for the toggler without calling the server")
         if not 0 < self.docker.master_port < 65536:
             raise bad("docker.master_port", f"must be a TCP port, not {self.docker.master_port}")
+        if self.docker.pids_limit < 64:
+            raise bad("docker.pids_limit", f"must be at least 64 (a worker runs about 100 threads), "
+                      f"not {self.docker.pids_limit}")
         for target, url in self.docker.hosts.items():
             if not url.startswith(("unix://", "tcp://", "ssh://", "http://", "https://")):
                 raise bad(f"docker.hosts.{target}", f"{url!r} is not a daemon URL (unix://, tcp://, ssh://)")

@@ -1,4 +1,5 @@
-"""The project's files, read and written one way: YAML configs, lines and JSONL records, atomic replacement.
+"""The project's files, read and written one way: YAML configs, lines and JSONL records, atomic replacement,
+and files opened inside a folder without following links.
 
 Every module that reads a YAML file, a JSONL file or replaces a file goes through here, so they
 all fail the same way (one :class:`UserError` naming the file) and no reader ever sees half a file.
@@ -6,8 +7,10 @@ all fail the same way (one :class:`UserError` naming the file) and no reader eve
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,58 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def open_dir(path: Path) -> int:
+    """A descriptor of the folder ``path``, never through a symlink at its last step (the caller closes it)."""
+    return os.open(path, _DIR_FLAGS)
+
+
+def open_in(folder: Path | int, name: str, flags: int, mode: int = 0o644) -> int:
+    """Open the plain file ``name`` in ``folder`` (a path or a folder's descriptor) as a host process
+    must open anything in a folder that someone else can write: relative to the folder's descriptor,
+    never through a symlink, never blocking on a FIFO, and only a regular file with one link (a hard
+    link could name a file elsewhere). OSError otherwise; the caller closes the descriptor.
+    """
+    assert name and "/" not in name and name not in (".", ".."), name
+    dir_fd = folder if isinstance(folder, int) else open_dir(folder)
+    try:
+        fd = os.open(name, flags | _FILE_FLAGS, mode, dir_fd=dir_fd)
+    finally:
+        if dir_fd is not folder:
+            os.close(dir_fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise OSError(errno.EPERM, f"{name} is not a plain regular file")
+    return fd
+
+
+def create_in(folder: Path | int, name: str) -> int:
+    """A descriptor of ``name`` in ``folder`` open for writing, created if missing and emptied, opened with
+    :func:`open_in`: a symlink or hard link planted under that name is refused, never written through."""
+    fd = open_in(folder, name, os.O_WRONLY | os.O_CREAT)
+    try:
+        os.ftruncate(fd, 0)  # after open_in's checks: O_TRUNC would empty whatever a link names
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_in(folder: Path | int, name: str, data: bytes) -> None:
+    """Replace the contents of ``name`` in ``folder`` with ``data`` (see :func:`create_in`)."""
+    fd = create_in(folder, name)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def read_lines(path: Path, offset: int = 0) -> tuple[list[tuple[bytes, int]], int]:

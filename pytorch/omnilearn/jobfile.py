@@ -17,6 +17,8 @@ from omnilearn.config import JobConfig, from_dict
 from omnilearn.emulator.plan import EmulationPlan
 from omnilearn.files import write_atomic
 
+JOB_FILE = "job.json"
+
 
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
@@ -53,7 +55,7 @@ class JobSpec:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
         self.metrics_dir.mkdir(exist_ok=True)
-        path = self.out_dir / "job.json"
+        path = self.out_dir / JOB_FILE
         write_atomic(path, json.dumps(self.to_dict(), indent=2))
         return path
 

@@ -24,7 +24,14 @@ from typing import Any
 
 from omnilearn.emulator.bounded_json import loads_bounded
 from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.requests import AUDIT_NAME, MAX_AUDIT_DEPTH, MAX_AUDIT_LINE_BYTES, MAX_SEQ, audit_path
+from omnilearn.emulator.requests import (
+    AUDIT_NAME,
+    MAX_AUDIT_DEPTH,
+    MAX_AUDIT_LINE_BYTES,
+    MAX_SEQ,
+    MAX_STRAY_REPORTS,
+    audit_path,
+)
 from omnilearn.errors import UserError
 from omnilearn.files import iter_lines, read_jsonl
 
@@ -125,7 +132,8 @@ def recover(records: Iterable[dict[str, Any]], logs: dict[str, LogState]) -> tup
     wrote; returns how many records there were and the stray log names already audited.
 
     Records are checked like any input: only the names in ``logs`` count, and a pending change is
-    left for the toggler to complete with the plan's allocation, never the record's.
+    left for the toggler to complete with the plan's allocation, never the record's. The state kept
+    is bounded (one LogState per rank, at most MAX_STRAY_REPORTS stray names) however long the audit.
     """
     count = 0
     strays: set[str] = set()
@@ -135,7 +143,8 @@ def recover(records: Iterable[dict[str, Any]], logs: dict[str, LogState]) -> tup
         status, reason = record.get("status"), record.get("reason")
         lg = logs.get(name) if isinstance(name, str) else None
         if lg is None:
-            if status == "refused" and reason == "unexpected-log-name" and isinstance(name, str):
+            if status == "refused" and reason == "unexpected-log-name" and isinstance(name, str) \
+                    and len(strays) < MAX_STRAY_REPORTS:
                 strays.add(name)
             continue
         offset_end, seq = record.get("offset_end"), record.get("seq")

@@ -23,6 +23,7 @@ from omnilearn.emulator.backends import select_backend
 from omnilearn.emulator.backends.cgroupfs import sweep_stale
 from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
+from omnilearn.files import create_in
 from omnilearn.jobfile import JobSpec
 from omnilearn.launch.failures import WorkerFailed, first_failure, last_error, tail
 from omnilearn.launch.interrupts import Interrupts
@@ -79,9 +80,9 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
         with Interrupts() as interrupts:
             toggler_thread.start()
             for rank in range(world):
-                log_path = job.out_dir / "logs" / f"worker-{rank}.out"
+                log_path = job.log_dir / f"worker-{rank}.out"
                 logs.append(log_path)
-                with log_path.open("w") as out:
+                with os.fdopen(create_in(job.log_dir, log_path.name), "w") as out:
                     proc = subprocess.Popen(
                         [sys.executable, "-m", "omnilearn", "worker", "--job", str(job_file)],
                         env=worker_env(rank, world, port), stdout=out, stderr=subprocess.STDOUT,

@@ -8,18 +8,23 @@ scores each one after the job, outside the emulated allocations.
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from omnilearn.files import open_in
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, eval_path
 from omnilearn.train import distributed
 from omnilearn.train.distributed import flat_state
 from omnilearn.train.sampler import eval_indices
 from omnilearn.train.workload import build, load_data, loss_terms, perplexity
+
+log = logging.getLogger("omnilearn.evaluate")
 
 SNAPSHOT_DIR = "snapshots"
 """Where the parameter server saves its model during training (``snapshot-NNN.pt``)."""
@@ -127,8 +132,15 @@ def evaluate_snapshots(job: JobSpec) -> list[dict[str, Any]]:
     path.unlink(missing_ok=True)
     writer = MetricsWriter(path)
     records = []
-    for snap_file in sorted((job.out_dir / SNAPSHOT_DIR).glob("snapshot-*.pt")):
-        snap = torch.load(snap_file, weights_only=True)
+    folder = job.out_dir / SNAPSHOT_DIR
+    for snap_file in sorted(folder.glob("snapshot-*.pt")):
+        try:  # the server's container can write this folder: a plain file only, never through a link
+            fd = open_in(folder, snap_file.name, os.O_RDONLY)
+        except OSError as e:
+            log.warning("skipping snapshot %s: %s", snap_file, e.strerror)
+            continue
+        with os.fdopen(fd, "rb") as f:
+            snap = torch.load(f, weights_only=True)
         state.copy_(snap["state"])
         accuracy, loss = evaluate_model(model, test)
         rec = {"kind": "eval", "snapshot": snap_file.name, "epoch": snap["epoch"], "version": snap["version"],

@@ -47,7 +47,7 @@ training when that is known at registration.
 
 **End and faults.** Training ends when the applied samples reach ``epochs * training-set size``:
 every later pull or push is answered with ``stop`` (a gradient already computed is still applied).
-A watchdog stops the job, with ``OUT/checkpoint.pt`` saved, when a worker has not called for
+A watchdog stops the job, with ``OUT/snapshots/checkpoint.pt`` saved, when a worker has not called for
 ``asp.worker_timeout_s``; SIGTERM (the launcher stopping the job) also saves the checkpoint.
 """
 
@@ -330,8 +330,10 @@ class ParameterServer:
         return path
 
     def save_checkpoint(self) -> Path:
-        """``OUT/checkpoint.pt``: everything needed to resume the server (model, optimizer, progress)."""
-        path = self.job.out_dir / CHECKPOINT
+        """``OUT/snapshots/checkpoint.pt``: everything needed to resume the server (model, optimizer, progress),
+        in the one folder the server's container may write."""
+        path = self.job.out_dir / SNAPSHOT_DIR / CHECKPOINT
+        path.parent.mkdir(exist_ok=True)
         with self.lock:
             _save_atomic({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                           "version": self.version, "samples": self.samples, "epoch": self.epoch,

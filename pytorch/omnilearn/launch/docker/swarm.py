@@ -2,9 +2,11 @@
 
 ``up`` joins or initialises Swarm, creates the job's overlay network and starts the containers
 (``worker1``..``workerN`` for BSP; ``aspworker1`` = parameter server, ``aspworker2``.. for ASP), each
-with the first level's allocation, the run folder bind-mounted, labels naming the job. A container
-runs the worker entry point directly, so its life is the worker's life. ``down`` removes everything
-the job made, found by label, so it also works after a crash. All through the Docker SDK.
+with the first level's allocation, labels naming the job, and only the files of the run folder its rank
+needs (:mod:`.mounts`). Every container runs confined (:func:`confinement`): an unprivileged user, no
+capabilities, no privilege gain, a pids limit, a read-only root file system. A container runs the worker
+entry point directly, so its life is the worker's life. ``down`` removes everything the job made, found
+by label, so it also works after a crash. All through the Docker SDK.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
+from omnilearn.config import DockerConfig
 from omnilearn.emulator.backends.docker import (
     LABEL_JOB,
     LABEL_RANK,
@@ -33,19 +36,29 @@ from omnilearn.emulator.backends.docker import (
 )
 from omnilearn.emulator.toggler import Toggler, toggler_lock
 from omnilearn.errors import UserError
-from omnilearn.files import write_atomic
-from omnilearn.jobfile import JobSpec
+from omnilearn.files import write_atomic, write_in
+from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.launch.docker.daemon import daemon_client
 from omnilearn.launch.docker.images import ensure_images
+from omnilearn.launch.docker.mounts import (
+    DATA_MOUNT,
+    RUN_MOUNT,
+    container_mounts,
+    container_user,
+    prepare_run_folder,
+)
 from omnilearn.launch.failures import WorkerFailed, first_failure
 from omnilearn.launch.interrupts import Interrupts
 from omnilearn.launch.progress import progress_for
 
 log = logging.getLogger("omnilearn.swarm")
 
-RUN_MOUNT = "/run/omnilearn"  # the run folder inside every container
-DATA_MOUNT = "/data"
 STATE_FILE = "cluster.json"
+TMPFS = {"/tmp": "rw,nosuid,nodev,size=1g,mode=1777"}
+"""The only writable place of a container's own file system (its root is read-only)."""
+TMP_ENV = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache", "MPLCONFIGDIR": "/tmp/matplotlib",
+           "TORCH_HOME": "/tmp/torch", "PYTHONDONTWRITEBYTECODE": "1"}
+"""Caches (torch, matplotlib, anything that honours HOME) go to the tmpfs."""
 
 
 @dataclass
@@ -123,11 +136,21 @@ def _check_names_free(job: JobSpec, default: Any, remote: dict[str, Any]) -> Non
                                                              if owner else ""))
 
 
-def _data_mount(job: JobSpec) -> tuple[dict[str, dict[str, str]], str | None]:
+def confinement(docker: DockerConfig, user: tuple[int, int]) -> dict[str, Any]:
+    """``containers.run`` arguments that take from a worker everything training does not need (README,
+    "Security model", says what each one protects against)."""
+    return {"user": f"{user[0]}:{user[1]}", "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
+            "pids_limit": docker.pids_limit, "read_only": True, "tmpfs": dict(TMPFS)}
+
+
+def overlay_encrypted(docker: DockerConfig) -> bool:
+    """``docker.encrypted``; unset: on when a target runs on another daemon (traffic leaves this host)."""
+    return docker.encrypted if docker.encrypted is not None else bool(docker.hosts)
+
+
+def _data_root(job: JobSpec) -> Path | None:
     root = Path(job.config.data.root).resolve()
-    if root.is_dir():
-        return {str(root): {"bind": DATA_MOUNT, "mode": "rw" if job.config.data.download else "ro"}}, DATA_MOUNT
-    return {}, None
+    return root if root.is_dir() else None
 
 
 def up(job: JobSpec, console: Console | None = None) -> ClusterState:
@@ -148,7 +171,7 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
     state = ClusterState(job_id=job.job_id, network=net_name, subnet=None, hosts=dict(cfg.docker.hosts),
                          swarm_initialized=initialized)
     state.save(job.out_dir)  # before anything is made: `down` can always find the job
-    options = {"encrypted": "true"} if cfg.docker.encrypted else None
+    options = {"encrypted": "true"} if overlay_encrypted(cfg.docker) else None
     try:
         network = default.networks.create(net_name, driver="overlay", attachable=True, labels=labels,
                                           options=options, check_duplicate=True)
@@ -157,25 +180,26 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
     network.reload()
     ipam = (network.attrs.get("IPAM") or {}).get("Config") or [{}]
     state.subnet = ipam[0].get("Subnet")
-    volumes, data_root = _data_mount(job)
-    volumes[str(job.out_dir)] = {"bind": RUN_MOUNT, "mode": "rw"}
-    command = ["omnilearn", "worker", "--job", f"{RUN_MOUNT}/job.json", "--out-dir", RUN_MOUNT]
+    user = container_user()
+    prepare_run_folder(job, user)
+    data_root = _data_root(job)
+    command = ["omnilearn", "worker", "--job", f"{RUN_MOUNT}/{JOB_FILE}", "--out-dir", RUN_MOUNT]
     if data_root:
-        command += ["--data-root", data_root]
+        command += ["--data-root", DATA_MOUNT]
     world = len(job.plan.targets)
     first = job.plan.first_level()
     for rank, target in enumerate(job.plan.targets):
         env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                "MASTER_ADDR": job.plan.targets[0], "MASTER_PORT": str(cfg.docker.master_port),
-               "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+               "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", **TMP_ENV}
         if state.subnet:
             env["OMNILEARN_SUBNET"] = state.subnet  # the worker finds its overlay interface for gloo
         client = remote.get(target, default)
         container = client.containers.run(
             cfg.docker.image, command=command, name=target, hostname=target, detach=True, init=True,
-            network=net_name, environment=env, volumes=volumes, working_dir=RUN_MOUNT,
-            labels={**labels, LABEL_TARGET: target, LABEL_RANK: str(rank)},
-            **run_kwargs(job.plan.allocation(first, target)))
+            network=net_name, environment=env, mounts=container_mounts(job, rank, data_root),
+            working_dir=RUN_MOUNT, labels={**labels, LABEL_TARGET: target, LABEL_RANK: str(rank)},
+            **confinement(cfg.docker, user), **run_kwargs(job.plan.allocation(first, target)))
         state.containers[target] = container.id
         state.save(job.out_dir)
     if console:
@@ -190,7 +214,7 @@ def _job_containers(client: Any, job_id: str) -> list[Any]:
 
 def status(out_dir: Path) -> list[dict[str, Any]]:
     """One row per container of the job: state, exit code, CPU limits as the daemon has them."""
-    job = JobSpec.load(out_dir / "job.json", out_dir=out_dir)
+    job = JobSpec.load(out_dir / JOB_FILE, out_dir=out_dir)
     default, remote = clients_for(job)
     rows = []
     for target in job.plan.targets:
@@ -317,11 +341,11 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
 
 
 def save_logs(default: Any, remote: dict[str, Any], state: ClusterState, log_dir: Path) -> None:
-    """Keep each container's output (``logs/worker-<rank>.out``) before the container is removed."""
+    """Keep each container's output (``logs/worker-<rank>.out``) before the container is removed; never
+    written through a link someone planted under that name."""
     for rank, (target, cid) in enumerate(state.containers.items()):
         with contextlib.suppress(Exception):
-            data = remote.get(target, default).containers.get(cid).logs()
-            (log_dir / f"worker-{rank}.out").write_bytes(data)
+            write_in(log_dir, f"worker-{rank}.out", remote.get(target, default).containers.get(cid).logs())
 
 
 def _tail_logs(client: Any, cid: str, lines: int = 15) -> str:

@@ -1,0 +1,102 @@
+"""What a container of a job sees of the run folder, what it may write, and who it runs as.
+
+The run folder is the host's: the job file and its plan, the toggler's audit and lock, the saved container
+logs and the reports live there, and no container can write it. Each container gets bind mounts of single
+files, each as wide as its rank needs, at the paths they have in the run folder (so a worker runs the same
+code under every launcher, and under torchrun):
+
+    in the container (RUN_MOUNT = /run/omnilearn)    on the host (OUT = the run folder)      mode
+    RUN_MOUNT/job.json                               OUT/job.json                            ro
+    RUN_MOUNT/logs/cpu-<rank>.log                    OUT/logs/cpu-<rank>.log                 rw, its own only
+    RUN_MOUNT/logs/toggler-audit.jsonl               OUT/logs/toggler-audit.jsonl            ro
+    RUN_MOUNT/metrics/rank-<rank>.jsonl              OUT/metrics/rank-<rank>.jsonl           rw, its own only
+    RUN_MOUNT/snapshots/                             OUT/snapshots/                          rw, ASP server only
+    /data                                            data.root                               ro
+
+A file mount gives a container the contents of one file and no folder to create names in: it cannot
+plant a symlink, a hard link or a FIFO where the host reads or writes, cannot replace a file by another,
+and cannot even open another rank's log. The parameter server's snapshot folder is the one folder a
+container writes; the host only reads it, each file opened without following links. The host creates
+every mounted file before the container starts (a bind mount needs its source), with the request log and
+the metrics file owned by the container's user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from omnilearn.emulator.backends.docker import docker_sdk
+from omnilearn.emulator.requests import AUDIT_NAME, audit_path, request_log, request_name
+from omnilearn.errors import UserError
+from omnilearn.files import open_in
+from omnilearn.jobfile import JOB_FILE, JobSpec
+from omnilearn.metrics import metrics_path
+from omnilearn.train.evaluate import SNAPSHOT_DIR
+
+RUN_MOUNT = "/run/omnilearn"  # the run folder's paths inside every container
+DATA_MOUNT = "/data"
+CONTAINER_UID = 10001
+"""The image's unprivileged ``omnilearn`` user and group (Dockerfile)."""
+
+
+def container_user() -> tuple[int, int]:
+    """Who workers run as: the image's unprivileged user when the launcher is root; otherwise the
+    launcher's own user, who owns the run folder already (and could not give files away)."""
+    uid = os.geteuid()
+    return (CONTAINER_UID, CONTAINER_UID) if uid == 0 else (uid, os.getegid())
+
+
+def is_parameter_server(job: JobSpec, rank: int) -> bool:
+    return job.config.mode == "asp" and rank == 0
+
+
+def prepare_run_folder(job: JobSpec, user: tuple[int, int]) -> None:
+    """Create every file the job's containers mount, the rank's own ones given to ``user``."""
+    _create(job.log_dir, AUDIT_NAME, None)  # the host's; every container reads the toggler's answers here
+    for rank in range(len(job.plan.targets)):
+        _create(job.log_dir, request_name(rank), user)
+        metrics = metrics_path(job.out_dir, rank)
+        _create(metrics.parent, metrics.name, user)
+        if is_parameter_server(job, rank):
+            _create(job.out_dir, SNAPSHOT_DIR, user, folder=True)
+
+
+def _create(parent: Path, name: str, user: tuple[int, int] | None, folder: bool = False) -> None:
+    """Make ``parent/name`` (a file, or a folder) unless it exists, never through a link, and give it to ``user``."""
+    parent.mkdir(parents=True, exist_ok=True)
+    path = parent / name
+    try:
+        if folder:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o755)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        else:
+            fd = open_in(parent, name, os.O_RDONLY | os.O_CREAT)
+    except OSError as e:
+        raise UserError(f"cannot create {path} for the containers: {e.strerror}") from None
+    try:
+        if user is not None:
+            os.fchown(fd, *user)
+    except OSError as e:  # e.g. a shared file system that maps root to nobody
+        raise UserError(f"cannot give {path} to the containers' user {user[0]}:{user[1]}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def container_mounts(job: JobSpec, rank: int, data_root: Path | None) -> list[Any]:
+    """The bind mounts of rank ``rank``'s container (see the table above); ``data_root``: the host's data
+    folder, when there is one. Read-only data: the launcher downloads a dataset before any worker starts."""
+    mount = docker_sdk().types.Mount
+    out = job.out_dir
+    paths = [(out / JOB_FILE, True), (request_log(job.log_dir, rank), False), (audit_path(job.log_dir), True),
+             (metrics_path(out, rank), False)]
+    if is_parameter_server(job, rank):
+        paths.append((out / SNAPSHOT_DIR, False))
+    mounts = [mount(f"{RUN_MOUNT}/{host.relative_to(out).as_posix()}", str(host), type="bind", read_only=ro)
+              for host, ro in paths]
+    if data_root is not None:
+        mounts.append(mount(DATA_MOUNT, str(data_root), type="bind", read_only=True))
+    return mounts
