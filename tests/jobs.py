@@ -10,7 +10,7 @@ from pathlib import Path
 SKEW_SCHEDULE = "unit: epoch\npoints:\n  - {at: 0, level: EVEN}\n  - {at: 1, level: SKEW}\n"
 
 
-def write_skew_job(folder: Path, backend: str, synthetic_size: int) -> Path:
+def write_skew_job(folder: Path, backend: str, synthetic_size: int, epochs: int = 3) -> Path:
     """A 3-worker BSP job whose level goes from equal quotas (EVEN) to 0.15/0.3/1.2 CPUs (SKEW) after
     epoch 1; writes its schedule beside it and returns the config's path."""
     schedule = folder / "sched.yaml"
@@ -21,7 +21,7 @@ mode: bsp
 workers: 3
 model: {{name: smallcnn}}
 data: {{name: synthetic, image_size: 32, synthetic_size: {synthetic_size}}}
-train: {{epochs: 3, global_batch: 192, lr: 0.05}}
+train: {{epochs: {epochs}, global_batch: 192, lr: 0.05}}
 control: {{policy: dynamic, interval: 2, window: 3, min_samples: 2, deadband: 0.05}}
 emulation:
   backend: {backend}

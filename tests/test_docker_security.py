@@ -66,15 +66,25 @@ for name, attempt in attempts.items():
         results[name] = "done"
     except OSError as e:
         results[name] = errno.errorcode.get(e.errno, str(e.errno))
-writable = []  # every path this user may write, /proc, /sys and /dev aside
-for root, dirs, files in os.walk("/"):
-    if root == "/":
-        dirs[:] = [d for d in dirs if d not in ("proc", "sys", "dev")]
-    for name in dirs + files:
-        path = os.path.join(root, name)
-        if not path.startswith("/tmp/") and not os.path.islink(path) and os.access(path, os.W_OK):
-            writable.append(path)
-print(json.dumps({"results": results, "writable": sorted(writable), "uid": os.getuid(), "gid": os.getgid()}))
+# What this user may write: only on a mount that is read-write (the root is read-only); /proc, /sys and
+# /dev aside. Each read-write mount is walked whole.
+def unescape(field):
+    return field.encode().decode("unicode_escape")
+mounts = {}
+with open("/proc/self/mountinfo") as f:
+    for line in f:
+        parts = line.split()
+        mounts[unescape(parts[4])] = parts[5].split(",")[0]
+writable = []
+for point, mode in mounts.items():
+    if mode != "rw" or point.split("/")[1] in ("proc", "sys", "dev"):
+        continue
+    paths = [point]
+    if os.path.isdir(point) and point != "/":
+        for root, dirs, files in os.walk(point):
+            paths += [os.path.join(root, n) for n in dirs + files]
+    writable += [p for p in paths if not p.startswith("/tmp/") and not os.path.islink(p) and os.access(p, os.W_OK)]
+print(json.dumps({"results": results, "writable": sorted(writable), "root": mounts["/"], "uid": os.getuid(), "gid": os.getgid()}))
 '''
 
 
@@ -102,7 +112,7 @@ def quota(container) -> float:
 
 def test_a_container_cannot_reach_beyond_its_own_files(tmp_path: Path, docker_client, worker_image: str,
                                                      cleanup: list[str]) -> None:
-    cfg = write_skew_job(tmp_path, "docker", synthetic_size=2048)
+    cfg = write_skew_job(tmp_path, "docker", synthetic_size=2048, epochs=5)
     uid, gid = container_user()
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "omnilearn", "run", "--config", str(cfg), "--out", str(out),
@@ -133,6 +143,7 @@ def test_a_container_cannot_reach_beyond_its_own_files(tmp_path: Path, docker_cl
         assert (seen["uid"], seen["gid"]) == (uid, gid)
         done = sorted(k for k, v in seen["results"].items() if v == "done")
         assert done == ["own log: allocation not in the plan", "own log: forged line for rank 0"], seen["results"]
+        assert seen["root"] == "ro"
         assert seen["writable"] == [f"{RUN}/logs/cpu-1.log", f"{RUN}/metrics/rank-1.jsonl", "/tmp"]
 
         # The toggler refuses both lines in rank 1's log; the other containers keep what their own logs asked.

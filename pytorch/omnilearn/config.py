@@ -171,7 +171,8 @@ class DockerConfig:
     master_port: int = 29500
     stop_timeout: float = 10.0
     pids_limit: int = 4096
-    """Processes and threads one container may hold (a fork bomb stops there); a worker uses about 100."""
+    """Processes and threads one container may hold (a fork bomb stops there). A BSP worker held 6 on a
+    2-CPU host; torch's thread pools grow with the host's CPUs, hence the margin."""
 
 
 @dataclass
@@ -265,7 +266,7 @@ class JobConfig:
         if not 0 < self.docker.master_port < 65536:
             raise bad("docker.master_port", f"must be a TCP port, not {self.docker.master_port}")
         if self.docker.pids_limit < 64:
-            raise bad("docker.pids_limit", f"must be at least 64 (a worker runs about 100 threads), "
+            raise bad("docker.pids_limit", f"must be at least 64 (torch's threads grow with the host's CPUs), "
                       f"not {self.docker.pids_limit}")
         for target, url in self.docker.hosts.items():
             if not url.startswith(("unix://", "tcp://", "ssh://", "http://", "https://")):

@@ -5,10 +5,11 @@ A change is written ahead: an ``applying`` record before the backend is called, 
 records alone (:func:`recover`), completes a change it finds without outcome and resumes every log
 after the last line decided. Workers find the decision on their own line here, by its ``offset_end``.
 
-The audit lives in the log folder, which workers can write too: it is opened without following
-links, every read of it is bounded against forged lines (:meth:`Audit.records` streams for the
-toggler, :func:`read_bounded_audit` for the workers and the reports), and a record is trusted for
-positions only: the toggler applies the plan's allocation, never one a record names.
+The audit lives in the log folder, which local workers can write too (containers only read it): it
+is opened without following links, every read of it is bounded against forged lines
+(:meth:`Audit.records` streams for the toggler, :func:`read_bounded_audit` for the workers and the
+reports), and a record is trusted for positions only: the toggler applies the plan's allocation,
+never one a record names.
 """
 
 from __future__ import annotations
