@@ -105,7 +105,7 @@ def _pm(values: list[Any], spec: str = ".1f", suffix: str = "") -> str:
     if mean is None:
         return "-"
     text = format(mean, spec) + suffix
-    return text + (f" ± {format(sd, spec)}" if sd is not None else "")
+    return text + (f" ± {format(sd, spec)}{suffix}" if sd is not None else "")
 
 
 def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
