@@ -107,7 +107,9 @@ def worker_series(run_dir: Path, mode: str, workers: int) -> list[tuple[list[flo
         steps = [r for r in recs if r.get("kind") == "step"]
         if mode == "asp":
             xs = [float(r["epoch"]) for r in steps]
-        else:
+        else:  # the batch the controller set: a partial last step of an epoch shows only what was left
+            full = max((r["global_batch"] for r in steps), default=0)
+            steps = [r for r in steps if r["global_batch"] == full]
             per_epoch = next((r["steps_per_epoch"] for r in recs if r.get("kind") == "start"), 1)
             xs = [r["step"] / per_epoch for r in steps]
         out.append((xs, [r.get("cpus") for r in steps], [r["batch"] for r in steps]))

@@ -139,7 +139,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], figures: list[str
               "evaluates snapshots after the run, so there it is the whole run). Mean ± sd over seeds.",
               "- **Reduction**: 1 − time / time of `uniform` with the same seed, mean ± sd over those pairs. "
               "**Of ideal**: speed-up over `uniform` / the speed-up perfect balance would give, from the "
-              "uniform run's measured worker speeds (BSP only).",
+              "uniform run's measured worker speeds (BSP only); above 1 when the workers run faster per sample "
+              "at the batches they are given than they did at uniform's.",
               "- **Time to target**: wall time (evaluations included) of the first evaluation at or past the "
               "target, over the runs that reached it (k/n). **At equal time**: each run's metric at its last "
               "evaluation before the quickest run of the group ended.",
