@@ -59,3 +59,23 @@ def test_target_report_default_and_given() -> None:
     given = target_report({"fast": FAST, "slow": SLOW}, {"fast": 0.90, "slow": 0.95}, "accuracy", 0.9, value=0.8)
     assert given["target"] == 0.8 and given["time_to_target_s"] == {"fast": 20, "slow": 50}
     assert given["target_rule"] == "given"
+
+
+def test_compare_json_holds_time_to_target_and_equal_time(tmp_path) -> None:
+    import json
+
+    from omnilearn.report.summary import compare
+
+    runs = {}
+    for name, points, rate in (("uniform", SLOW, 100.0), ("dynamic", FAST, 150.0)):
+        d = tmp_path / name
+        d.mkdir()
+        d.joinpath("summary.json").write_text(json.dumps({
+            "mode": "asp", "samples_per_s": rate, "final_accuracy": points[-1]["accuracy"],
+            "final_perplexity": None, "accuracy_curve": points}))
+        runs[name] = d
+    result = compare(tmp_path, runs, target=None, target_fraction=0.9)
+    t = json.loads((tmp_path / "compare.json").read_text())["targets"]
+    assert t == result["targets"]
+    assert t["target"] == pytest.approx(0.855) and t["time_to_target_s"] == {"uniform": 75, "dynamic": 30}
+    assert t["equal_time_s"] == 30 and t["metric_at_equal_time"] == {"uniform": 0.60, "dynamic": 0.90}
