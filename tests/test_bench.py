@@ -170,7 +170,8 @@ def test_bench_runs_a_tiny_matrix_and_resumes(tmp_path: Path) -> None:
     main_events = EventAccumulator(str(ddp)).Reload()
     assert {"train/loss", "eval/accuracy"} <= set(main_events.Tags()["scalars"])
     batch = EventAccumulator(str(ddp / "batch_worker2")).Reload().Scalars("batch")
-    assert len(batch) > 3 and {e.value for e in batch} == {32.0}  # equal batches: B / 2
+    values = [e.value for e in batch]  # equal batches, B / 2, but in an epoch's partial last step
+    assert len(values) > 3 and max(values) == 32.0 and values.count(32.0) > 0.8 * len(values), values
     assert (out / "asp/SKEW/uniform/seed-1/tensorboard/staleness_aspworker3").is_dir()
 
     log = out / "bench-log.jsonl"
