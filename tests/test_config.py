@@ -48,6 +48,12 @@ def test_overrides_win_over_file(tmp_path: Path) -> None:
     ("emulation:\n  backend: kvm\n", "emulation.backend"),
     ("data:\n  download: yes please\n", "data.download"),
     ("train:\n  milestones: [5, 2]\n", "train.milestones"),
+    ("train:\n  time_budget_s: 0\n", "train.time_budget_s"),
+    ("train:\n  time_budget_s: soon\n", "train.time_budget_s"),
+    ("report:\n  tensorboard: 1\n", "report.tensorboard"),
+    ("report:\n  target_fraction: 1.5\n", "report.target_fraction"),
+    ("report:\n  target: -0.5\n", "report.target"),
+    ("mode: asp\ncontrol:\n  policy: ddp\n", "control.policy"),
 ])
 def test_bad_values_name_file_and_key(tmp_path: Path, text: str, key: str) -> None:
     p = write(tmp_path, text)

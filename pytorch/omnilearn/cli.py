@@ -1,6 +1,7 @@
 """The ``omnilearn`` command line.
 
     omnilearn run [--config FILE] [--compare] [--hl HL8] ...   train a job (the main command)
+    omnilearn bench --out DIR [--matrix FILE]                 a matrix of jobs, tabulated (resumable)
     omnilearn worker --job OUT/job.json                        one rank (used by the launchers)
     omnilearn levels                                           the HL tables, as applied on this host
     omnilearn report OUT                                       re-summarize a finished run
@@ -10,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import faulthandler
 import json
 import logging
@@ -41,37 +41,32 @@ def _overrides(args: argparse.Namespace) -> list[tuple[str, Any]]:
         "model.name": args.model, "data.name": args.dataset,
     }
     out += [(k, v) for k, v in named.items() if v is not None]
+    if getattr(args, "tensorboard", False):
+        out.append(("report.tensorboard", True))
     return out
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
 
     from omnilearn.emulator.plan import build_plan
-    from omnilearn.jobfile import JobSpec, new_job_id
     from omnilearn.launch.failures import WorkerFailed
-    from omnilearn.launch.local import check_local_prerequisites, run_local
+    from omnilearn.launch.job import check_launcher, run_job, with_policy
     from omnilearn.launch.runfolder import prepare_out
-    from omnilearn.report.plot import plot_compare, plot_run
-    from omnilearn.report.summary import compare, summarize
-    from omnilearn.report.table import print_report
+    from omnilearn.report.plot import plot_compare
+    from omnilearn.report.summary import compare
+    from omnilearn.report.table import print_report, targets_line
     from omnilearn.train.preflight import preflight
 
     cfg = config.build(args.config, _overrides(args))
     plan = build_plan(cfg)  # every table, schedule and cpuset check happens here, before anything starts
-    docker = cfg.emulation.backend == "docker"
-    if docker:
-        from omnilearn.launch.docker.daemon import daemon_client
-        daemon_client()  # no daemon: one clear message before anything is made
-    else:
-        check_local_prerequisites()
+    check_launcher(cfg)
     facts = preflight(cfg)  # data present (or downloaded once), model builds, batch fits the data
     out = prepare_out(args.out, args.force)  # a new or replaceable folder, marked as a run's
     console = _console()
     policies = ["uniform", "dynamic"] if args.compare else [cfg.control.policy]
     runs: dict[str, Path] = {}
     summaries: dict[str, dict[str, Any]] = {}
-    from rich.markup import escape
-
     console.print("[bold]omnilearn[/] " + escape(
         f"{cfg.mode.upper()} · {cfg.workers} workers · {cfg.model.name} "
         f"({facts['parameters'] / 1e6:.1f}M parameters) on {cfg.data.name} ({facts['train_samples']} "
@@ -79,33 +74,40 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"schedule {plan.schedule.name} ({' → '.join(plan.schedule.levels)}) · allocation {plan.mode} · "
         f"results in {out}"))
     for policy in policies:
-        run_cfg = dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, policy=policy))
         run_dir = out / policy if args.compare else out
-        job = JobSpec(job_id=new_job_id(), config=run_cfg, plan=plan, out_dir=run_dir.resolve(), backend="")
         try:
-            if docker:
-                from omnilearn.launch.docker.swarm import run_docker
-                run_docker(job, console, label=policy, show_progress=not args.no_progress)
-            else:
-                run_local(job, console, label=policy, show_progress=not args.no_progress)
+            summaries[policy] = run_job(with_policy(cfg, policy), plan, run_dir, console, label=policy,
+                                        show_progress=not args.no_progress)
         except WorkerFailed as e:
             console.print(str(e), style="red", markup=False)  # worker logs hold brackets rich would parse
             return 1
-        if run_cfg.mode == "asp":  # after the emulation ends: scoring takes no worker's CPU
-            console.print(f"{policy}: scoring the server's snapshots on the held-out split", markup=False)
-        summaries[policy] = summarize(run_dir)
-        plot_run(run_dir, cfg.workers, f"{policy} · {cfg.model.name}/{cfg.data.name} · schedule "
-                 f"{plan.schedule.name} · backend {job.backend}")
         runs[policy] = run_dir
     result = None
     if args.compare:
-        result = compare(out, runs)
+        result = compare(out, runs, cfg.report.target, cfg.report.target_fraction)
         plot_compare(runs, summaries, out / "compare.png")
     print_report(console, summaries, result)
+    if result:
+        console.print(targets_line(result["targets"]), markup=False)
     files = [str(out / "compare.json")] if args.compare else []
     files += [str(d / "summary.json") for d in runs.values()] + [str(d / "run.png") for d in runs.values()]
+    if cfg.report.tensorboard:
+        files += [f"{d / 'tensorboard'} (tensorboard --logdir {d / 'tensorboard'})" for d in runs.values()]
     console.print("results: " + ", ".join(files), markup=False)
     return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from omnilearn.launch.bench import run_bench
+    from omnilearn.launch.matrix import DEFAULT_MATRIX, load_matrix
+
+    matrix = load_matrix(Path(args.matrix) if args.matrix else DEFAULT_MATRIX, _overrides_for_bench(args))
+    return run_bench(matrix, Path(args.out), _console(), show_progress=not args.no_progress)
+
+
+def _overrides_for_bench(args: argparse.Namespace) -> list[tuple[str, Any]]:
+    out = [config.parse_assignment(s) for s in args.set or []]
+    return out + ([("report.tensorboard", True)] if args.tensorboard else [])
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -123,7 +125,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
              os.environ.get("WORLD_SIZE"), job.config.mode, job.config.control.policy, job.backend, job.out_dir)
     started = time.time()
     try:
-        if job.config.mode == "bsp":
+        if job.config.mode == "bsp" and job.config.control.policy == "ddp":
+            from omnilearn.train import ddp
+            ddp.run(job)  # the peer: plain DistributedDataParallel with equal batches
+        elif job.config.mode == "bsp":
             from omnilearn.train import bsp
             bsp.run(job)
         elif job.config.mode == "asp":
@@ -309,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int)
     r.add_argument("--epochs", type=int)
     r.add_argument("--global-batch", type=int)
-    r.add_argument("--policy", choices=["uniform", "static", "dynamic"])
+    r.add_argument("--policy", help="uniform | static | dynamic | ddp (plain DistributedDataParallel, BSP)")
     r.add_argument("--hl", help="pin one heterogeneity level (HL1, HL2, HL4, HL8) for the whole run")
     r.add_argument("--schedule", help="named schedule (configs/schedules.yaml) or a YAML file")
     r.add_argument("--backend", choices=list(config.BACKENDS))
@@ -319,7 +324,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="run folder (default: a new folder under runs/)")
     r.add_argument("--force", action="store_true", help="replace an existing --out folder (only a run folder)")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--tensorboard", action="store_true",
+                   help="write TensorBoard scalars to OUT/tensorboard while the job runs (report.tensorboard)")
     r.set_defaults(func=cmd_run)
+
+    bn = sub.add_parser("bench", help="run a matrix of jobs (policies x levels x modes x seeds) and tabulate it")
+    bn.add_argument("--out", required=True, help="results folder; a second call skips the cells already done")
+    bn.add_argument("--matrix", help="matrix file (YAML; default configs/bench/default.yaml)")
+    bn.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key in every cell")
+    bn.add_argument("--tensorboard", action="store_true", help="TensorBoard scalars in every cell's folder")
+    bn.add_argument("--no-progress", action="store_true", help="no per-run progress line (the matrix bar stays)")
+    bn.set_defaults(func=cmd_bench)
 
     w = sub.add_parser("worker", help="run one rank of a job (started by the launchers)")
     w.add_argument("--job", required=True, help="the job file written by the launcher")

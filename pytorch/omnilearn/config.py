@@ -20,6 +20,9 @@ from omnilearn.errors import UserError
 from omnilearn.files import CONFIG_DIR, load_yaml
 
 MODES = ("bsp", "asp")
+PEERS = ("ddp",)
+"""Policies that are not ours: ``ddp`` is plain DistributedDataParallel with equal batches (BSP only),
+the peer a user would otherwise run."""
 BACKENDS = ("auto", "cgroup", "affinity", "docker", "none")
 ALLOCATION_MODES = ("auto", "cpuset", "quota")
 
@@ -83,12 +86,17 @@ class TrainConfig:
     dist_backend: str = "auto"
     """torch.distributed backend: auto (nccl with CUDA, else gloo) | gloo | nccl."""
     drop_last: bool = False
+    time_budget_s: float | None = None
+    """Stop training after this many seconds of wall time since training started (evaluations
+    included); ``epochs`` stays a cap. BSP stops at the end of the step that crosses it (rank 0's
+    clock, shared by the step's all-reduce), ASP when the server sees it."""
 
 
 @dataclass
 class ControlConfig:
     policy: str = "dynamic"
-    """uniform | static | dynamic."""
+    """uniform | static | dynamic (the controller's policies), or ddp: plain DistributedDataParallel
+    with equal batches (BSP only), the peer to compare with."""
     interval: int = 2
     """Decide every N steps; 0 decides at the end of each epoch."""
     window: int = 3
@@ -176,6 +184,19 @@ class DockerConfig:
 
 
 @dataclass
+class ReportConfig:
+    """What a run reports besides ``summary.json`` and its figures."""
+
+    tensorboard: bool = False
+    """Write TensorBoard scalars to ``OUT/tensorboard/`` while the job runs (``--tensorboard``)."""
+    target: float | None = None
+    """Held-out metric to reach for time-to-target (accuracy, or perplexity for language models);
+    default: ``target_fraction`` of the best final value among the compared runs."""
+    target_fraction: float = 0.95
+    """The default target: this share of the best final accuracy (perplexity: the best / this)."""
+
+
+@dataclass
 class JobConfig:
     mode: str = "bsp"
     workers: int = 4
@@ -186,6 +207,7 @@ class JobConfig:
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
     asp: AspConfig = field(default_factory=AspConfig)
     docker: DockerConfig = field(default_factory=DockerConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     source: str = "<defaults>"
     """Where the config came from (for messages); not a YAML key."""
 
@@ -216,6 +238,8 @@ class JobConfig:
             raise bad("train.eval_every", f"must be at least 1, not {t.eval_every}")
         if t.optimizer not in ("sgd", "adamw"):
             raise bad("train.optimizer", f"must be sgd or adamw, not {t.optimizer!r}")
+        if t.time_budget_s is not None and t.time_budget_s <= 0:
+            raise bad("train.time_budget_s", f"must be positive (or null), not {t.time_budget_s}")
         if t.dist_backend not in ("auto", "gloo", "nccl"):
             raise bad("train.dist_backend", f"must be auto, gloo or nccl, not {t.dist_backend!r}")
         if any(m <= 0 for m in t.milestones) or t.milestones != sorted(t.milestones):
@@ -224,8 +248,10 @@ class JobConfig:
             raise bad("data.test_fraction", f"must be between 0 and 1, not {self.data.test_fraction}")
         if self.data.image_size < 8:
             raise bad("data.image_size", f"must be at least 8, not {self.data.image_size}")
-        if c.policy not in POLICIES:
-            raise bad("control.policy", f"must be one of {', '.join(POLICIES)}, not {c.policy!r}")
+        if c.policy not in (*POLICIES, *PEERS):
+            raise bad("control.policy", f"must be one of {', '.join((*POLICIES, *PEERS))}, not {c.policy!r}")
+        if c.policy in PEERS and self.mode != "bsp":
+            raise bad("control.policy", f"{c.policy} is a BSP peer; mode is {self.mode}")
         if c.min_batch < 1:
             raise bad("control.min_batch", f"must be at least 1, not {c.min_batch}")
         if c.max_batch is not None and c.max_batch < c.min_batch:
@@ -263,6 +289,11 @@ class JobConfig:
         if self.mode == "asp" and a.worker_timeout_s <= e.ack_timeout:
             raise bad("asp.worker_timeout_s", f"{a.worker_timeout_s:g} must exceed emulation.ack_timeout "
                       f"{e.ack_timeout:g}: a worker waits that long for the toggler without calling the server")
+        r = self.report
+        if r.target is not None and r.target <= 0:
+            raise bad("report.target", f"must be positive, not {r.target}")
+        if not 0 < r.target_fraction <= 1:
+            raise bad("report.target_fraction", f"must be in (0, 1], not {r.target_fraction}")
         if not 0 < self.docker.master_port < 65536:
             raise bad("docker.master_port", f"must be a TCP port, not {self.docker.master_port}")
         if self.docker.pids_limit < 64:

@@ -10,6 +10,7 @@ from typing import Any
 from omnilearn.files import read_records, write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, read_rank
+from omnilearn.report.targets import target_report
 
 FINAL_WINDOW = 8  # steps per worker behind the "final" compute time (at the final batch size)
 
@@ -32,6 +33,17 @@ def _final_compute_s(steps: list[dict[str, Any]], batch: int) -> float | None:
     if len(tail) > 2:  # the first step at a new size carries the change itself
         tail = tail[:-1]
     return statistics.median(tail) if tail else None
+
+
+def eval_curve(evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The held-out metric at each evaluation, with its wall time since training started."""
+    return [{"epoch": round(e["epoch"], 4), "elapsed_s": round(e["elapsed_s"], 3), "accuracy": e["accuracy"],
+             **({"perplexity": e["perplexity"]} if e.get("perplexity") is not None else {})} for e in evals]
+
+
+def main_metric(summary: dict[str, Any]) -> str:
+    """The held-out metric a run is judged by: perplexity for a language model, else accuracy."""
+    return "perplexity" if summary.get("final_perplexity") is not None else "accuracy"
 
 
 def describe(job: JobSpec) -> dict[str, Any]:
@@ -127,8 +139,9 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "final_accuracy": evals[-1]["accuracy"] if evals else None,
         "final_loss": evals[-1]["loss"] if evals else None,
         "final_perplexity": evals[-1].get("perplexity") if evals else None,
-        "accuracy_curve": [{"epoch": e["epoch"], "elapsed_s": round(e["elapsed_s"], 3),
-                            "accuracy": e["accuracy"]} for e in evals],
+        "accuracy_curve": eval_curve(evals),
+        "epochs_done": round(end0.get("epochs", cfg.train.epochs), 4),
+        "time_budget_s": cfg.train.time_budget_s,
         "batch_sizes": batches,
         "measured_batch_sizes": measured_batches,
         "measured_steps": [seg[0] + 1, seg[-1] + 1] if seg else None,
@@ -223,8 +236,9 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "final_accuracy": evals[-1]["accuracy"] if evals else None,
         "final_loss": evals[-1]["loss"] if evals else None,
         "final_perplexity": evals[-1].get("perplexity") if evals else None,
-        "accuracy_curve": [{"epoch": round(e["epoch"], 4), "elapsed_s": round(e["elapsed_s"], 3),
-                            "accuracy": e["accuracy"]} for e in evals],
+        "accuracy_curve": eval_curve(evals),
+        "epochs_done": round(end["epoch"], 4),
+        "time_budget_s": cfg.train.time_budget_s,
         "batch_sizes": batches,
         "allocations": [s[-1].get("cpus") if s else None for s in steps],
         "server_allocation": next((e["effective"].get("cpus") for e in reversed(_by_kind(server, "hl_change"))),
@@ -279,10 +293,17 @@ def ideal_speedups(uniform_dir: Path) -> tuple[float, float] | None:
     return round((slowest + comm) / (balanced + comm), 4), round(slowest / balanced, 4)
 
 
-def compare(out_dir: Path, runs: dict[str, Path]) -> dict[str, Any]:
-    """``compare.json``: both summaries, the measured speed-up and the ideal one."""
+def compare(out_dir: Path, runs: dict[str, Path], target: float | None = None, target_fraction: float = 0.95
+            ) -> dict[str, Any]:
+    """``compare.json``: both summaries, the measured speed-up and the ideal one, time to a target
+    metric (``target``, default ``target_fraction`` of the best final value) and the metric at equal
+    wall time."""
     summaries = {name: json.loads((d / "summary.json").read_text()) for name, d in runs.items()}
     result: dict[str, Any] = {"runs": summaries}
+    metric = main_metric(next(iter(summaries.values())))
+    result["targets"] = target_report({n: s["accuracy_curve"] for n, s in summaries.items()},
+                                      {n: s.get(f"final_{metric}") for n, s in summaries.items()},
+                                      metric, target_fraction, target)
     if "uniform" in summaries and "dynamic" in summaries:
         u, d = summaries["uniform"], summaries["dynamic"]
         result["speedup"] = round(d["samples_per_s"] / u["samples_per_s"], 4)

@@ -103,3 +103,14 @@ def print_report(console: Console, summaries: dict[str, dict[str, Any]], compare
     last = list(summaries.values())[-1]
     console.print(level_table(last))
     console.print(asp_job_table(summaries) if last["mode"] == "asp" else job_table(summaries, compare))
+
+
+def targets_line(t: dict[str, Any]) -> str:
+    """Time to the target metric and the metric at equal wall time, per run, in one line."""
+    if t.get("target") is None:
+        return f"no {t['metric']} recorded: no time to target"
+    times = ", ".join(f"{n} {_fmt(v, '.1f')} s" if v is not None else f"{n} not reached"
+                      for n, v in t["time_to_target_s"].items())
+    equal = ", ".join(f"{n} {_fmt(v, '.4g')}" for n, v in t["metric_at_equal_time"].items())
+    return (f"time to {t['metric']} {t['target']:.4g} ({t['target_rule']}): {times}; {t['metric']} at equal "
+            f"wall time ({_fmt(t['equal_time_s'], '.1f')} s, the shortest run's last evaluation): {equal}")

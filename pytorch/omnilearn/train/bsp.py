@@ -202,6 +202,11 @@ class BSPTrainer:
                                compute_ms=[None if e is None else round(e * 1e3, 3) for e in estimates])
 
     # --------------------------------------------------------------------------------------- run
+    def out_of_time(self, clock: float) -> bool:
+        """``train.time_budget_s`` is spent (``clock``: rank 0's seconds since the start, all-reduced)."""
+        budget = self.cfg.train.time_budget_s
+        return budget is not None and clock >= budget
+
     def run(self) -> None:
         t, schedule, metrics = self.cfg.train, self.job.plan.schedule, self.metrics
         self.probe_memory()
@@ -234,8 +239,11 @@ class BSPTrainer:
                               lr=self.optimizer.param_groups[0]["lr"])
                 if self.controller.due(steps_done, step == steps - 1):
                     self.decide(steps_done)
+                if self.out_of_time(clock):  # the same clock on every rank: all stop after this step
+                    break
             self.scheduler.step()
-            if (epoch + 1) % t.eval_every == 0 or epoch == t.epochs - 1:
+            last = epoch == t.epochs - 1 or self.out_of_time(clock)
+            if (epoch + 1) % t.eval_every == 0 or last:
                 te = time.perf_counter()
                 result = evaluate(self.model, self.work.test, self.controller.batch, self.rank, self.env.device,
                                   train=self.work.train)
@@ -243,9 +251,12 @@ class BSPTrainer:
                 metrics.write("eval", epoch=epoch, step=steps_done, accuracy=result.accuracy, loss=result.loss,
                               perplexity=perplexity(result.loss) if self.work.language else None,
                               samples=result.samples, elapsed_s=time.time() - t_start)
+            if last:
+                break
         wall = time.time() - t_start
         metrics.write("end", wall_time_s=wall, train_time_s=wall - eval_time, samples=samples, steps=steps_done,
-                      batch=list(self.controller.batch), level=self.client.level)
+                      batch=list(self.controller.batch), level=self.client.level,
+                      epochs=steps_done / self.sampler.steps_per_epoch, out_of_time=self.out_of_time(clock))
         metrics.close()
         dist.barrier()
         dist.destroy_process_group()

@@ -45,8 +45,8 @@ every push). The server bounds the controller by them (``uniform``, the baseline
 when the global batch cannot fit at all it stops the job with a clear error (exit status 2): before
 training when that is known at registration.
 
-**End and faults.** Training ends when the applied samples reach ``epochs * training-set size``:
-every later pull or push is answered with ``stop`` (a gradient already computed is still applied).
+**End and faults.** Training ends when the applied samples reach ``epochs * training-set size``, or
+when ``train.time_budget_s`` seconds have passed since the workers started: every later pull or push is answered with ``stop`` (a gradient already computed is still applied).
 A watchdog stops the job, with ``OUT/snapshots/checkpoint.pt`` saved, when a worker has not called for
 ``asp.worker_timeout_s``; SIGTERM (the launcher stopping the job) also saves the checkpoint.
 """
@@ -308,7 +308,9 @@ class ParameterServer:
             if new is not None:
                 self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=old,
                                    batch=new, reason="allocation")
-        if not self.stopping and self.samples >= self.target_samples:
+        budget = self.cfg.train.time_budget_s
+        out_of_time = budget is not None and self.t_start is not None and self.elapsed() >= budget
+        if not self.stopping and (self.samples >= self.target_samples or out_of_time):
             self.stopping = True
             self.t_done = time.time()
             self.metrics.write("done", version=self.version, samples=self.samples, epoch=self.epoch,
