@@ -10,7 +10,6 @@ folder left half-finished. ``OUT/bench-log.jsonl`` records each cell's time, lau
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from omnilearn.files import read_records, write_atomic
 from omnilearn.launch.failures import WorkerFailed
 from omnilearn.launch.job import check_launcher, run_job
 from omnilearn.launch.matrix import Cell, Matrix
+from omnilearn.launch.runfolder import prepare_out
 from omnilearn.report.results import write_results
 from omnilearn.train.preflight import preflight
 
@@ -62,9 +62,8 @@ def run_bench(matrix: Matrix, out: Path, console: Console, show_progress: bool =
         for cell in todo:
             bar.update(task, description=cell.label)
             folder = out / cell.path
-            if folder.exists():  # a cell interrupted earlier: start it again from nothing
-                shutil.rmtree(folder)
-            folder.mkdir(parents=True)
+            # A cell interrupted earlier starts again from nothing: replaced only if it carries the run marker.
+            prepare_out(str(folder), force=True)
             t0 = time.time()
             try:
                 summary = run_job(cell.config, cell.plan, folder, console, label=cell.label,
