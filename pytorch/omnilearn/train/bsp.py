@@ -217,13 +217,14 @@ class BSPTrainer:
         t_start = time.time()
         clock, steps_done, samples, eval_time = 0.0, 0, 0, 0.0
         for epoch in range(t.epochs):
-            if schedule.unit == "epoch":
-                self.change_level(schedule.level_at(epoch), float(epoch), steps_done)
             self.sampler.set_epoch(epoch)
             steps = self.sampler.steps_per_epoch
             for step in range(steps):
-                if schedule.unit == "seconds":  # rank 0's clock, shared by the all-reduce: one decision
-                    self.change_level(schedule.level_at(clock), epoch + step / steps, steps_done)
+                # By epoch (a trace's levels change within epochs), or by rank 0's clock, shared by the
+                # all-reduce: every rank takes the same decision at the same step.
+                position = epoch + step / steps
+                self.change_level(schedule.level_at(clock if schedule.unit == "seconds" else position), position,
+                                  steps_done)
                 planned = self.controller.batch[self.rank]
                 sizes, compute_s, sync_s, extra = self.train_step(step, t_start)
                 steps_done += 1
