@@ -15,9 +15,10 @@ from rich.console import Console
 
 from omnilearn.config import JobConfig
 from omnilearn.emulator.plan import EmulationPlan
+from omnilearn.emulator.trace_plan import TRACE_PREFIX
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec, new_job_id
-from omnilearn.report.plot import plot_run
+from omnilearn.report.plot import plot_run, plot_trace
 from omnilearn.report.summary import summarize
 
 
@@ -67,6 +68,8 @@ def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console
         summary = summarize(run_dir)
         if board is not None:
             board.update()  # ASP's held-out scores exist only now
-    plot_run(run_dir, cfg.workers, f"{label} · {cfg.model.name}/{cfg.data.name} · schedule "
-             f"{plan.schedule.name} · backend {job.backend}")
+    title = f"{label} · {cfg.model.name}/{cfg.data.name} · schedule {plan.schedule.name} · backend {job.backend}"
+    plot_run(run_dir, cfg.workers, title)
+    if plan.schedule.name.startswith(TRACE_PREFIX):
+        plot_trace(run_dir, cfg.workers, title)
     return summary
