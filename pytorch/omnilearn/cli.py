@@ -284,6 +284,13 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from omnilearn.launch.calibrate import calibrate
+
+    calibrate(config.build(args.config, _overrides_for_bench(args)), Path(args.out), _console(), rounds=args.rounds)
+    return 0
+
+
 def cmd_image(args: argparse.Namespace) -> int:
     """``omnilearn image build|base|status``: the Docker images the container launcher runs."""
     from omnilearn.launch.docker.base_image import build_base_image
@@ -358,6 +365,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("cleanup", help="remove cgroups and network namespaces left behind by killed runs")
     c.set_defaults(func=cmd_cleanup)
+
+    ca = sub.add_parser("calibrate", help="measure this host for a job; write DIR/calibration.yaml, a calibrated "
+                                          "level table (emulation.calibration)")
+    ca.add_argument("--out", required=True, help="folder for calibration.yaml")
+    ca.add_argument("--config", help="the job to calibrate for (default: the demo job)")
+    ca.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. workers=3")
+    ca.add_argument("--rounds", type=int, default=3, help="concurrent checks per level (each corrects the last)")
+    ca.set_defaults(func=cmd_calibrate, tensorboard=False)
 
     cl = sub.add_parser("cluster", help="Docker Swarm containers for a job: up | status | down")
     cl_sub = cl.add_subparsers(dest="cluster_command", required=True)

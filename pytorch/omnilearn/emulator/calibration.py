@@ -7,7 +7,8 @@ thread, which does not double the speed; a small quota pays fixed costs per step
 for the host's caches and cores. ``omnilearn calibrate`` (:mod:`omnilearn.launch.calibrate`)
 measures ``v(share)`` per worker slot and the all-reduce's cost; this module holds the pure part:
 fitting the speed curve, inverting it into quotas whose predicted speeds stand in the nominal
-ratios within the host's CPUs, correcting them from a concurrent check, and the file format that
+ratios within the host's CPUs (again with curves scaled by what a concurrent check measured), and the
+file format that
 ``emulation.calibration: FILE`` reads (:func:`calibrated_levels`, used by :func:`.plan.build_plan`).
 """
 
@@ -61,6 +62,11 @@ class SpeedCurve:
         if ys[i] == ys[i - 1]:
             return xs[i - 1]
         return xs[i - 1] + (xs[i] - xs[i - 1]) * (speed - ys[i - 1]) / (ys[i] - ys[i - 1])
+
+    def scaled(self, factor: float) -> SpeedCurve:
+        """The curve with every speed times ``factor``: what a slot gets when others compete with it."""
+        assert factor > 0, factor
+        return SpeedCurve(self.cpus, tuple(y * factor for y in self.speed))
 
     def to_dict(self) -> dict[str, Any]:
         return {"points": [[round(x, 4), round(y, 3)] for x, y in zip(self.cpus, self.speed, strict=True)]}
@@ -119,19 +125,8 @@ def fit_level(curves: Sequence[SpeedCurve], nominal: Sequence[float], total_cpus
     predicted = ratio([curve.at(x) for curve, x in zip(curves, q, strict=True)])
     wanted = ratio(nominal)
     if note is None and abs(predicted / wanted - 1) > RATIO_TOLERANCE:
-        note = f"the measured curves allow {predicted:.2f}:1, not {wanted:g}:1"
+        note = f"the measured curves allow {predicted:.2f}:1, not {wanted:.2f}:1"
     return LevelFit([round(x, 4) for x in q], predicted, note)
-
-
-def correct(quotas: Sequence[float], nominal: Sequence[float], measured: Sequence[float],
-            total_cpus: float) -> list[float]:
-    """Quotas corrected by a concurrent measurement: a worker that ran faster than its share of the
-    level's speed gets proportionally less, one that ran slower more; the total stays within the host."""
-    per_share = [v / s for v, s in zip(measured, nominal, strict=True)]
-    mean = statistics.fmean(per_share)
-    new = [max(MIN_CPUS, q * mean / p) for q, p in zip(quotas, per_share, strict=True)]
-    scale = min(1.0, total_cpus / sum(new))
-    return [round(max(MIN_CPUS, q * scale), 4) for q in new]
 
 
 def fit_allreduce(measurements: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -176,4 +171,6 @@ def calibrated_levels(path: str, mode: str, workers: int, where: str) -> dict[st
     if job.get("mode") != mode or job.get("workers") != workers:
         raise UserError(f"{where}: {path} calibrates {job.get('mode')} with {job.get('workers')} workers; this "
                         f"job is {mode} with {workers}: calibrate it with the job's config")
-    return {str(level): list(entry["quotas"]) for level, entry in data["levels"].items()}
+    # ASP: the parameter server's quota first (rank order), as in emulation.levels
+    return {str(level): ([entry["server"]] if entry.get("server") else []) + list(entry["quotas"])
+            for level, entry in data["levels"].items()}
