@@ -107,6 +107,7 @@ def test_emulation_calibration_replaces_the_nominal_table(tmp_path: Path) -> Non
 def test_calibrate_writes_a_table_run_can_use(tmp_path: Path) -> None:
     out = tmp_path / "cal"
     r = subprocess.run([sys.executable, "-m", "omnilearn", "calibrate", "--out", str(out), "--rounds", "1",
+                        "--seconds", "0.3",
                         "--set", "model.name=smallcnn", "--set", "data.name=synthetic", "--set", "workers=2",
                         "--set", "data.image_size=16", "--set", "train.global_batch=32"],
                        capture_output=True, text=True, timeout=600)

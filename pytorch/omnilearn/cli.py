@@ -287,7 +287,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from omnilearn.launch.calibrate import calibrate
 
-    calibrate(config.build(args.config, _overrides_for_bench(args)), Path(args.out), _console(), rounds=args.rounds)
+    calibrate(config.build(args.config, _overrides_for_bench(args)), Path(args.out), _console(), args.rounds, args.seconds)
     return 0
 
 
@@ -372,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--config", help="the job to calibrate for (default: the demo job)")
     ca.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. workers=3")
     ca.add_argument("--rounds", type=int, default=3, help="concurrent checks per level (each corrects the last)")
+    ca.add_argument("--seconds", type=float, default=3.0, help="of steps per measurement (a check takes twice)")
     ca.set_defaults(func=cmd_calibrate, tensorboard=False)
 
     cl = sub.add_parser("cluster", help="Docker Swarm containers for a job: up | status | down")

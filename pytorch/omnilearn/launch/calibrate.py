@@ -57,8 +57,7 @@ from omnilearn.files import write_atomic
 from omnilearn.jobfile import JobSpec, new_job_id
 from omnilearn.launch.local import free_port, stop_processes, worker_env
 
-CURVE_WINDOW_S = 3.0  # seconds of steps per point of a curve (and at least MIN_STEPS)
-CHECK_WINDOW_S = 6.0  # seconds of a concurrent check (longer when its slowest probe needs it)
+WINDOW_S = 3.0  # seconds of steps per point of a curve (at least MIN_STEPS); a concurrent check takes twice
 MIN_STEPS = 2
 CALIBRATION_FILE = "calibration.yaml"
 
@@ -104,10 +103,10 @@ def _start_probes(job_file: Path, targets: list[str], backend: Backend, log: Pat
     return probes
 
 
-def _check(probes: list[Probe], backend: Backend, quotas: list[float], batch: int,
-           curves: list[SpeedCurve]) -> list[float]:
-    """Every probe at its quota at once; their speeds."""
-    window = max(CHECK_WINDOW_S, *(2.5 * batch / c.at(q) for c, q in zip(curves, quotas, strict=True)))
+def _check(probes: list[Probe], backend: Backend, quotas: list[float], batch: int, curves: list[SpeedCurve],
+           seconds: float) -> list[float]:
+    """Every probe at its quota at once, for ``seconds`` or as long as the slowest needs; their speeds."""
+    window = max(seconds, *(2.5 * batch / c.at(q) for c, q in zip(curves, quotas, strict=True)))
     for p, q in zip(probes, quotas, strict=True):
         backend.apply(p.target, Allocation(cpus=q))
     for p, q in zip(probes, quotas, strict=True):
@@ -129,7 +128,8 @@ def _error(speeds: list[float], nominal: list[float]) -> tuple[float, float]:
 
 
 def measure_speeds(backend: Backend, probes: list[Probe], nominal: dict[str, list[float]], batch: int,
-                   rounds: int, console: Console) -> tuple[list[dict[str, Any]], dict[str, Any], list[SpeedCurve]]:
+                   rounds: int, window: float, console: Console
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any], list[SpeedCurve]]:
     """The curves (slot by slot) and every level checked at nominal and calibrated quotas (all at once)."""
     host = len(host_cpus())
     measurements: list[dict[str, Any]] = []
@@ -141,7 +141,7 @@ def measure_speeds(backend: Backend, probes: list[Probe], nominal: dict[str, lis
         grid = [(c, t) for c in sorted(shares) for t in sorted({_threads(c), *((1, min(host, 2)) if c >= 1 else ())})]
         for cpus, threads in grid:
             backend.apply(p.target, Allocation(cpus=cpus))
-            p.ask(threads, batch, CURVE_WINDOW_S)
+            p.ask(threads, batch, window)
             speed, times = p.speed(batch)
             measurements.append({"slot": p.target, "cpus": cpus, "threads": threads, "batch": batch,
                                  "step_s": times, "samples_per_s": round(speed, 3)})
@@ -151,11 +151,11 @@ def measure_speeds(backend: Backend, probes: list[Probe], nominal: dict[str, lis
     levels: dict[str, Any] = {}
     for level, shares in nominal.items():
         wanted = ratio(shares)
-        before = _check(probes, backend, shares, batch, curves)
+        before = _check(probes, backend, shares, batch, curves, 2 * window)
         tried = [(_error(before, shares), shares, before)]  # the nominal quotas stay when nothing does better
         level_curves, fit = list(curves), fit_level(curves, shares, host)
         for _ in range(rounds):
-            speeds = _check(probes, backend, fit.quotas, batch, level_curves)
+            speeds = _check(probes, backend, fit.quotas, batch, level_curves, 2 * window)
             tried.append((_error(speeds, shares), fit.quotas, speeds))
             if tried[-1][0][1] <= RATIO_TOLERANCE:
                 break
@@ -197,8 +197,9 @@ def measure_allreduce(workers: int, parameters: int, console: Console) -> list[d
     return out
 
 
-def calibrate(cfg: JobConfig, out: Path, console: Console, rounds: int = 3) -> Path:
-    """Measure, fit, check and write ``out/calibration.yaml``; returns its path."""
+def calibrate(cfg: JobConfig, out: Path, console: Console, rounds: int = 3, window: float = WINDOW_S) -> Path:
+    """Measure, fit, check and write ``out/calibration.yaml``; returns its path. ``window``: seconds of
+    steps per measurement (a concurrent check runs twice as long)."""
     from omnilearn.train.preflight import preflight
 
     if cfg.emulation.backend in ("none", "docker"):
@@ -222,7 +223,7 @@ def calibrate(cfg: JobConfig, out: Path, console: Console, rounds: int = 3) -> P
         probes: list[Probe] = []
         try:
             probes = _start_probes(job_file, targets, backend, Path(tmp) / "probes.log")
-            measurements, levels, curves = measure_speeds(backend, probes, nominal, batch, rounds, console)
+            measurements, levels, curves = measure_speeds(backend, probes, nominal, batch, rounds, window, console)
         finally:
             for p in probes:
                 if p.proc.stdin:
