@@ -398,6 +398,11 @@ def test_a_returning_state_reuses_its_level_and_stalls_get_their_own(tmp_path: P
     assert plan.schedule.levels == ("T00", "T01", "T00", "T02", "T03", "T00")
     assert plan.levels["T02"] == plan.levels["T00"] == plan.levels["T03"]
     assert plan.stalls == {"T02": {"worker1": 1.0}, "T03": {"worker2": 1.0}}
+    # Steps at epochs 2.0 and 2.75 step over the stall levels at 2.5 and 3.0: the worker goes through
+    # them, so no stall is lost however coarse the steps.
+    assert plan.schedule.starts == (0.0, 1.0, 2.0, 2.5, 3.0, 4.0)
+    assert plan.stalls_passed(2.0, 2.75) == [] and plan.stalls_passed(2.0, 3.5) == ["T02"]
+    assert plan.stalls_passed(0.0, 4.0) == ["T02", "T03"] and plan.stalls_passed(0.0, 3.99) == ["T02"]  # T03 in force
 
 
 @pytest.mark.parametrize("text, words", [

@@ -6,6 +6,7 @@ starts, and handed to the workers in the job file: a worker only looks up its ow
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,15 @@ class EmulationPlan:
 
     def stall(self, level: str, target: str) -> float | None:
         return self.stalls.get(level, {}).get(target)
+
+    def stalls_passed(self, after: float, upto: float) -> list[str]:
+        """Levels that begin with a stall, start in ``(after, upto]`` and are over by ``upto``: a trace's
+        stalls shorter than a step, which a worker still goes through so that no stall is lost."""
+        if not self.stalls:
+            return []
+        starts, levels = self.schedule.starts, self.schedule.levels
+        current = bisect.bisect_right(starts, upto) - 1
+        return [levels[i] for i in range(current) if starts[i] > after and levels[i] in self.stalls]
 
     def target(self, rank: int) -> str:
         """The target of process ``rank`` (the world size is ``len(targets)``)."""

@@ -120,7 +120,7 @@ class DockerBackend:
     clients: dict[str, Any] = field(default_factory=dict)
     host_cpus: dict[str, int] = field(default_factory=dict)
     name: str = "docker"
-    _pauses: Pauses = field(default_factory=Pauses, repr=False)
+    _pauses: Pauses = field(default_factory=Pauses, init=False, repr=False)
 
     def _client(self, target: str) -> Any:
         return self.clients.get(target, self.default)
