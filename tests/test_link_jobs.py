@@ -203,8 +203,10 @@ def test_cleanup_deletes_only_namespaces_of_dead_jobs() -> None:
 
     dead, alive = f"dead{os.getpid()}", f"alive{os.getpid()}"
     nets = [JobNetwork(dead, ["worker1"]).up(), JobNetwork(alive, ["worker1"]).up()]
-    sleeper = _in(nets[1].spaces[0], "import time; time.sleep(60)")
+    sleeper = _in(nets[1].spaces[0], "import time; print('in', flush=True); time.sleep(60)", stdout=subprocess.PIPE,
+                  text=True)
     try:
+        assert sleeper.stdout.readline().strip() == "in"  # inside the alive job's namespace by now
         assert sweep_netns(jobs=[dead, alive]) == []  # younger than a minute: a launcher may be starting
         removed = sweep_netns(jobs=[dead, alive], min_age=0)
         assert removed == [f"network namespace omnilearn-{dead}-0", f"network namespace omnilearn-{dead}-hub"]
