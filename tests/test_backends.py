@@ -365,9 +365,14 @@ def test_affinity_throttle_slows_a_busy_child(spawn) -> None:
         b.add_process("w0", child.pid)
         assert b.apply("w0", Allocation()) == Allocation()
         free = cpu_rate(child.pid)
-        assert b.apply("w0", Allocation(cpus=0.25)) == Allocation(cpus=0.25)
+        achieved = b.apply("w0", Allocation(cpus=0.25))  # the duty cycle the throttle achieved, measured
+        assert achieved.cpuset is None and 0.2 < achieved.cpus < 0.4, achieved
         limited = cpu_rate(child.pid)
         assert free / limited > 2, (free, limited)
+        b.stall("w0", 0.6)  # a stall holds through the throttle's periods
+        assert cpu_rate(child.pid, 0.4) < 0.05
+        time.sleep(0.4)
+        assert cpu_rate(child.pid, 0.5) > 0.05
     finally:
         b.close()
     b.close()
@@ -389,3 +394,38 @@ def test_read_own_allocation_matches_affinity() -> None:
     online = set(parse_cpuset(Path("/sys/devices/system/cpu/online").read_text()))
     assert own.cpuset == (None if affinity >= online else format_cpuset(affinity))
     assert own.cpus is None or 0 < own.cpus <= len(online)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_pauses_resume_after_the_duration_and_at_close() -> None:
+    from omnilearn.emulator.backends.pauses import Pauses
+
+    calls: list[str] = []
+    p = Pauses()
+    p.pause("w0", 0.05, lambda: calls.append("stop w0"), lambda: calls.append("cont w0"))
+    p.pause("w0", 0.2, lambda: calls.append("stop again"), lambda: calls.append("cont w0"))  # extends
+    assert p.paused("w0") and calls == ["stop w0"]
+    time.sleep(0.1)
+    assert calls == ["stop w0"]  # the first timer was replaced by the longer one
+    time.sleep(0.3)
+    assert calls == ["stop w0", "cont w0"] and not p.paused("w0")
+    p.pause("w1", 60, lambda: calls.append("stop w1"), lambda: calls.append("cont w1"))
+    p.close()
+    assert calls[-2:] == ["stop w1", "cont w1"]
+
+
+@needs_v1
+def test_v1_stall_stops_the_worker_for_its_duration(v1: CgroupV1Backend, spawn) -> None:
+    child = spawn(BUSY)
+    v1.add_process("w1", child.pid)
+    v1.stall("w1", 0.5)
+    time.sleep(0.1)
+    assert _state(child.pid) == "T"
+    time.sleep(0.6)
+    assert _state(child.pid) in ("R", "S")
+    v1.stall("w1", 60)
+    v1.close()  # never leaves a worker stopped
+    assert _state(child.pid) in ("R", "S")

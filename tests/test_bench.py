@@ -78,6 +78,22 @@ def test_a_bad_matrix_names_the_file_and_the_key(tmp_path: Path, text: str, culp
     assert str(e.value).startswith(f"{matrix}: ") and culprit in str(e.value), e.value
 
 
+def test_a_links_axis_compares_policies_under_network_heterogeneity(tmp_path: Path) -> None:
+    matrix = write_matrix(tmp_path, "modes: {bsp: {config: bsp.yaml, policies: [uniform, dynamic]}}\nlevels: [SKEW]\n"
+                                    "links: {unshaped: null, slow: {worker1: 100mbit}}\n")
+    m = load_matrix(matrix)
+    assert [(c.group, c.policy) for c in m.cells] == [("SKEW+unshaped", "uniform"), ("SKEW+unshaped", "dynamic"),
+                                                       ("SKEW+slow", "uniform"), ("SKEW+slow", "dynamic")]
+    assert m.cells[0].config.emulation.links is None and m.cells[2].config.emulation.links == {"worker1": "100mbit"}
+    # backend none: links are checked, not applied
+    assert m.cells[2].plan.links == {} and str(m.cells[2].path) == "bsp/SKEW+slow/uniform/seed-1"
+    for bad, words in (("links: {slow: {worker9: 100mbit}}", "links slow"), ("links: {}", "names no link setting"),
+                       ("links: {slow: {worker1: 100mbps}}", "bytes per second")):
+        with pytest.raises(UserError, match=words):
+            load_matrix(write_matrix(tmp_path, "modes: {bsp: {config: bsp.yaml, policies: [uniform]}}\n"
+                                               f"levels: [SKEW]\n{bad}\n"))
+
+
 def test_a_bad_matrix_stops_the_bench_with_status_2(tmp_path: Path) -> None:
     matrix = write_matrix(tmp_path, "modes: {bsp: {config: bsp.yaml, policies: [uniform, fastest]}}\nlevels: [SKEW]\n")
     r = subprocess.run([sys.executable, "-m", "omnilearn", "bench", "--out", str(tmp_path / "out"), "--matrix",

@@ -74,3 +74,76 @@ def test_container_end_times_are_parsed_to_the_nanosecond_docker_gives() -> None
     assert 0 < b - a < 1e-5 and finished_at("2026-11-22T11:33:07+01:00") == finished_at("2026-11-22T10:33:07Z")
     assert finished_at("0001-01-01T00:00:00Z") == math.inf and finished_at("") == math.inf
     assert finished_at("yesterday") == math.inf
+
+
+# ---------------------------------------------------------------- read-back from the container's cgroup
+
+
+CID = "0123456789abcdef" * 4
+
+
+def _files(root, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+
+
+@pytest.mark.parametrize("layout, files, expected", [
+    ("cgroup v2, systemd driver", {
+        "cgroup.controllers": "cpuset cpu io memory pids",
+        f"system.slice/docker-{CID}.scope/cpu.max": "25000 100000",
+        f"system.slice/docker-{CID}.scope/cpuset.cpus": "",
+        f"system.slice/docker-{CID}.scope/cpuset.cpus.effective": "0-1"},
+     {"quota": "25000", "period": "100000", "cpuset": "0-1"}),
+    ("cgroup v2, cgroupfs driver, no quota", {
+        "cgroup.controllers": "cpuset cpu",
+        f"docker/{CID}/cpu.max": "max 100000",
+        f"docker/{CID}/cpuset.cpus.effective": "1"},
+     {"quota": "-1", "period": "100000", "cpuset": "1"}),
+    ("cgroup v1, systemd driver", {
+        f"cpu/system.slice/docker-{CID}.scope/cpu.cfs_quota_us": "133330",
+        f"cpu/system.slice/docker-{CID}.scope/cpu.cfs_period_us": "100000",
+        f"cpuset/system.slice/docker-{CID}.scope/cpuset.cpus": "0-1"},
+     {"quota": "133330", "period": "100000", "cpuset": "0-1"}),
+    ("cgroup v1, cgroupfs driver", {
+        f"cpu/docker/{CID}/cpu.cfs_quota_us": "50000",
+        f"cpu/docker/{CID}/cpu.cfs_period_us": "100000",
+        f"cpuset/docker/{CID}/cpuset.cpus": "0"},
+     {"quota": "50000", "period": "100000", "cpuset": "0"}),
+])
+def test_read_back_finds_the_container_in_every_cgroup_layout(tmp_path, layout: str, files: dict, expected: dict
+                                                               ) -> None:
+    from omnilearn.emulator.backends.docker import read_kernel
+
+    _files(tmp_path, files)
+    assert read_kernel(CID, tmp_path) == expected, layout
+    assert read_kernel("f" * 64, tmp_path) is None  # not visible on this host: the daemon's record is used
+    attrs = {"HostConfig": {"CpuQuota": 99_000, "CpuPeriod": 100_000}}
+    assert effective_allocation(attrs, read_kernel(CID, tmp_path)).cpus == (
+        None if expected["quota"] == "-1" else int(expected["quota"]) / 100_000)
+
+
+def test_a_stall_pauses_the_container_and_close_unpauses_it() -> None:
+    import time
+
+    class Pausable(FakeContainer):
+        def __init__(self) -> None:
+            super().__init__("worker1", "my-job")
+            self.calls: list[str] = []
+
+        def pause(self) -> None:
+            self.calls.append("pause")
+
+        def unpause(self) -> None:
+            self.calls.append("unpause")
+
+    c = Pausable()
+    backend = DockerBackend("my-job", FakeClient({"worker1": c}))
+    backend.stall("worker1", 0.05)
+    assert c.calls == ["pause"]
+    time.sleep(0.3)
+    assert c.calls == ["pause", "unpause"]
+    backend.stall("worker1", 60)
+    backend.close()  # never leaves a container paused
+    assert c.calls == ["pause", "unpause", "pause", "unpause"]

@@ -350,3 +350,93 @@ def test_shipped_example_traces() -> None:
     fresh = convert_trace(sample, "alibaba2018", workers=4, length_s=120, points=12)
     assert shipped.events == fresh.events and shipped.span == 120
     assert len({tuple(sorted((w, s.share) for w, s in states.items())) for _, states in shipped.segments()}) > 3
+
+
+# ---------------------------------------------------------------- a trace as a job's schedule
+
+
+def _trace_job(tmp_path: Path, trace: Path, *extra: tuple[str, object]):
+    from omnilearn import config
+
+    return config.build(None, [("emulation.trace", str(trace)), ("emulation.allocation", "quota"),
+                               ("train.epochs", 4), *extra])
+
+
+def test_a_trace_becomes_levels_stretched_over_the_epochs(tmp_path: Path) -> None:
+    from omnilearn.emulator.plan import EmulationPlan, build_plan
+
+    trace = write(tmp_path, "t,worker,share,rate,stall\n0,1,1.0,,\n10,2,0.5,,\n20,3,,,2s\n30,2,1.0,,\n"
+                            "30,4,,50mbit,\n40,1,1.0,,\n")
+    plan = build_plan(_trace_job(tmp_path, trace), host=[0, 1])
+    s = plan.schedule
+    assert s.name == "trace:trace" and s.unit == "epoch"
+    # 40 s of trace over 4 epochs: a row at t starts at epoch t / 10; the restated row at 40 changes nothing.
+    assert s.starts == (0.0, 1.0, 2.0, 3.0) and s.levels == ("T00", "T01", "T02", "T03")
+    full = 0.5  # HL1 on 2 CPUs: a share is a fraction of it
+    assert plan.allocation("T00", "worker2") == Allocation(cpus=full)
+    assert plan.allocation("T01", "worker2") == Allocation(cpus=full / 2)
+    assert plan.allocation("T02", "worker2") == Allocation(cpus=full / 2)  # the stall's level keeps the state
+    assert plan.stalls == {"T02": {"worker3": 2.0}} and plan.stall("T02", "worker3") == 2.0
+    assert plan.link("T03", "worker4") == Link(rate=50_000_000) and plan.link("T02", "worker4") is None
+    assert plan.allocation("T03", "worker2") == Allocation(cpus=full)
+    assert EmulationPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan  # the job file keeps it all
+    # The level a share is a fraction of: emulation.hl.
+    hl8 = build_plan(_trace_job(tmp_path, trace, ("emulation.hl", "HL8")), host=[0, 1])
+    assert hl8.allocation("T01", "worker2").cpus == pytest.approx(0.25 / 2)
+    # A schedule naming a trace file is the same as emulation.trace.
+    from omnilearn import config
+    same = build_plan(config.build(None, [("emulation.schedule", str(trace)), ("emulation.allocation", "quota"),
+                                          ("train.epochs", 4)]), host=[0, 1])
+    assert same.schedule == s and same.levels == plan.levels
+
+
+def test_a_returning_state_reuses_its_level_and_stalls_get_their_own(tmp_path: Path) -> None:
+    from omnilearn.emulator.plan import build_plan
+
+    trace = write(tmp_path, "t,worker,share,stall\n0,1,1.0,\n10,1,0.5,\n20,1,1.0,\n25,1,,1s\n30,2,,1s\n40,1,1.0,\n")
+    plan = build_plan(_trace_job(tmp_path, trace), host=[0, 1])
+    assert plan.schedule.levels == ("T00", "T01", "T00", "T02", "T03", "T00")
+    assert plan.levels["T02"] == plan.levels["T00"] == plan.levels["T03"]
+    assert plan.stalls == {"T02": {"worker1": 1.0}, "T03": {"worker2": 1.0}}
+    # Steps at epochs 2.0 and 2.75 step over the stall levels at 2.5 and 3.0: the worker goes through
+    # them, so no stall is lost however coarse the steps.
+    assert plan.schedule.starts == (0.0, 1.0, 2.0, 2.5, 3.0, 4.0)
+    assert plan.stalls_passed(2.0, 2.75) == [] and plan.stalls_passed(2.0, 3.5) == ["T02"]
+    assert plan.stalls_passed(0.0, 4.0) == ["T02", "T03"] and plan.stalls_passed(0.0, 3.99) == ["T02"]  # T03 in force
+
+
+@pytest.mark.parametrize("text, words", [
+    ("t,worker,share\n0,5,0.5\n", "trace.csv:2: worker: unknown worker 5: the job has 4"),
+    ("t,worker,share\n0,1,1.5\n", "trace.csv:2: share: 1.5 is outside (0, 1]"),
+    ("t,worker,cpuset\n0,1,0-7\n", "names CPUs this host lacks: 2-7"),
+])
+def test_a_bad_trace_stops_the_plan_naming_file_and_line(tmp_path: Path, text: str, words: str) -> None:
+    from omnilearn.emulator.plan import build_plan
+
+    with pytest.raises(UserError, match="emulation.trace") as e:
+        build_plan(_trace_job(tmp_path, write(tmp_path, text)), host=[0, 1])
+    assert words in str(e.value)
+
+
+def test_links_from_the_trace_and_from_the_config_exclude_each_other(tmp_path: Path) -> None:
+    from omnilearn.emulator.plan import build_plan
+
+    shaped = write(tmp_path, "t,worker,rate\n0,1,100mbit\n")
+    with pytest.raises(UserError, match="the trace .* sets links itself"):
+        build_plan(_trace_job(tmp_path, shaped, ("emulation.links", {"worker2": "10mbit"})), host=[0, 1])
+    unshaped = write(tmp_path, "t,worker,share\n0,1,0.5\n10,1,1.0\n", "cpu.csv")
+    plan = build_plan(_trace_job(tmp_path, unshaped, ("emulation.links", {"worker2": "10mbit"})), host=[0, 1])
+    assert all(plan.link(level, "worker2") == Link(rate=10_000_000) for level in plan.levels)
+
+
+def test_shipped_traces_drive_the_demo_job() -> None:
+    from omnilearn import config
+    from omnilearn.emulator.plan import build_plan
+
+    for name in ("bursty.csv", "alibaba-4workers.csv"):
+        cfg = config.build(str(ROOT / "configs" / "demo.yaml"), [("emulation.trace", str(TRACES / name))])
+        plan = build_plan(cfg, host=[0, 1])
+        assert plan.schedule.name == f"trace:{Path(name).stem}" and len(set(plan.schedule.levels)) > 3
+        assert plan.schedule.starts[-1] <= cfg.train.epochs
+    assert build_plan(config.build(str(ROOT / "configs" / "demo.yaml"), [("emulation.trace", str(TRACES / "bursty.csv"))]),
+                      host=[0, 1]).stalls

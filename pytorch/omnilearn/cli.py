@@ -5,7 +5,8 @@
     omnilearn worker --job OUT/job.json                        one rank (used by the launchers)
     omnilearn levels                                           the HL tables, as applied on this host
     omnilearn report OUT                                       re-summarize a finished run
-    omnilearn cleanup                                          remove cgroups left by killed runs
+    omnilearn cleanup                                          remove cgroups and namespaces left by killed runs
+    omnilearn calibrate --out DIR                              measure this host; a calibrated level table
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = config.build(args.config, _overrides(args))
     plan = build_plan(cfg)  # every table, schedule and cpuset check happens here, before anything starts
-    check_launcher(cfg)
+    check_launcher(cfg, plan)
     facts = preflight(cfg)  # data present (or downloaded once), model builds, batch fits the data
     out = prepare_out(args.out, args.force)  # a new or replaceable folder, marked as a run's
     console = _console()
@@ -163,12 +164,14 @@ def _job_for_cluster(args: argparse.Namespace):
     """Config, plan and saved job file for ``cluster up`` (the same checks as ``run``)."""
     from omnilearn.emulator.plan import build_plan
     from omnilearn.jobfile import JobSpec, new_job_id
+    from omnilearn.launch.job import check_launcher
     from omnilearn.launch.runfolder import prepare_out
     from omnilearn.train.preflight import preflight
 
     overrides = _overrides(args) + [("emulation.backend", "docker")]
     cfg = config.build(args.config, overrides)
     plan = build_plan(cfg)
+    check_launcher(cfg, plan)
     preflight(cfg)
     out = prepare_out(args.out, args.force)  # a new or replaceable folder, marked as a run's
     job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="docker")
@@ -225,7 +228,7 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     console = _console()
     stop = threading.Event()
     with toggler_lock(job.log_dir):
-        toggler = Toggler(job.log_dir, backend, job.plan, console=console)
+        toggler = Toggler(job.log_dir, backend, job.plan, console=console, links=swarm.link_applier(job, backend))
         console.print(f"toggler for job {job.job_id}: watching {job.log_dir}/cpu-*.log (Ctrl-C to stop)",
                       markup=False)
         try:
@@ -238,6 +241,8 @@ def cmd_toggle(args: argparse.Namespace) -> int:
                 stop.wait(args.interval)
         except KeyboardInterrupt:
             toggler.poll_once()
+        finally:
+            backend.close()  # a container a stall paused runs again
     return 0
 
 
@@ -272,9 +277,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from omnilearn.emulator.backends.cgroupfs import sweep_stale
+    from omnilearn.emulator.netns import sweep_netns
 
-    removed = sweep_stale()
+    removed = sweep_stale() + sweep_netns()  # cgroups, and the namespaces (veths, bridge, IFBs) of links
     print("\n".join(removed) if removed else "nothing to clean")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from omnilearn.launch.calibrate import calibrate
+
+    calibrate(config.build(args.config, _overrides_for_bench(args)), Path(args.out), _console(), args.rounds, args.seconds)
     return 0
 
 
@@ -350,8 +363,17 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("out")
     rp.set_defaults(func=cmd_report)
 
-    c = sub.add_parser("cleanup", help="remove cgroups left behind by killed runs")
+    c = sub.add_parser("cleanup", help="remove cgroups and network namespaces left behind by killed runs")
     c.set_defaults(func=cmd_cleanup)
+
+    ca = sub.add_parser("calibrate", help="measure this host for a job; write DIR/calibration.yaml, a calibrated "
+                                          "level table (emulation.calibration)")
+    ca.add_argument("--out", required=True, help="folder for calibration.yaml")
+    ca.add_argument("--config", help="the job to calibrate for (default: the demo job)")
+    ca.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. workers=3")
+    ca.add_argument("--rounds", type=int, default=3, help="concurrent checks per level (each corrects the last)")
+    ca.add_argument("--seconds", type=float, default=3.0, help="of steps per measurement (a check takes twice)")
+    ca.set_defaults(func=cmd_calibrate, tensorboard=False)
 
     cl = sub.add_parser("cluster", help="Docker Swarm containers for a job: up | status | down")
     cl_sub = cl.add_subparsers(dest="cluster_command", required=True)

@@ -141,6 +141,12 @@ class EmulationConfig:
     (``100mbit``) or ``{rate, delay, jitter, loss}`` (``10ms``, ``0.5%``; these three need the kernel's
     sch_netem). Shaping needs root; ``--set emulation.links=null`` switches links off. Checked when
     the plan is built (emulator/links.py)."""
+    trace: str | None = None
+    """A trace file (CSV or JSONL, configs/traces/) whose CPU shares, links and stalls drive the run,
+    stretched over train.epochs; ``hl`` names the level a share is a fraction of (default HL1).
+    ``schedule`` may name the trace file instead (emulator/trace_plan.py)."""
+    calibration: str | None = None
+    """A file written by ``omnilearn calibrate``: its calibrated level table replaces the nominal one."""
 
 
 @dataclass

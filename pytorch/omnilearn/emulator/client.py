@@ -182,4 +182,6 @@ class AllocationClient:
             "from_level": previous, "level": level, "epoch": epoch, "target": self.target,
             "requested": wanted.to_dict(), "effective": effective.to_dict(), "status": status,
             "threads": self.threads, "ack_s": round(waited, 3),
+            # the level's link as the toggler read it back, and a stall the level began with
+            **{k: record[k] for k in ("link", "effective_link", "stall_s") if record is not None and k in record},
         }

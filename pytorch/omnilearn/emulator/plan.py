@@ -6,6 +6,7 @@ starts, and handed to the workers in the job file: a worker only looks up its ow
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,8 @@ from omnilearn.emulator.levels import (
 )
 from omnilearn.emulator.links import Link, parse_links
 from omnilearn.emulator.schedule import Schedule, load_schedule
+from omnilearn.emulator.trace_parse import load_trace
+from omnilearn.emulator.trace_plan import trace_file, trace_levels
 from omnilearn.errors import UserError
 
 
@@ -44,12 +47,26 @@ class EmulationPlan:
     schedule: Schedule
     links: dict[str, dict[str, Link]] = field(default_factory=dict)
     """level -> target -> its network link at that level; unshaped targets are absent."""
+    stalls: dict[str, dict[str, float]] = field(default_factory=dict)
+    """level -> target -> seconds the target is paused on entering that level (a trace's stalls)."""
 
     def allocation(self, level: str, target: str) -> Allocation:
         return self.levels[level][target]
 
     def link(self, level: str, target: str) -> Link | None:
         return self.links.get(level, {}).get(target)
+
+    def stall(self, level: str, target: str) -> float | None:
+        return self.stalls.get(level, {}).get(target)
+
+    def stalls_passed(self, after: float, upto: float) -> list[str]:
+        """Levels that begin with a stall, start in ``(after, upto]`` and are over by ``upto``: a trace's
+        stalls shorter than a step, which a worker still goes through so that no stall is lost."""
+        if not self.stalls:
+            return []
+        starts, levels = self.schedule.starts, self.schedule.levels
+        current = bisect.bisect_right(starts, upto) - 1
+        return [levels[i] for i in range(current) if starts[i] > after and levels[i] in self.stalls]
 
     def target(self, rank: int) -> str:
         """The target of process ``rank`` (the world size is ``len(targets)``)."""
@@ -65,6 +82,7 @@ class EmulationPlan:
             "levels": {lv: {t: a.to_dict() for t, a in m.items()} for lv, m in self.levels.items()},
             "schedule": self.schedule.to_dict(),
             "links": {lv: {t: k.to_dict() for t, k in m.items()} for lv, m in self.links.items()},
+            "stalls": self.stalls,
         }
 
     @staticmethod
@@ -75,13 +93,14 @@ class EmulationPlan:
             levels={lv: {t: Allocation.from_dict(a) for t, a in m.items()} for lv, m in d["levels"].items()},
             schedule=Schedule.from_dict(d["schedule"]),
             links={lv: {t: Link.from_dict(k) for t, k in m.items()} for lv, m in d.get("links", {}).items()},
+            stalls=d.get("stalls", {}),
         )
 
 
-def _custom_table(cfg: JobConfig, key: str) -> dict[str, list[Any]]:
-    """The config's own levels; ASP may give workers + 1 entries, the server's first (rank order)."""
+def _custom_table(cfg: JobConfig, table: dict[str, list[Any]], key: str) -> dict[str, list[Any]]:
+    """A table of the config's own (or a calibration's); ASP may give workers + 1 entries, the server's
+    first (rank order)."""
     where = f"{cfg.source}: {key}"
-    table = cfg.emulation.levels or {}
     sizes = (cfg.workers, cfg.workers + 1) if cfg.mode == "asp" else (cfg.workers,)
     for level, entries in table.items():
         if len(entries) not in sizes:
@@ -156,8 +175,8 @@ def _entry_allocation(entry: Any, mode: str, host: list[int], where: str) -> All
     return Allocation(cpus=share, memory=memory)
 
 
-def _check_cpusets(allocs: dict[str, Allocation], host: list[int], where: str) -> None:
-    """Cpusets must exist on the host, and in cpuset mode two workers must not share a CPU."""
+def _check_cpusets(allocs: dict[str, Allocation], host: list[int], where: str, shared_ok: bool = False) -> None:
+    """Cpusets must exist on the host, and (unless ``shared_ok``) two workers must not share a CPU."""
     seen: dict[int, str] = {}
     for target, a in allocs.items():
         if a.cpuset is None:
@@ -168,7 +187,7 @@ def _check_cpusets(allocs: dict[str, Allocation], host: list[int], where: str) -
             raise UserError(f"{where}: {target}'s cpuset {a.cpuset} names CPUs this host lacks: "
                             f"{format_cpuset(missing)} (host CPUs: {format_cpuset(host)})")
         for c in cpus:
-            if c in seen:
+            if c in seen and not shared_ok:
                 raise UserError(f"{where}: {target} and {seen[c]} share CPU {c} in cpuset mode")
             seen[c] = target
 
@@ -179,7 +198,10 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
     host = host if host is not None else host_cpus()
     e = cfg.emulation
     where = cfg.source
-    if e.hl is not None:
+    trace = trace_file(e.trace, e.schedule)
+    if trace is not None:
+        schedule = Schedule.pinned(e.hl or "HL1")  # the level a trace's shares are fractions of
+    elif e.hl is not None:
         schedule = Schedule.pinned(e.hl)
     else:
         try:
@@ -189,24 +211,60 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
     targets = [worker_target(cfg.mode, r) for r in range(cfg.workers)]
     server_target = SERVER_TARGET if cfg.mode == "asp" else None
     all_targets = tuple(([server_target] if server_target else []) + targets)
-    key = "emulation.hl" if e.hl is not None else "emulation.schedule"
+    mode, levels = _levels(cfg, schedule, host, tables, targets, server_target)
+    links: dict[str, dict[str, Link]] | None = None
+    stalls: dict[str, dict[str, float]] = {}
+    if trace is not None:
+        try:
+            traced = trace_levels(load_trace(trace, workers=cfg.workers), levels[schedule.levels[0]], targets,
+                                  cfg.train.epochs)
+        except UserError as err:
+            raise UserError(f"{where}: emulation.trace: {err}") from None
+        schedule, levels, stalls = traced.schedule, traced.levels, traced.stalls
+        for level, allocs in levels.items():
+            _check_cpusets(allocs, host, f"{where}: emulation.trace {trace} ({level})", shared_ok=mode != "cpuset")
+        if traced.links is not None:
+            if e.links is not None:
+                raise UserError(f"{where}: emulation.links: the trace {trace} sets links itself; "
+                                f"set emulation.links to null, or take the link columns out of the trace")
+            links = traced.links
+    if links is None:
+        links = parse_links(e.links, all_targets, targets, list(levels), f"{where}: emulation.links")
+    if e.backend == "none":
+        links, stalls = {}, {}  # emulation off: checked, not applied
+    return EmulationPlan(mode=mode, targets=all_targets, levels=levels, schedule=schedule, links=links,
+                         stalls=stalls)
 
+
+def _levels(cfg: JobConfig, schedule: Schedule, host: list[int], tables: dict[str, LevelTable] | None,
+            targets: list[str], server_target: str | None) -> tuple[str, dict[str, dict[str, Allocation]]]:
+    """The allocation mode and every level of ``schedule`` resolved for every target."""
+    e = cfg.emulation
+    where = cfg.source
+    key = "emulation.hl" if e.hl is not None else "emulation.schedule"
     if e.backend == "none":
         mode = "none"
     elif e.allocation != "auto":
         mode = e.allocation
     else:
         mode = None  # decided below
-
+    custom, table_key = e.levels, "emulation.levels"
+    if e.calibration is not None:
+        if e.levels:
+            raise UserError(f"{where}: emulation.calibration: replaces the level table; emulation.levels "
+                            f"gives one too: keep one of them")
+        from omnilearn.emulator.calibration import calibrated_levels
+        custom = calibrated_levels(e.calibration, cfg.mode, cfg.workers, f"{where}: emulation.calibration")
+        table_key = f"emulation.calibration ({e.calibration})"
     levels: dict[str, dict[str, Allocation]] = {}
-    if e.levels:
-        custom = _custom_table(cfg, "emulation.levels")
+    if custom:
+        custom = _custom_table(cfg, custom, table_key)
         if mode is None:
             cpu_parts = [_cpu_part(x) for v in custom.values() for x in v]
             mode = "cpuset" if all(isinstance(x, str) for x in cpu_parts if x is not None) else "quota"
         for level in dict.fromkeys(schedule.levels):
             if level not in custom:
-                raise UserError(f"{where}: {key}: level {level!r} is not in emulation.levels "
+                raise UserError(f"{where}: {key}: level {level!r} is not in {table_key} "
                                 f"(defined: {', '.join(custom)})")
             allocs = {}
             entries = custom[level]
@@ -216,9 +274,9 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
                 named.insert(0, (server_target, entries[0] if len(entries) > len(targets) else None))
             for t, entry in named:
                 allocs[t] = (Allocation() if entry is None else
-                             _entry_allocation(entry, mode, host, f"{where}: emulation.levels.{level} ({t})"))
+                             _entry_allocation(entry, mode, host, f"{where}: {table_key}.{level} ({t})"))
             if mode == "cpuset":
-                _check_cpusets(allocs, host, f"{where}: emulation.levels.{level}")
+                _check_cpusets(allocs, host, f"{where}: {table_key}.{level}")
             levels[level] = allocs
     else:
         table = (tables or load_tables())[cfg.mode]
@@ -237,7 +295,4 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
             if mode == "cpuset":
                 _check_cpusets(allocs, host, f"{where}: {key} {level}")
             levels[level] = allocs
-    links = parse_links(e.links, all_targets, targets, list(levels), f"{where}: emulation.links")
-    if e.backend == "none":
-        links = {}  # emulation off: checked, not applied
-    return EmulationPlan(mode=mode, targets=all_targets, levels=levels, schedule=schedule, links=links)
+    return mode, levels

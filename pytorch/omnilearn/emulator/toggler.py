@@ -7,6 +7,10 @@ parses each new complete line with :func:`parse_request`, and applies the *plan'
 requested level to the bound target. A line that names another rank or target, a level outside the
 plan or numbers other than the plan's, or a seq that is replayed or jumps too far, is refused.
 
+A level is more than CPU: when the job shapes links, the toggler also gives the target the plan's link
+for that level (``links``, read back into the audit's ``effective_link``), and a level that begins with
+a trace's stall pauses the target for its duration (``stall_s``), through the same request and audit.
+
 Every decision is appended to ``toggler-audit.jsonl`` (:mod:`.audit`), a change write-ahead: an
 ``applying`` record before ``backend.apply`` and its outcome after. That audit is the toggler's only
 state: a restarted toggler reads it, completes a change it finds without outcome (allocations are
@@ -31,7 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from omnilearn.emulator.audit import OPEN_READ, Audit, AuditUnavailable, LogState, new_record, recover
-from omnilearn.emulator.backends import Backend
+from omnilearn.emulator.backends import Backend, LinkApplier
 from omnilearn.emulator.levels import Allocation
 from omnilearn.emulator.plan import EmulationPlan
 from omnilearn.emulator.requests import (
@@ -73,10 +77,13 @@ class Toggler:
         host: list[int] | None = None,
         host_memory: int | None = None,
         console: Printer | None = None,
+        links: LinkApplier | None = None,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.backend = backend
         self.plan = plan
+        assert links is not None or not plan.links, "a plan with links needs a link applier"
+        self.links = links
         self.host = HostLimits.of(host, host_memory)
         self.console = console
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -337,19 +344,33 @@ class Toggler:
             outcome["requested"] = planned.to_dict()
             try:
                 effective = self.backend.apply(lg.target, planned)
+                extras = self._link_and_stall(lg.target, known)
             except Exception as e:  # noqa: BLE001 - any backend failure (a vanished container too) is one rejection
                 log.warning("toggler: %s: %s backend failed to apply seq %s to %s: %s",
                             lg.name, self.backend.name, seq, lg.target, e)
                 outcome.update(status="rejected", reason="backend-failed",
                                detail=echo(f"backend {self.backend.name}: {type(e).__name__}: {e}"))
             else:
-                outcome.update(status="applied", effective=effective.to_dict())
+                outcome.update(status="applied", effective=effective.to_dict(), **extras)
         self._write(outcome)
         lg.pending = None
         if effective is not None and self.console is not None:
             at = f" at epoch {outcome['epoch']:g}" if outcome["epoch"] is not None else ""
             self.console.print(f"toggler: {lg.target} -> {known} ({effective.describe()}){at}", markup=False)
         return outcome
+
+    def _link_and_stall(self, target: str, level: str) -> dict[str, Any]:
+        """After the allocation: the level's link (every level sets it; None is unshaped) and its stall."""
+        extras: dict[str, Any] = {}
+        if self.links is not None:
+            link = self.plan.link(level, target)
+            got = self.links.apply_link(target, link)
+            extras.update(link=link.to_dict() if link else None, effective_link=got.to_dict() if got else None)
+        seconds = self.plan.stall(level, target)
+        if seconds:
+            self.backend.stall(target, seconds)
+            extras["stall_s"] = seconds
+        return extras
 
     def _refuse(self, lg: LogState, offset_end: int, status: str, reason: str, detail: str,
                 unterminated: bool = False, **fields: Any) -> dict[str, Any]:

@@ -47,6 +47,8 @@ def run_bench(matrix: Matrix, out: Path, console: Console, show_progress: bool =
         first = next(c for c in todo if c.mode == mode)
         check_launcher(first.config)
         preflight(first.config)
+    for plan in {id(c.plan): c.plan for c in todo if c.plan.links}.values():
+        check_launcher(next(c.config for c in todo if c.plan is plan), plan)  # links: root, tc, the kernel
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "matrix.yaml", f"# {matrix.source}\n{matrix.text}")
     expected = f", about {matrix.expected_minutes:g} min for the whole matrix when measured" \

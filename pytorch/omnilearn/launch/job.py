@@ -15,8 +15,10 @@ from rich.console import Console
 
 from omnilearn.config import JobConfig
 from omnilearn.emulator.plan import EmulationPlan
+from omnilearn.emulator.trace_plan import TRACE_PREFIX
+from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec, new_job_id
-from omnilearn.report.plot import plot_run
+from omnilearn.report.plot import plot_run, plot_trace
 from omnilearn.report.summary import summarize
 
 
@@ -24,14 +26,23 @@ def with_policy(cfg: JobConfig, policy: str) -> JobConfig:
     return dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, policy=policy))
 
 
-def check_launcher(cfg: JobConfig) -> None:
-    """The launcher the config names can start workers here (else one clear UserError)."""
+def check_launcher(cfg: JobConfig, plan: EmulationPlan | None = None) -> None:
+    """The launcher the config names can start workers here, with the plan's links (else one clear
+    UserError: no daemon, links without root, a delay on a kernel without sch_netem, ...)."""
     if cfg.emulation.backend == "docker":
         from omnilearn.launch.docker.daemon import daemon_client
         daemon_client()  # no daemon: one clear message before anything is made
     else:
         from omnilearn.launch.local import check_local_prerequisites
         check_local_prerequisites()
+    if plan is not None and plan.links:
+        from omnilearn.emulator.shaping import LinkShaper
+        LinkShaper().check_all(plan.links)  # root, tc, and every link this kernel can shape
+        remote = sorted({t for per in plan.links.values() for t in per} & set(cfg.docker.hosts))
+        if cfg.emulation.backend == "docker" and remote:
+            raise UserError(f"{cfg.source}: emulation.links: {', '.join(remote)} run on another daemon "
+                            f"(docker.hosts): a link is shaped on this host's end of a container's veth; "
+                            f"give links only to targets on this host")
 
 
 def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console, label: str,
@@ -57,6 +68,8 @@ def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console
         summary = summarize(run_dir)
         if board is not None:
             board.update()  # ASP's held-out scores exist only now
-    plot_run(run_dir, cfg.workers, f"{label} · {cfg.model.name}/{cfg.data.name} · schedule "
-             f"{plan.schedule.name} · backend {job.backend}")
+    title = f"{label} · {cfg.model.name}/{cfg.data.name} · schedule {plan.schedule.name} · backend {job.backend}"
+    plot_run(run_dir, cfg.workers, title)
+    if plan.schedule.name.startswith(TRACE_PREFIX):
+        plot_trace(run_dir, cfg.workers, title)
     return summary

@@ -2,7 +2,8 @@
 
 It starts the toggler (a thread here, reading the same CPU-request logs a host-side toggler reads
 for containers), one process per rank with torchrun's environment variables, and tears everything
-down, cgroups included, however the run ends.
+down, cgroups included, however the run ends. A job with links runs each worker in a network
+namespace of its own (:mod:`omnilearn.emulator.netns`); others talk over loopback.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rich.console import Console
 
 from omnilearn.emulator.backends import select_backend
 from omnilearn.emulator.backends.cgroupfs import sweep_stale
+from omnilearn.emulator.netns import JobNetwork, sweep_netns
 from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
 from omnilearn.files import create_in
@@ -65,28 +67,35 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
     """Run the job to the end; raises WorkerFailed (with the failing rank's log) or UserError."""
     cfg = job.config
     sweep_stale()
+    sweep_netns()
     limits_memory = any(a.memory is not None for allocs in job.plan.levels.values() for a in allocs.values())
     backend = select_backend(cfg.emulation.backend, job.job_id, list(job.plan.targets), memory=limits_memory)
     job.backend = backend.name
     job_file = job.save()
-    toggler = Toggler(job.log_dir, backend, job.plan)
     stop = threading.Event()
-    toggler_thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
+    toggler_thread: threading.Thread | None = None
+    net: JobNetwork | None = None
     procs: list[subprocess.Popen] = []
     logs: list[Path] = []
     world = len(job.plan.targets)  # one process per target: BSP workers; ASP server (rank 0) + workers
     port = free_port()
     try:
+        if job.plan.links:  # each worker in a network namespace of its own, its link shaped on its veth
+            net = JobNetwork(job.job_id, job.plan.targets).up()
+        toggler = Toggler(job.log_dir, backend, job.plan, links=net)
+        toggler_thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
         with Interrupts() as interrupts:
             toggler_thread.start()
             for rank in range(world):
                 log_path = job.log_dir / f"worker-{rank}.out"
                 logs.append(log_path)
+                argv = [sys.executable, "-m", "omnilearn", "worker", "--job", str(job_file)]
+                env = worker_env(rank, world, port)
+                if net is not None:
+                    argv, env = net.command(rank, argv), {**env, **net.env(rank)}
                 with os.fdopen(create_in(job.log_dir, log_path.name), "w") as out:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-m", "omnilearn", "worker", "--job", str(job_file)],
-                        env=worker_env(rank, world, port), stdout=out, stderr=subprocess.STDOUT,
-                        start_new_session=True)  # Ctrl-C reaches the launcher, which stops workers
+                    proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)  # Ctrl-C reaches the launcher, which stops workers
                 procs.append(proc)
                 backend.add_process(job.plan.targets[rank], proc.pid)
                 interrupts.check()
@@ -115,9 +124,11 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
     finally:
         stop_processes(procs)
         stop.set()
-        if toggler_thread.is_alive():
+        if toggler_thread is not None and toggler_thread.is_alive():
             toggler_thread.join(timeout=10)
         backend.close()
+        if net is not None:
+            net.close()
 
 
 def check_local_prerequisites() -> None:

@@ -12,7 +12,13 @@ epochs: null                  # every cell (else each base config's own)
 time_budget_s: null           # every cell: stop after this many seconds (epochs stay a cap)
 set: {emulation.backend: auto}     # any config key, every cell (a mode's own set wins)
 target: {value: null, fraction: 0.95}   # time-to-target: a given value, or this share of the best
+links:                        # optional: each level or schedule under each of these emulation.links
+  unshaped: null
+  slow-worker1: {worker1: 100mbit}
 ```
+
+With ``links``, a group is a level (or schedule) under one link setting, named ``HL8+slow-worker1``:
+policies are compared under network heterogeneity as under CPU heterogeneity.
 
 Config paths are relative to the matrix file, else the project's ``configs/`` folder. Every cell's
 config and emulation plan are built and checked when the file is loaded: a mistake anywhere stops
@@ -33,7 +39,7 @@ from omnilearn.files import CONFIG_DIR, load_yaml
 
 DEFAULT_MATRIX = CONFIG_DIR / "bench" / "default.yaml"
 TOP_KEYS = ("description", "expected_minutes", "modes", "levels", "schedules", "seeds", "epochs", "time_budget_s",
-            "set", "target")
+            "set", "target", "links")
 MODE_KEYS = ("config", "policies", "set", "epochs", "time_budget_s")
 TARGET_KEYS = ("value", "fraction")
 
@@ -148,6 +154,11 @@ def load_matrix(path: Path, extra: list[tuple[str, Any]] | None = None) -> Matri
                     expected_minutes=_number(path, "expected_minutes", data.get("expected_minutes")),
                     description=str(data.get("description") or ""))
     groups = [(lv, "level") for lv in levels] + [(sc, "schedule") for sc in schedules]
+    link_sets: list[tuple[str | None, Any]] = [(None, None)]
+    if data.get("links") is not None:
+        link_sets = [(str(name), spec) for name, spec in _mapping(path, "links", data["links"]).items()]
+        if not link_sets:
+            raise _bad(path, "links", "names no link setting (e.g. {unshaped: null, slow: {worker1: 100mbit}})")
     for mode, spec in modes.items():
         where = f"modes.{mode}"
         spec = _mapping(path, where, spec, MODE_KEYS)
@@ -161,18 +172,22 @@ def load_matrix(path: Path, extra: list[tuple[str, Any]] | None = None) -> Matri
         for k in ("epochs", "time_budget_s"):
             _number(path, f"{where}.{k}", spec.get(k))
         overrides = common + _assignments(path, f"{where}.set", spec.get("set")) + run_keys + (extra or [])
-        for group, kind in groups:
+        for (group, kind), (link_name, link_spec) in ((g, k) for g in groups for k in link_sets):
             emulation = ([("emulation.hl", group)] if kind == "level" else
                          [("emulation.hl", None), ("emulation.schedule", group)])
+            if link_name is not None:
+                emulation.append(("emulation.links", link_spec))
             plan = None
             for seed in seeds:
                 for policy in policies:
                     cell_keys = [("mode", mode), *emulation, ("control.policy", policy), ("train.seed", seed)]
+                    at = f"{kind} {group}" + (f", links {link_name}" if link_name is not None else "")
                     try:
                         cfg = config.build(base, overrides + cell_keys)
                         plan = plan or build_plan(cfg)  # the same for every policy and seed of the group
                     except UserError as e:
-                        raise UserError(f"{path}: {where} ({kind} {group}, policy {policy}): {e}") from None
-                    name = Path(group).stem if kind == "schedule" else group
+                        raise UserError(f"{path}: {where} ({at}, policy {policy}): {e}") from None
+                    name = (Path(group).stem if kind == "schedule" else group) + (
+                        f"+{link_name}" if link_name is not None else "")
                     matrix.cells.append(Cell(mode, name, kind, policy, seed, cfg, plan))
     return matrix

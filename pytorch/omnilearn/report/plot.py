@@ -1,4 +1,5 @@
-"""Figures: a run's batch sizes and compute times per worker over steps, HL changes marked."""
+"""Figures: a run's batch sizes and compute times per worker over steps, HL changes marked; for a
+trace-driven run, each worker's CPU share and batch size over wall time, its stalls shaded."""
 
 from __future__ import annotations
 
@@ -98,6 +99,36 @@ def plot_run(out_dir: Path, workers: int, title: str, path: Path | None = None) 
     ax_t.set_ylabel("compute time (ms)")
     ax_t.set_xlabel("step")
     return _finish(fig, ax_b, workers, title, path)
+
+
+def plot_trace(out_dir: Path, workers: int, title: str, path: Path | None = None) -> Path:
+    """``trace.png``: each worker's CPU share (as read back after each change) and its batch size over
+    the wall time of a trace-driven run, the trace's stalls shaded in the worker's colour."""
+    path = path or out_dir / "trace.png"
+    first = 1 if _is_asp(out_dir) else 0  # ASP: rank 0 is the parameter server
+    records = [read_rank(out_dir, r) for r in range(first, first + workers)]
+    steps = [[r for r in recs if r["kind"] == "step"] for recs in records]
+    t0 = min((s[0]["time"] - (s[0]["compute_ms"] + s[0]["sync_ms"]) / 1e3 for s in steps if s), default=0.0)
+    fig, (ax_c, ax_b) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for i, (recs, mine) in enumerate(zip(records, steps, strict=True)):
+        color = f"C{i}"
+        xs = [r["time"] - t0 for r in mine]
+        ax_c.step(xs, [r.get("cpus") for r in mine], where="post", color=color,
+                  label=f"{'aspworker' if first else 'worker'}{i + 1 + first}")
+        ax_b.step(xs, [r["batch"] for r in mine], where="post", color=color)
+        for e in recs:
+            if e["kind"] == "hl_change" and e.get("stall_s"):
+                for ax in (ax_c, ax_b):
+                    ax.axvspan(e["time"] - t0 - e["stall_s"], e["time"] - t0, color=color, alpha=0.2, linewidth=0)
+    ax_c.set_ylabel("CPU share (CPUs)")
+    ax_c.legend(loc="upper right", fontsize=8, ncol=min(workers, 4))
+    ax_c.set_title(title)
+    ax_b.set_ylabel("local batch size")
+    ax_b.set_xlabel("wall time (s); shaded: a worker stalled")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def plot_compare(runs: dict[str, Path], summaries: dict[str, dict[str, Any]], path: Path) -> Path:

@@ -10,6 +10,7 @@ from typing import Any
 from omnilearn.files import read_records, write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, read_rank
+from omnilearn.report.fidelity import allreduce_ms, level_fidelity
 from omnilearn.report.targets import target_report
 
 FINAL_WINDOW = 8  # steps per worker behind the "final" compute time (at the final batch size)
@@ -154,11 +155,18 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "hl_changes": [{"time": round(e["time"] - run_start, 3), "epoch": e["epoch"], "level": e["level"]}
                        for e in hl_events],
         "batch_changes": sum(1 for e in _by_kind(r0, "batch_change") if e.get("reason") != "initial"),
-        "level_speeds": level_speeds(steps),
+        "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan),
         "schedule": job.plan.schedule.name,
+        "allreduce_ms": allreduce_ms(steps),
+        "links": links_at(job, end0.get("level")),
     }
     write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def links_at(job: JobSpec, level: str | None) -> dict[str, str]:
+    """The shaped links of the run's last level, per target (none: {})."""
+    return {t: k.describe() for t, k in job.plan.links.get(level, {}).items()} if level else {}
 
 
 RATE_WINDOW = 0.5  # update rates are measured over the last half of the time to the target samples
@@ -251,8 +259,9 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "hl_changes": [{"time": round(e["time"] - start, 3), "epoch": e["epoch"], "level": e["level"]}
                        for e in _by_kind(server, "hl_change")],
         "batch_changes": sum(1 for e in _by_kind(server, "batch_change") if e.get("reason") != "initial"),
-        "level_speeds": level_speeds(steps),
+        "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan),
         "schedule": job.plan.schedule.name,
+        "links": links_at(job, end.get("level")),
         "updates": [sum(1 for u in updates if u["worker"] == w) for w in range(1, cfg.workers + 1)],
         "update_rates": [round(r, 4) for r in rates],
         "update_rate_spread": round(max(rates) / min(rates), 4) if min(rates) > 0 else None,
@@ -304,6 +313,8 @@ def compare(out_dir: Path, runs: dict[str, Path], target: float | None = None, t
     result["targets"] = target_report({n: s["accuracy_curve"] for n, s in summaries.items()},
                                       {n: s.get(f"final_{metric}") for n, s in summaries.items()},
                                       metric, target_fraction, target)
+    if any(s.get("links") for s in summaries.values()):  # what a slow link cost each policy, per step
+        result["allreduce_ms"] = {n: s.get("allreduce_ms") for n, s in summaries.items()}
     if "uniform" in summaries and "dynamic" in summaries:
         u, d = summaries["uniform"], summaries["dynamic"]
         result["speedup"] = round(d["samples_per_s"] / u["samples_per_s"], 4)

@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from omnilearn.report.fidelity import link_note
+
 
 def _fmt(v: Any, spec: str = "") -> str:
     if v is None:
@@ -87,19 +89,28 @@ def job_table(summaries: dict[str, dict[str, Any]], compare: dict[str, Any] | No
 
 
 def level_table(s: dict[str, Any]) -> Table:
-    t = Table(title="measured worker speeds per level (samples/s): nominal vs effective heterogeneity")
+    t = Table(title="measured worker speeds per level (samples/s) and fidelity: nominal vs measured heterogeneity")
     t.add_column("level")
     for i in range(s["workers"]):
         t.add_column(_name(s, i), justify="right")
-    t.add_column("fast/slow", justify="right")
+    for col in ("nominal", "read back", "measured", "as asked", "apply ms"):
+        t.add_column(col, justify="right")
     for level, row in s["level_speeds"].items():
-        t.add_row(level, *[_fmt(v, ".1f") for v in row["samples_per_s"]], _fmt(row["measured_ratio"], ".2f"))
+        speeds = row.get("samples_per_s") or [None] * s["workers"]
+        t.add_row(level, *[_fmt(v, ".1f") for v in speeds], _fmt(row.get("nominal_ratio"), ".2f"),
+                  _fmt(row.get("effective_ratio"), ".2f"), _fmt(row["measured_ratio"], ".2f"),
+                  _fmt(row.get("applied_as_asked"), ".0%"), _fmt(row.get("apply_ms"), ".0f"))
+    t.caption = ("fast/slow ratios: nominal (the plan), read back (the kernel's or Docker's values), measured "
+                 "(samples per second of compute); as asked: changes read back as requested; apply ms: request "
+                 "to applied, median")
     return t
 
 
 def print_report(console: Console, summaries: dict[str, dict[str, Any]], compare: dict[str, Any] | None) -> None:
     for s in summaries.values():
         console.print(worker_table(s))
+        if (note := link_note(s)) is not None:
+            console.print(f"{s['policy']}: {note}", markup=False)
     last = list(summaries.values())[-1]
     console.print(level_table(last))
     console.print(asp_job_table(summaries) if last["mode"] == "asp" else job_table(summaries, compare))

@@ -215,15 +215,18 @@ class BSPTrainer:
         metrics.write("batch_change", step=0, batch=list(self.controller.batch), reason="initial")
         dist.barrier()
         t_start = time.time()
-        clock, steps_done, samples, eval_time = 0.0, 0, 0, 0.0
+        clock, steps_done, samples, eval_time, position = 0.0, 0, 0, 0.0, 0.0
         for epoch in range(t.epochs):
-            if schedule.unit == "epoch":
-                self.change_level(schedule.level_at(epoch), float(epoch), steps_done)
             self.sampler.set_epoch(epoch)
             steps = self.sampler.steps_per_epoch
             for step in range(steps):
-                if schedule.unit == "seconds":  # rank 0's clock, shared by the all-reduce: one decision
-                    self.change_level(schedule.level_at(clock), epoch + step / steps, steps_done)
+                # By epoch (a trace's levels change within epochs), or by rank 0's clock, shared by the
+                # all-reduce: every rank takes the same decision at the same step.
+                last, position = position, epoch + step / steps
+                for level in self.job.plan.stalls_passed(last, position):  # a stall shorter than a step
+                    self.change_level(level, position, steps_done)
+                self.change_level(schedule.level_at(clock if schedule.unit == "seconds" else position), position,
+                                  steps_done)
                 planned = self.controller.batch[self.rank]
                 sizes, compute_s, sync_s, extra = self.train_step(step, t_start)
                 steps_done += 1

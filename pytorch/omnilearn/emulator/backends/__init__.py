@@ -2,8 +2,10 @@
 
 Every backend returns the *effective* allocation it reads back after applying (from the cgroup
 files, sched_getaffinity or Docker), so the toggler's audit records what the kernel enforces, not
-what was asked. Modules: :mod:`.cgroupfs` (the cgroup files), :mod:`.cgroup`, :mod:`.affinity`,
-:mod:`.docker`.
+what was asked. Every backend can also pause a target for a while (a trace's stalls, :mod:`.pauses`).
+A job with links has a :class:`LinkApplier` beside its backend: the workers' network namespaces
+(:mod:`omnilearn.emulator.netns`) or the containers' veths (:mod:`.docker_net`). Modules:
+:mod:`.cgroupfs` (the cgroup files), :mod:`.cgroup`, :mod:`.affinity`, :mod:`.docker`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 from typing import Protocol, runtime_checkable
 
 from omnilearn.emulator.levels import Allocation
+from omnilearn.emulator.links import Link
 from omnilearn.errors import UserError
 
 log = logging.getLogger("omnilearn.backends")
@@ -29,8 +32,22 @@ class Backend(Protocol):
     def apply(self, target: str, allocation: Allocation) -> Allocation:
         """Enforce ``allocation`` on ``target``; returns the allocation read back from the kernel."""
 
+    def stall(self, target: str, seconds: float) -> None:
+        """Pause ``target`` for ``seconds`` from now; returns at once (a timer resumes it, and ``close``)."""
+
     def close(self) -> None:
         """Undo everything; idempotent, and safe when the processes have already exited."""
+
+
+@runtime_checkable
+class LinkApplier(Protocol):
+    """Shapes the network links of a job's targets."""
+
+    def apply_link(self, target: str, link: Link | None) -> Link | None:
+        """Give ``target`` ``link`` both ways (None: unshaped); returns the link read back from the kernel."""
+
+    def close(self) -> None:
+        """Remove every shaping (and device) this applier made."""
 
 
 class NullBackend:
@@ -43,6 +60,9 @@ class NullBackend:
 
     def apply(self, target: str, allocation: Allocation) -> Allocation:
         return allocation
+
+    def stall(self, target: str, seconds: float) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -1,4 +1,12 @@
-"""The affinity backend: CPU affinity for cpusets, a SIGSTOP/SIGCONT duty cycle for quotas (no root needed)."""
+"""The affinity backend: CPU affinity for cpusets, a SIGSTOP/SIGCONT duty cycle for quotas (no root needed).
+
+What it reports for a quota is the duty cycle it achieves, not the one asked: the throttle times each
+window it lets the process run, from the moment it sends SIGCONT to the moment it sends SIGSTOP, and
+:meth:`AffinityBackend.apply` returns ``threads x`` (time let run / wall time) over the first
+:data:`MEASURE_PERIODS` periods of the new quota. A throttle that wakes late lets the process run
+longer than asked (a real-time priority, where allowed, keeps that small); the audit shows it. (The
+process's own CPU time would say less: at a level change the worker is idle, waiting for the toggler.)
+"""
 
 from __future__ import annotations
 
@@ -6,11 +14,15 @@ import logging
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 
+from omnilearn.emulator.backends.pauses import Pauses
 from omnilearn.emulator.levels import Allocation, effective_cpuset, format_cpuset, host_cpus, parse_cpuset
 
 log = logging.getLogger("omnilearn.backends")
+
+MEASURE_PERIODS = 3  # periods of a new quota timed before apply returns the achieved duty cycle
 
 
 def _open_pidfd(pid: int) -> int | None:
@@ -58,6 +70,8 @@ class _Target:
     allocation: Allocation = field(default_factory=Allocation)
     fraction: float = 1.0  # of each period the processes may run
     thread: threading.Thread | None = None
+    ran_s: float = 0.0  # time let run, and wall time, of the periods throttled since the last apply
+    wall_s: float = 0.0
 
 
 class AffinityBackend:
@@ -76,6 +90,7 @@ class AffinityBackend:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._host = set(host_cpus())
+        self._pauses = Pauses()
 
     def add_process(self, target: str, pid: int) -> None:
         proc = _Proc(pid, _open_pidfd(pid))
@@ -96,6 +111,7 @@ class AffinityBackend:
         with self._lock:
             t = self._targets.setdefault(target, _Target())
             t.allocation, t.fraction = allocation, fraction
+            t.ran_s = t.wall_s = 0.0
             procs = list(t.procs)
         cpus = self._cpus(allocation)
         for p in procs:
@@ -109,7 +125,30 @@ class AffinityBackend:
                 continue
             cpuset = effective_cpuset(kernel, allocation.cpuset, format_cpuset(self._host))
             break
-        return Allocation(cpuset=cpuset, cpus=allocation.cpus, memory=None)
+        return Allocation(cpuset=cpuset, cpus=self._achieved(target, allocation, bool(procs)), memory=None)
+
+    def _achieved(self, target: str, allocation: Allocation, throttled: bool) -> float | None:
+        """The quota the throttle achieves over its first periods: threads x time let run / wall time."""
+        if allocation.cpus is None or not throttled or allocation.cpus >= allocation.threads():
+            return allocation.cpus  # nothing throttled: the processes run freely on their CPUs
+        deadline = time.monotonic() + 2 * MEASURE_PERIODS * self.period
+        while time.monotonic() < deadline and not self._stop.is_set():
+            with self._lock:
+                t = self._targets[target]
+                if t.wall_s >= MEASURE_PERIODS * self.period:
+                    return round(allocation.threads() * t.ran_s / t.wall_s, 4)
+            time.sleep(self.period / 2)
+        return allocation.cpus  # the throttle did not run (stopping): nothing measured
+
+    def stall(self, target: str, seconds: float) -> None:
+        """Stop the target's processes for ``seconds``; its throttle leaves them stopped meanwhile."""
+        with self._lock:
+            procs = list(self._targets.setdefault(target, _Target()).procs)
+
+        def send(sig: int) -> None:
+            for p in procs:
+                p.signal(sig)
+        self._pauses.pause(target, seconds, lambda: send(signal.SIGSTOP), lambda: send(signal.SIGCONT))
 
     def _ensure_thread(self, target: str) -> None:
         with self._lock:
@@ -130,6 +169,7 @@ class AffinityBackend:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
         except (AttributeError, OSError):
             pass
+        running_since = time.monotonic()  # when the processes were last let run (SIGCONT)
         try:
             while not self._stop.is_set():
                 with self._lock:
@@ -140,26 +180,35 @@ class AffinityBackend:
                         p.set_affinity(cpus)
                     except OSError as e:  # must not kill the throttle (the apply reported it already)
                         log.debug("re-pinning pid %d: %s", p.pid, e)
-                if fraction >= 1.0:
+                if fraction >= 1.0 or self._pauses.paused(target):
                     self._stop.wait(self.period)
+                    running_since = time.monotonic()
                     continue
                 if self._stop.wait(self.period * fraction):
                     break
                 stopped = True
                 for p in procs:
                     p.signal(signal.SIGSTOP)
+                ran = time.monotonic() - running_since
                 self._stop.wait(self.period * (1.0 - fraction))
-                for p in procs:
-                    p.signal(signal.SIGCONT)
+                if not self._pauses.paused(target):  # a stall began: its timer resumes the processes
+                    for p in procs:
+                        p.signal(signal.SIGCONT)
                 stopped = False
+                now = time.monotonic()
+                with self._lock:
+                    t = self._targets[target]
+                    t.ran_s, t.wall_s = t.ran_s + ran, t.wall_s + now - running_since
+                running_since = now
         finally:
-            if stopped:
+            if stopped and not self._pauses.paused(target):
                 for p in procs:
                     p.signal(signal.SIGCONT)
 
     def close(self) -> None:
         """Stop the throttles and let every process run again."""
         self._stop.set()
+        self._pauses.close()
         with self._lock:
             targets = list(self._targets.values())
         for t in targets:

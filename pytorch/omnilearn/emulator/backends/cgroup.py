@@ -22,6 +22,7 @@ from omnilearn.emulator.backends.cgroupfs import (
     try_read,
     write,
 )
+from omnilearn.emulator.backends.pauses import CONT, STOP, Pauses, signal_all
 from omnilearn.emulator.levels import Allocation, effective_cpuset
 from omnilearn.errors import UserError
 
@@ -37,10 +38,17 @@ class _CgroupBackend:
         self.targets = list(targets)
         self.root = Path(root)
         self._pids: dict[str, list[int]] = {t: [] for t in self.targets}
+        self._pauses = Pauses()
 
     def _known(self, target: str) -> None:
         if target not in self._pids:
             raise ValueError(f"target {target!r} is not one of this job's cgroups ({', '.join(self.targets)})")
+
+    def stall(self, target: str, seconds: float) -> None:
+        """SIGSTOP the target's processes, SIGCONT them ``seconds`` later (or at ``close``)."""
+        self._known(target)
+        pids = list(self._pids[target])
+        self._pauses.pause(target, seconds, signal_all(pids, STOP), signal_all(pids, CONT))
 
 
 class CgroupV1Backend(_CgroupBackend):
@@ -140,6 +148,7 @@ class CgroupV1Backend(_CgroupBackend):
 
     def close(self) -> None:
         """Move remaining tasks back where they came from and remove this job's cgroups."""
+        self._pauses.close()
         for ctrl in ("cpu", "cpuset", "memory"):
             job = self._dir(ctrl)
             if not job.is_dir():
@@ -236,6 +245,7 @@ class CgroupV2Backend(_CgroupBackend):
 
     def close(self) -> None:
         """Move remaining processes back where they came from and remove this job's cgroups."""
+        self._pauses.close()
         if not self._dir().is_dir():
             return
         for t in self.targets:

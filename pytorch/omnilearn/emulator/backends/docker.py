@@ -3,17 +3,21 @@
 The toggler calls :meth:`DockerBackend.apply` for a target (a container name such as ``worker2``).
 Only containers labelled with this job are ever touched. After an update the backend reads back
 what the daemon recorded (``HostConfig``) and, when the container's cgroup is visible on this host,
-what the kernel enforces, and returns that as the effective allocation.
+what the kernel enforces (cgroup v1 or v2, Docker's cgroupfs or systemd driver: :func:`read_kernel`),
+and returns that as the effective allocation. A stall pauses the container (Docker's freezer).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omnilearn.emulator.backends.cgroupfs import try_read
+from omnilearn.emulator.backends.pauses import Pauses
 from omnilearn.emulator.levels import Allocation
 from omnilearn.errors import UserError
 
@@ -23,7 +27,7 @@ LABEL_JOB = "omnilearn.job"
 LABEL_TARGET = "omnilearn.target"
 LABEL_RANK = "omnilearn.rank"
 PERIOD_US = 100_000
-CGROUP_V1 = Path("/sys/fs/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 class ForeignContainer(Exception):
@@ -71,16 +75,35 @@ def effective_allocation(attrs: Mapping[str, Any], kernel: Mapping[str, str] | N
     return Allocation(cpuset=cpuset, cpus=round(cpus, 4) if cpus is not None else None, memory=memory)
 
 
-def read_kernel_v1(container_id: str, root: Path = CGROUP_V1) -> dict[str, str] | None:
-    """The container's CFS quota/period and cpuset from this host's cgroup v1 files (cgroupfs driver)."""
-    cpu = root / "cpu" / "docker" / container_id
-    cpuset = root / "cpuset" / "docker" / container_id
-    if not cpu.is_dir():
+def container_cgroup(container_id: str, controller: str, root: Path = CGROUP_ROOT) -> Path | None:
+    """The container's cgroup folder for ``controller`` on this host, or None where it is not visible.
+
+    cgroup v2 (one hierarchy) or v1 (one per controller), each with Docker's ``cgroupfs`` driver
+    (``docker/<id>``) or its ``systemd`` driver (``system.slice/docker-<id>.scope``).
+    """
+    base = root if (root / "cgroup.controllers").exists() else root / controller
+    for d in (base / "system.slice" / f"docker-{container_id}.scope", base / "docker" / container_id):
+        if d.is_dir():
+            return d
+    return None
+
+
+def read_kernel(container_id: str, root: Path = CGROUP_ROOT) -> dict[str, str] | None:
+    """The container's CFS quota and period and its enforced cpuset, from its cgroup files (v1 or v2)."""
+    cpu = container_cgroup(container_id, "cpu", root)
+    if cpu is None:
         return None
-    out = {"quota": (cpu / "cpu.cfs_quota_us").read_text().strip(),
-           "period": (cpu / "cpu.cfs_period_us").read_text().strip()}
-    if (cpuset / "cpuset.cpus").exists():
-        out["cpuset"] = (cpuset / "cpuset.cpus").read_text().strip()
+    out: dict[str, str] = {}
+    if (root / "cgroup.controllers").exists():
+        quota, _, period = (try_read(cpu / "cpu.max") or "max").partition(" ")
+        out.update(quota="-1" if quota == "max" else quota, period=period or str(PERIOD_US))
+    else:
+        out.update(quota=try_read(cpu / "cpu.cfs_quota_us") or "-1",
+                   period=try_read(cpu / "cpu.cfs_period_us") or str(PERIOD_US))
+    cpuset = container_cgroup(container_id, "cpuset", root)
+    text = cpuset and (try_read(cpuset / "cpuset.cpus.effective") or try_read(cpuset / "cpuset.cpus"))
+    if text:
+        out["cpuset"] = text
     return out
 
 
@@ -97,6 +120,7 @@ class DockerBackend:
     clients: dict[str, Any] = field(default_factory=dict)
     host_cpus: dict[str, int] = field(default_factory=dict)
     name: str = "docker"
+    _pauses: Pauses = field(default_factory=Pauses, init=False, repr=False)
 
     def _client(self, target: str) -> Any:
         return self.clients.get(target, self.default)
@@ -121,7 +145,7 @@ class DockerBackend:
         container = self.container(target)
         container.update(**update_kwargs(allocation, self._ncpus(target)))
         container.reload()
-        kernel = read_kernel_v1(container.id) if self._client(target) is self.default else None
+        kernel = read_kernel(container.id) if self._client(target) is self.default else None
         effective = effective_allocation(container.attrs, kernel)
         if allocation.cpus is not None and effective.cpus is not None and abs(effective.cpus - allocation.cpus) > 0.01:
             raise RuntimeError(f"{target}: asked for {allocation.cpus} CPUs, the container reports {effective.cpus}")
@@ -130,8 +154,17 @@ class DockerBackend:
                                f"{effective.cpuset}")
         return effective
 
+    def stall(self, target: str, seconds: float) -> None:
+        """Pause the container (its cgroup freezer) for ``seconds``."""
+        container = self.container(target)
+
+        def unpause() -> None:
+            with contextlib.suppress(Exception):  # gone meanwhile: nothing left to resume
+                container.unpause()
+        self._pauses.pause(target, seconds, container.pause, unpause)
+
     def close(self) -> None:
-        return None
+        self._pauses.close()
 
 
 def docker_sdk() -> Any:

@@ -34,6 +34,7 @@ from omnilearn.emulator.backends.docker import (
     docker_sdk,
     run_kwargs,
 )
+from omnilearn.emulator.backends.docker_net import ContainerLinks
 from omnilearn.emulator.toggler import Toggler, toggler_lock
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic, write_in
@@ -148,6 +149,16 @@ def overlay_encrypted(docker: DockerConfig) -> bool:
     return docker.encrypted if docker.encrypted is not None else bool(docker.hosts)
 
 
+def network_name(job: JobSpec) -> str:
+    """The job's overlay network: ``docker.network``, else ``omnilearn-<job id>``."""
+    return job.config.docker.network or f"omnilearn-{job.job_id}"
+
+
+def link_applier(job: JobSpec, backend: DockerBackend) -> ContainerLinks | None:
+    """The shaper of the containers' links when the job has links (shaped from this host)."""
+    return ContainerLinks(backend, network_name(job)) if job.plan.links else None
+
+
 def _data_root(job: JobSpec) -> Path | None:
     root = Path(job.config.data.root).resolve()
     return root if root.is_dir() else None
@@ -166,7 +177,7 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
                           f"built in {b.seconds:.0f} s ({b.size_bytes / 1e9:.2f} GB; {images.reason})"), markup=False)
     initialized = ensure_swarm(default, cfg.docker.advertise_addr)
     _check_names_free(job, default, remote)
-    net_name = cfg.docker.network or f"omnilearn-{job.job_id}"
+    net_name = network_name(job)
     labels = {LABEL_JOB: job.job_id}
     state = ClusterState(job_id=job.job_id, network=net_name, subnet=None, hosts=dict(cfg.docker.hosts),
                          swarm_initialized=initialized)
@@ -295,12 +306,13 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
     job.save()
     default, remote = clients_for(job)
     backend = DockerBackend(job.job_id, default, clients=remote)
+    links = link_applier(job, backend)
     stop = threading.Event()
     thread: threading.Thread | None = None
     state: ClusterState | None = None
     try:
         with toggler_lock(job.log_dir):
-            toggler = Toggler(job.log_dir, backend, job.plan)
+            toggler = Toggler(job.log_dir, backend, job.plan, links=links)
             thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
             thread.start()
             state = up(job, console)  # Ctrl-C here interrupts the image build or the SDK call at once
@@ -333,6 +345,9 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
         stop.set()
         if thread is not None and thread.is_alive():
             thread.join(timeout=10)
+        backend.close()  # a container still paused by a stall is let go before it is removed
+        if links is not None:
+            links.close()
         if state is not None:
             save_logs(default, remote, state, job.log_dir)
         removed = down(job.job_id, job.config.docker.hosts,

@@ -1,0 +1,117 @@
+"""Fidelity: how closely a run's emulation did what its plan asked, level by level, and what a link cost.
+
+Per level (``summary.json``'s ``level_speeds.<level>``, beside the measured speeds):
+
+- ``nominal_ratio``: the plan's fastest worker share over its slowest;
+- ``effective_ratio``: the same of the shares read back from the kernel or Docker after each change
+  (the affinity backend's is the duty cycle it achieved);
+- ``measured_ratio``: the fastest worker's measured speed (samples per second of its own compute
+  time) over the slowest's, what the workers actually got;
+- ``applied_as_asked``: the share of the level's changes that the toggler applied and read back as
+  requested (a quota within 2%, the same cpuset and memory limit, the link within tc's rounding);
+- ``apply_ms`` and ``apply_ms_max``: from the worker's request (its line's ``time``) to the toggler's
+  ``applied`` record, median and worst, over the level's changes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from omnilearn.emulator.audit import read_audit
+from omnilearn.emulator.bounded_json import loads_bounded
+from omnilearn.emulator.levels import Allocation, parse_cpuset
+from omnilearn.emulator.links import Link
+from omnilearn.emulator.plan import SERVER_TARGET, EmulationPlan
+from omnilearn.emulator.requests import MAX_JSON_DEPTH, MAX_LINE_BYTES, request_log
+from omnilearn.files import read_lines
+
+QUOTA_TOLERANCE = 0.02
+
+
+def _ratio(shares: list[float | None]) -> float | None:
+    known = [s for s in shares if s]
+    return round(max(known) / min(known), 3) if known and len(known) == len(shares) else None
+
+
+def as_asked(record: dict[str, Any]) -> bool:
+    """An outcome applied and read back as requested (an unset cpuset or memory asks for nothing)."""
+    if record.get("status") != "applied":
+        return False
+    req, eff = Allocation.from_dict(record.get("requested") or {}), Allocation.from_dict(record.get("effective") or {})
+    if (req.cpus is None) != (eff.cpus is None) or (
+            req.cpus is not None and not math.isclose(req.cpus, eff.cpus, rel_tol=QUOTA_TOLERANCE, abs_tol=1e-3)):
+        return False
+    if req.cpuset is not None and (eff.cpuset is None or parse_cpuset(req.cpuset) != parse_cpuset(eff.cpuset)):
+        return False
+    if req.memory is not None and req.memory != eff.memory:
+        return False
+    if "link" in record:
+        want, got = record["link"], record.get("effective_link")
+        return (want is None and got is None) or (want is not None and Link.from_dict(want).matches(
+            Link.from_dict(got) if got else None))
+    return True
+
+
+def request_times(log_dir: Path, ranks: int) -> dict[tuple[str, int], float]:
+    """``(log name, offset_end) -> time`` of every request line the workers wrote (bounded reads)."""
+    times: dict[tuple[str, int], float] = {}
+    for rank in range(ranks):
+        path = request_log(log_dir, rank)
+        lines, _ = read_lines(path)
+        for raw, end in lines:
+            obj = loads_bounded(raw, MAX_LINE_BYTES, MAX_JSON_DEPTH)
+            if isinstance(obj, dict) and isinstance(obj.get("time"), (int, float)):
+                times[(path.name, end)] = float(obj["time"])
+    return times
+
+
+def level_fidelity(speeds: dict[str, dict[str, Any]], out_dir: Path, plan: EmulationPlan) -> dict[str, dict[str, Any]]:
+    """``speeds`` (level -> measured speeds and ratio) with the fidelity of each level added."""
+    log_dir = Path(out_dir) / "logs"
+    outcomes = [r for r in read_audit(log_dir, status=None) if r.get("status") in ("applied", "rejected")]
+    asked = request_times(log_dir, len(plan.targets))
+    workers = [t for t in plan.targets if t != SERVER_TARGET]
+    out: dict[str, dict[str, Any]] = {}
+    for level in dict.fromkeys([*plan.levels, *speeds]):
+        mine = [r for r in outcomes if r.get("level") == level]
+        effective: dict[str, float | None] = {}
+        for r in mine:
+            if r.get("status") == "applied" and r.get("target") in workers:
+                effective[r["target"]] = Allocation.from_dict(r.get("effective") or {}).share
+        delays = [1e3 * (r["time"] - asked[(r["file"], r["offset_end"])]) for r in mine
+                  if r.get("status") == "applied" and (r.get("file"), r.get("offset_end")) in asked]
+        nominal = [plan.allocation(level, t).share for t in workers] if level in plan.levels else []
+        out[level] = {
+            **speeds.get(level, {"samples_per_s": None, "measured_ratio": None}),
+            "nominal_ratio": _ratio(nominal) if nominal else None,
+            "effective_ratio": _ratio([effective.get(t) for t in workers]) if effective else None,
+            "changes": len(mine),
+            "applied_as_asked": round(sum(map(as_asked, mine)) / len(mine), 4) if mine else None,
+            "apply_ms": round(statistics.median(delays), 1) if delays else None,
+            "apply_ms_max": round(max(delays), 1) if delays else None,
+        }
+    return out
+
+
+def allreduce_ms(steps: list[list[dict[str, Any]]]) -> float | None:
+    """The all-reduce's own cost per step (BSP): the sync time of the rank that waited least (the last
+    to arrive), median over steps. A slow link shows here; balancing compute cannot remove it."""
+    n = min((len(s) for s in steps), default=0)
+    per_step = [min(s[k]["sync_ms"] for s in steps) for k in range(n)]
+    return round(statistics.median(per_step), 2) if per_step else None
+
+
+def link_note(summary: dict[str, Any]) -> str | None:
+    """What the run's links cost, from its measurements (BSP with links only)."""
+    links, cost = summary.get("links"), summary.get("allreduce_ms")
+    if not links or cost is None or summary.get("mode") != "bsp":
+        return None
+    step = [c + s for c, s in zip(summary["compute_ms"], summary["sync_ms"], strict=True)
+            if c is not None and s is not None]
+    share = f" ({cost / max(step):.0%} of a step)" if step else ""
+    shaped = ", ".join(f"{t} {v}" for t, v in links.items())
+    return (f"links {shaped}: the all-reduce itself takes {cost:.0f} ms per step{share}, on every rank; "
+            f"resizing batches balances compute and cannot remove it")
