@@ -22,7 +22,7 @@ workers: 3
 model: {{name: smallcnn}}
 data: {{name: synthetic, image_size: 32, synthetic_size: {synthetic_size}}}
 train: {{epochs: {epochs}, global_batch: 192, lr: 0.05}}
-control: {{policy: dynamic, interval: 2, window: 3, min_samples: 2, deadband: 0.05}}
+control: {{policy: dynamic}}
 emulation:
   backend: {backend}
   allocation: quota

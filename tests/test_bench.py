@@ -116,7 +116,9 @@ def _fake_cell(out: Path, path: str, mode: str, train_time: float, curve: list[t
         "final_perplexity": final if metric == "perplexity" else None, "imbalance": 0.5, "batch_changes": 3,
         "accuracy_curve": [{"elapsed_s": t, metric: v, "accuracy": v if metric == "accuracy" else 0.3}
                            for t, v in curve],
-        "settle": [{"decisions": 2, "seconds": 3.0}, {"decisions": 4, "seconds": 5.0}]}))
+        "settle": [{"from_level": None, "level": "HL1", "decisions": 0, "seconds": 0.0},
+                   {"from_level": "HL1", "level": "HL8", "decisions": 2, "seconds": 3.0},
+                   {"from_level": "HL8", "level": "HL1", "decisions": 4, "seconds": 5.0}]}))
     return {"mode": mode, "group": "HL8", "policy": path.split("/")[2], "seed": int(path[-1]), "path": path}
 
 
@@ -134,7 +136,7 @@ def test_rows_pair_seeds_and_the_table_gives_mean_and_spread(tmp_path: Path) -> 
     assert by["asp/HL8/dynamic/seed-2"]["time_to_target_s"] == 75
     assert by["asp/HL8/uniform/seed-2"]["time_to_target_s"] is None
     assert rows[0]["equal_time_s"] == 50 and by["asp/HL8/uniform/seed-2"]["metric_at_equal_time"] is None
-    assert rows[0]["settle_median"] == 3
+    assert rows[0]["settle_median"] == 3 and rows[0]["unsettled"] == 0  # over the changes, not the start
     table = {(e["policy"]): e for e in summary_rows(rows)}
     assert table["dynamic"]["time_reduction_pct"]["mean"] == pytest.approx(37.5)
     assert table["dynamic"]["time_reduction_pct"]["sd"] == pytest.approx(17.6777, abs=1e-3)
@@ -172,7 +174,10 @@ def test_bench_runs_a_tiny_matrix_and_resumes(tmp_path: Path) -> None:
     assert set(REQUIRED) <= set(rows[0])
     for r in rows:  # the budget, not the 500 epochs, ended every run, BSP and ASP alike
         assert 3 <= float(r["wall_time_s"]) < 60 and float(r["epochs"]) < 500, r
-        assert r["final_metric"] and r["time_to_target_s"] and r["level"] == "SKEW" and r["seed"] == "1"
+        assert r["final_metric"] and r["level"] == "SKEW" and r["seed"] == "1"
+    for mode in ("bsp", "asp"):  # the target is 95% of the best final metric: the best run reached it
+        best = max((r for r in rows if r["mode"] == mode), key=lambda r: float(r["final_metric"]))
+        assert float(best["time_to_target_s"]) <= float(best["wall_time_s"]), best
     assert rows[0]["fraction_of_ideal"] and not rows[3]["fraction_of_ideal"]  # no ideal balance for ASP
     md = (out / "results.md").read_text()
     assert "## BSP · SKEW" in md and "| `ddp` | 1 |" in md and "## ASP · SKEW" in md
@@ -209,17 +214,12 @@ def test_bench_runs_a_tiny_matrix_and_resumes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", sorted(DEFAULT_MATRIX.parent.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_matrix_loads(tmp_path: Path, path: Path) -> None:
-    """Configs, levels, schedules and keys of every matrix file check out; policies this version lacks
-    (the controller's dynamic+prior and paper, until they exist) are left out of the check."""
+    """Configs, levels, schedules, keys and every policy of every matrix file check out."""
     import yaml
-
-    from omnilearn.config import PEERS
-    from omnilearn.control.policies import POLICIES
 
     data = yaml.safe_load(path.read_text())
     for spec in data["modes"].values():
         spec["config"] = str(DEFAULT_MATRIX.parent.parent / spec["config"])
-        spec["policies"] = [p for p in spec["policies"] if p in (*POLICIES, *PEERS)]
     copy = tmp_path / path.name
     copy.write_text(yaml.safe_dump(data))
     m = load_matrix(copy)

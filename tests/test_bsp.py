@@ -22,8 +22,10 @@ def _rank_step(rank: int, world: int, sizes: list[int], out: Path) -> None:
     import torch.distributed as dist
 
     from omnilearn.train.bsp import GradBuffer, local_backward
+    from omnilearn.train.workload import Workload
 
     init_gloo()
+    work = Workload(model=lambda: build_model("smallcnn", 10, 16), train=[], test=[])  # default loss and metric
     torch.manual_seed(0)
     model = build_model("smallcnn", 10, 16)
     grads = GradBuffer(list(model.parameters()))
@@ -32,7 +34,7 @@ def _rank_step(rank: int, world: int, sizes: list[int], out: Path) -> None:
     start = sum(sizes[:rank])
     for step in range(2):  # two steps: the second also checks the momentum state stays in agreement
         grads.zero()
-        local_backward(model, x[start:start + sizes[rank]], y[start:start + sizes[rank]], sum(sizes))
+        local_backward(work, model, x[start:start + sizes[rank]], y[start:start + sizes[rank]], sum(sizes))
         grads.all_reduce()
         if rank == 0:
             torch.save(grads.flat[:grads.numel].clone(), out / f"grad-{step}.pt")

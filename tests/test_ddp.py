@@ -24,8 +24,10 @@ def _rank_steps(rank: int, world: int, sizes: list[int], out: Path) -> None:
     from omnilearn.train.bsp import local_backward
     from omnilearn.train.ddp import ddp_backward
     from omnilearn.train.distributed import GradBuffer
+    from omnilearn.train.workload import Workload
 
     init_gloo()
+    work = Workload(model=lambda: build_model("smallcnn", 10, 16), train=[], test=[])  # default loss and metric
     x, y = make_data(sum(sizes))
     lo, hi = sum(sizes[:rank]), sum(sizes[:rank + 1])
     results = {}
@@ -38,9 +40,9 @@ def _rank_steps(rank: int, world: int, sizes: list[int], out: Path) -> None:
         for _ in range(3):  # momentum carries the first steps into the later ones
             grads.zero()
             if ddp is not None:
-                ddp_backward(ddp, x[lo:hi], y[lo:hi])
+                ddp_backward(work, ddp, x[lo:hi], y[lo:hi])
             else:
-                local_backward(model, x[lo:hi], y[lo:hi], sum(sizes))
+                local_backward(work, model, x[lo:hi], y[lo:hi], sum(sizes))
                 grads.all_reduce()
             opt.step()
         results[name] = [p.detach().clone() for p in model.parameters()]

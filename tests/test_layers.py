@@ -17,13 +17,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pytorch" / "omnilearn"
 
 # Lowest first. A module belongs to the first layer whose prefix matches its dotted name.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("omnilearn.errors", "omnilearn.files")),
+    ("foundation", ("omnilearn.errors", "omnilearn.files", "omnilearn.typed")),
     ("policies", ("omnilearn.control.policies",)),
     ("config", ("omnilearn.config",)),
     ("emulator and controller", ("omnilearn.emulator", "omnilearn.control")),
     ("job objects", ("omnilearn.jobfile", "omnilearn.metrics")),
     ("training", ("omnilearn.train",)),
-    ("launch and report", ("omnilearn.launch", "omnilearn.report")),
+    ("launch and report", ("omnilearn.launch", "omnilearn.report", "omnilearn.torch", "omnilearn.simulate")),
     ("command line", ("omnilearn.cli", "omnilearn.__main__", "omnilearn")),
 ]
 MAX_LINES = 450

@@ -10,7 +10,7 @@ import torch
 from omnilearn import config
 from omnilearn.errors import UserError
 from omnilearn.train.text import ByteTokenizer, TokenWindows, load_text, make_tokenizer, stdlib_corpus
-from omnilearn.train.workload import build, load_data, loss_terms
+from omnilearn.train.workload_spec import load_workload
 
 
 @pytest.mark.parametrize("text", ["hello world", "naïve café — ünïcödé ✓", "", "line\nbreaks\ttabs"])
@@ -67,15 +67,16 @@ def test_missing_text_file_is_a_user_error(tmp_path: Path) -> None:
 def test_tiny_gpt2_learns_the_corpus() -> None:
     cfg = config.build(None, [("model.name", "gpt2"), ("data.name", "text"), ("data.seq_len", 32),
                               ("data.max_bytes", 60_000)])
-    work = load_data(cfg)
+    work = load_workload(cfg)
+    assert work.perplexity
     torch.manual_seed(0)
-    model = build(cfg, work)
+    model = work.model()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
     losses = []
     for _ in range(40):
         x, y = work.train.batch(torch.randint(0, len(work.train), (16,), generator=g))
-        loss_sum, correct = loss_terms(model(x), y)
+        loss_sum, correct = work.terms(model(x), y)
         opt.zero_grad()
         (loss_sum / 16).backward()
         opt.step()

@@ -18,6 +18,11 @@ from omnilearn.emulator.plan import EmulationPlan
 from omnilearn.files import write_atomic
 
 JOB_FILE = "job.json"
+OUT_ENV = "OMNILEARN_OUT"
+"""Set by ``omnilearn emulate`` for its command: the run folder (holding job.json) a script's
+:mod:`omnilearn.torch` writes its metrics to."""
+T0_ENV = "OMNILEARN_EMULATE_T0"
+"""Set by ``omnilearn emulate``: the wall time (``time.time()``) its schedule's second 0 fell on."""
 
 
 def new_job_id() -> str:
@@ -31,6 +36,8 @@ class JobSpec:
     plan: EmulationPlan
     out_dir: Path
     backend: str  # the emulation backend actually used, e.g. "cgroup-v1"
+    resume: bool = False
+    """Workers go on from the run folder's checkpoint (``--resume``, or a restart after a failure)."""
 
     @property
     def log_dir(self) -> Path:
@@ -49,6 +56,7 @@ class JobSpec:
             "plan": self.plan.to_dict(),
             "out_dir": str(self.out_dir),
             "backend": self.backend,
+            "resume": self.resume,
         }
 
     def save(self) -> Path:
@@ -63,6 +71,10 @@ class JobSpec:
     def load(path: Path, out_dir: Path | None = None) -> JobSpec:
         """Read a job file; ``out_dir`` re-roots it (a container sees the run folder elsewhere)."""
         d = json.loads(Path(path).read_text())
+        control = d["config"].get("control", {})
+        if "prior" in control:  # a run from before dynamic+prior had its name: say what it ran
+            if control.pop("prior") == "allocation" and control.get("policy") == "dynamic":
+                control["policy"] = "dynamic+prior"
         cfg = from_dict(d["config"], d.get("source", str(path)))
         return JobSpec(
             job_id=d["job_id"],
@@ -70,4 +82,5 @@ class JobSpec:
             plan=EmulationPlan.from_dict(d["plan"]),
             out_dir=Path(out_dir) if out_dir is not None else Path(d["out_dir"]),
             backend=d["backend"],
+            resume=bool(d.get("resume", False)),
         )

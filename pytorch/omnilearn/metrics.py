@@ -18,6 +18,14 @@ EVAL_FILE = "eval.jsonl"
 """ASP: the scores of the server's snapshots, written after the job (in the metrics folder)."""
 
 
+RESTARTS_FILE = "restarts.jsonl"
+"""One line per restart of the job or ``--resume`` (written by the launcher, listed by the summary)."""
+
+
+def restarts_path(out_dir: Path) -> Path:
+    return Path(out_dir) / RESTARTS_FILE
+
+
 def metrics_path(out_dir: Path, rank: int | str) -> Path:
     return Path(out_dir) / METRICS_DIR / f"rank-{rank}.jsonl"
 

@@ -1,81 +1,79 @@
-"""The batch controller: turns per-worker compute-time measurements into batch-size decisions.
+"""The batch controller: turns compute-time measurements into batch-size decisions.
 
-Rank-local bookkeeping (a window of this worker's own compute times) plus a pure decision taken
-from every worker's estimate. The trainer gathers the estimates (BSP: an all-gather; ASP: reports to
-the parameter server) and every rank calls :meth:`BatchController.decide` with the same inputs.
+Every rank (BSP) or the parameter server (ASP) holds the same :class:`BatchController`, fed only
+with data all of them hold: BSP gathers every worker's compute time after each step
+(:meth:`BatchController.observe_step`), the server receives each worker's time with its push
+(:meth:`BatchController.observe`). The windows, the noticed speed changes and the fitted time model
+are therefore the same everywhere, and so is every decision: nothing needs broadcasting.
+
+Knowledge is structural: the allocated CPU shares reach a controller only through
+:meth:`BatchController.allocations`, which reads them for the policies that say so in their name
+(``static``, ``dynamic+prior``) and for no other.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from omnilearn.config import ControlConfig
 from omnilearn.control import policies
 from omnilearn.control.policies import Bounds
+from omnilearn.control.windows import ComputeWindow, StepWindow
 
-
-@dataclass
-class ComputeWindow:
-    """Recent compute times of one worker at its current batch size and allocation.
-
-    The first ``skip`` steps after a change are dropped: they carry thread start-up, cache refill
-    and the kernel's new quota settling in, not the steady state.
-    """
-
-    size: int
-    skip: int = 1
-    times: list[float] = field(default_factory=list)
-    _to_skip: int = 0
-
-    def __post_init__(self) -> None:
-        self._to_skip = self.skip
-
-    def reset(self) -> None:
-        self.times.clear()
-        self._to_skip = self.skip
-
-    def add(self, seconds: float) -> None:
-        if self._to_skip > 0:
-            self._to_skip -= 1
-            return
-        self.times.append(seconds)
-        del self.times[: -self.size]
-
-    @property
-    def count(self) -> int:
-        return len(self.times)
-
-    def estimate(self) -> float | None:
-        """Median of the window: robust to the odd slow step (a GC pause, a throttled period)."""
-        return statistics.median(self.times) if self.times else None
+Shares = Sequence[float | None]
+PAIRS = 8  # pairs of consecutive splits (with their measured times) kept for fitting the fixed cost k
+DECISION_ERROR = 0.1  # a decision waits for enough steps that its estimates are good to about 10%
+NOISE_PRIOR = 0.15  # step-to-step noise (log sd) assumed for the deadband until the window has measured it
 
 
 @dataclass
 class BatchController:
     """Holds the current batch sizes of all workers and decides new ones.
 
-    Its settings are the job's ``control`` section (:class:`~omnilearn.config.ControlConfig`: one set of
-    defaults, one mapping): decide every ``interval`` steps (0: only at epoch ends, see ``due``), each
-    decision needing at least ``min_samples`` fresh measurements on every worker.
+    Its settings are the job's ``control`` section, resolved for the policy
+    (:meth:`~omnilearn.config.ControlConfig.effective`). A measuring policy considers a decision
+    every ``interval`` steps (0: at epoch ends) and takes one once every worker has enough fresh
+    measurements (:meth:`samples_needed`); the deadband widens while few measurements back the
+    estimates (:meth:`deadband`), so a small correction needs more evidence.
+    ``dynamic`` balances the time model ``t_i(b) = c_i (b + k)``; ``k`` is fitted from how the
+    workers' times moved between the last splits (:func:`~omnilearn.control.policies.fit_overhead`).
     """
 
     config: ControlConfig
     global_batch: int
     bounds: Bounds
+    synchronous: bool = True
+    """BSP (every worker's time of each step, :meth:`observe_step`) or ASP (:meth:`observe`)."""
     batch: list[int] = field(default_factory=list)
-    # Per-worker samples/s at the last decision, and the CPU shares they were measured under: the
-    # dynamic policy's starting point after a level change.
+    # dynamic+prior: per-worker samples/s at the last decision and the CPU shares they were measured
+    # under, its starting point after a level change.
     speeds: list[float] | None = None
     shares: list[float | None] | None = None
+    overhead: float = 0.0
+    # The last split left, with the times measured at it and the workers' regimes then (b, t, regimes),
+    # and pairs of consecutive splits measured under unchanged speeds (b, t, b2, t2): k's evidence.
+    # k belongs to the workload, not to a level: pairs from earlier regimes keep counting.
+    last: tuple[list[int], list[float], list[int]] | None = None
+    pairs: list[tuple[list[int], list[float], list[int], list[float]]] = field(default_factory=list)
+    settled: bool = False
+    """A check found the workers within the plain deadband and no split or speed change came since:
+    the next split needs ``hysteresis`` times the deadband."""
 
     def __post_init__(self) -> None:
         assert self.policy in policies.POLICIES, self.policy
         workers = len(self.bounds.max_batch)
         if not self.batch:
             self.batch = policies.uniform(workers, self.global_batch, self.bounds)
-        self.own = ComputeWindow(size=self.config.window, skip=self.config.skip_after_change)
+        c, paper = self.config, self.policy == "paper"
+        # BSP: one window over every worker's steps (relative times); ASP and the paper: one per worker.
+        # The start is measured: the memory probe ran the model already, and a first step slower on
+        # every worker alike divides out of relative times.
+        self.steps = StepWindow(workers, c.window, skip=c.skip_after_change, change=c.change_threshold)
+        self.windows = [ComputeWindow(c.window, skip=c.skip_after_change, change=c.change_threshold, mean=paper)
+                        for _ in range(workers)]
+        self.forget(skip=0)
 
     @property
     def policy(self) -> str:
@@ -85,32 +83,110 @@ class BatchController:
     def workers(self) -> int:
         return len(self.batch)
 
-    def _use_prior(self, cpu_shares: Sequence[float | None]) -> bool:
-        return self.policy == "dynamic" and self.config.prior == "allocation" and all(cpu_shares)
+    @property
+    def knows_allocation(self) -> bool:
+        return self.policy in policies.USES_ALLOCATION
 
-    def initial(self, cpu_shares: Sequence[float | None]) -> list[int]:
-        """Batch sizes before any measurement.
+    @property
+    def measures(self) -> bool:
+        return self.policy in policies.MEASURED
 
-        ``static`` splits by allocated CPU; ``dynamic`` does too when its prior is the allocation
-        (and every share is known), then corrects by measurement; otherwise batches start equal.
-        """
+    @property
+    def times_update(self) -> bool:
+        """Whether compute time includes the optimizer step (the paper timed forward+backward only)."""
+        return self.policy != "paper"
+
+    @property
+    def relative(self) -> bool:
+        """Whether steps are compared as relative times (BSP, except the paper, which means raw ones)."""
+        return self.synchronous and self.policy != "paper"
+
+    def allocations(self, read: Callable[[], Shares]) -> Shares | None:
+        """The allocated CPU shares, read (``read()``) only for a policy whose name says it uses them."""
+        return read() if self.knows_allocation else None
+
+    # ------------------------------------------------------------------ measurements
+
+    def observe_step(self, seconds: Sequence[float]) -> list[int]:
+        """BSP: every worker's compute time of one full step at the current batches (gathered, so the
+        same on every rank). Returns the workers found to have changed speed."""
+        if not self.measures:
+            return []
+        if self.relative:
+            before, regimes = (self.steps.estimates() if self.steps.count else None), list(self.steps.regimes)
+            changed = self.steps.add(seconds)
+            if changed and before is not None and self.last is not None and self.last[2] == regimes \
+                    and self.last[0] != self.batch:  # the current split, measured before the change: k shows
+                self.pairs = [*self.pairs, (self.last[0], self.last[1], list(self.batch), before)][-PAIRS:]
+            if changed:
+                self.last = None
+                self.settled = False
+            return changed
+        for w, t in zip(self.windows, seconds, strict=True):
+            w.add(t)
+        return []
+
+    def observe(self, worker: int, batch: int, seconds: float) -> bool:
+        """ASP: one worker's compute time of a step at ``batch`` (ignored unless its current batch).
+        True when it showed a change of that worker's speed."""
+        if not self.measures or batch != self.batch[worker]:
+            return False
+        changed = self.windows[worker].add(seconds)
+        if changed:
+            self.settled = False
+        return changed
+
+    def forget(self, workers: Sequence[int] | None = None, skip: int | None = None) -> None:
+        """Drop measurements (all, or those of ``workers``); the next ``skip`` steps are not measured."""
+        self.steps.reset(skip)
+        for i in range(self.workers) if workers is None else workers:
+            self.windows[i].reset(skip)
+
+    def estimates(self) -> tuple[list[float] | None, list[int]]:
+        """Every worker's compute-time estimate at its current batch (None until each has one), and
+        the measurements behind each."""
+        if self.relative:
+            return self.steps.estimates(), [self.steps.count] * self.workers
+        est = [w.estimate() for w in self.windows]
+        counts = [w.count for w in self.windows]
+        if min(counts) == 0:
+            return None, counts
+        return [float(e) for e in est if e is not None], counts
+
+    def regimes(self) -> list[int]:
+        return list(self.steps.regimes) if self.relative else [w.regime for w in self.windows]
+
+    # ------------------------------------------------------------------ decisions
+
+    def initial(self, cpu_shares: Shares | None) -> list[int]:
+        """Batch sizes before any measurement: by allocated CPU for ``static`` and ``dynamic+prior``
+        (when every share is known), else equal."""
+        if not self.knows_allocation:
+            return list(self.batch)
+        assert cpu_shares is not None
         self.shares = list(cpu_shares)
-        if self.policy == "static" or self._use_prior(cpu_shares):
+        if self.policy == "static" or all(cpu_shares):
             self.batch = policies.static(cpu_shares, self.global_batch, self.bounds)
         return list(self.batch)
 
-    def reallocate(self, cpu_shares: Sequence[float | None]) -> list[int] | None:
-        """A level change: new batch sizes before any new measurement, or None to keep them.
+    def reallocate(self, cpu_shares: Shares | None) -> list[int] | None:
+        """A level change the policy is told of: new batch sizes before any new measurement, or None.
 
-        ``static`` follows the new allocation. ``dynamic`` with the allocation prior expects each
-        worker's speed to scale with its CPU share: the speeds measured before the change, times
-        new share / old share (the new shares alone when nothing was measured yet). Measurement
-        then corrects whatever the CPU share does not explain.
+        Only the allocation-aware policies are told (the others return None, untouched). ``static``
+        follows the new allocation. ``dynamic+prior`` drops its measurements and expects each
+        worker's speed to scale with its CPU share: the speeds measured before the change, times new
+        share / old share (the new shares alone when nothing was measured yet).
         """
+        if not self.knows_allocation:
+            return None
+        assert cpu_shares is not None
         old, self.shares = self.shares, list(cpu_shares)
+        self.forget()
+        self.last = None
+        self.settled = False
         if self.policy == "static":
             new = policies.static(cpu_shares, self.global_batch, self.bounds)
-        elif self._use_prior(cpu_shares):
+        elif all(cpu_shares):
             if self.speeds is not None and old is not None and all(old):
                 weights = [s * n / o for s, n, o in zip(self.speeds, cpu_shares, old, strict=True)]
             else:
@@ -119,10 +195,7 @@ class BatchController:
         else:
             return None
         self.speeds = None  # measured under the old allocation
-        if new == self.batch:
-            return None
-        self.batch = new
-        return new
+        return self._adopt(new)
 
     def due(self, step_in_run: int, end_of_epoch: bool) -> bool:
         """Whether this step (1-based count of steps done) is a decision point."""
@@ -132,30 +205,75 @@ class BatchController:
             return end_of_epoch
         return step_in_run % self.config.interval == 0
 
-    def decide(
-        self,
-        estimates: Sequence[float | None],
-        counts: Sequence[int],
-        cpu_shares: Sequence[float | None],
-    ) -> list[int] | None:
-        """New batch sizes from every worker's estimate, or None to keep the current ones.
+    def decide(self, cpu_shares: Shares | None = None) -> list[int] | None:
+        """New batch sizes from the measurements so far, or None to keep the current ones.
 
-        Identical inputs give identical outputs on every rank (no randomness, no local state
-        beyond ``batch``, which all ranks hold in common).
+        Identical measurements give identical outputs on every rank (no randomness, no state beyond
+        what the common measurements built).
         """
         if self.policy == "uniform":
             return None
         if self.policy == "static":
-            new = policies.static(cpu_shares, self.global_batch, self.bounds)
-        else:
-            if min(counts) < self.config.min_samples or any(e is None for e in estimates):
-                return None
-            self.speeds = [b / max(float(e), 1e-9) for b, e in zip(self.batch, estimates, strict=True)]
-            new = policies.dynamic(self.batch, [float(e) for e in estimates], self.global_batch,
-                                   self.bounds, self.config.deadband)
+            assert cpu_shares is not None
+            return self._adopt(policies.static(cpu_shares, self.global_batch, self.bounds))
+        times, counts = self.estimates()
+        n = min(counts)
+        if times is None or n < self.samples_needed():
+            return None
+        self.speeds = [b / max(t, 1e-9) for b, t in zip(self.batch, times, strict=True)]
+        if self.policy == "paper":
+            new = policies.paper(self.batch, times, self.global_batch, self.bounds, self.config.deadband)
+            self.forget()  # each epoch is its own mean
+            return self._adopt(new)
+        spread = policies.imbalance(times)
+        if spread <= self.config.deadband:  # balanced on the plain deadband, however few the steps
+            self.settled = True
+        deadband = self.deadband(n) * (self.config.hysteresis if self.settled else 1.0)
+        if spread <= deadband:
+            return None
+        now = self.regimes()
+        pair = None
+        if self.last is not None and self.last[2] == now and self.last[0] != self.batch:
+            pair = (self.last[0], self.last[1], list(self.batch), list(times))  # the same speeds: k shows
+        if self.config.fit_overhead:
+            fitted = policies.fit_overhead(self.pairs + ([pair] if pair else []), cap=float(self.global_batch))
+            self.overhead = self.overhead if fitted is None else fitted
+        new = policies.dynamic(self.batch, times, self.global_batch, self.bounds, deadband, self.overhead)
+        if new != self.batch:
+            if pair:
+                self.pairs = [*self.pairs, pair][-PAIRS:]
+            self.last = (list(self.batch), list(times), now)
+        return self._adopt(new)
+
+    def deadband(self, n: int) -> float:
+        """The spread below which nothing changes, with ``n`` measurements per worker: ``deadband``
+        with a full window, ``deadband * sqrt(window / n)`` with fewer, and never below three standard
+        deviations of the difference of two workers' mean times under the measured noise (BSP; until
+        it is measured, :data:`NOISE_PRIOR`: a job that decides every other step never measures it)."""
+        c = self.config
+        band = c.deadband * math.sqrt(c.window / n) if n < c.window else c.deadband
+        if not self.relative:
+            return band
+        noise = self.steps.noise()
+        return max(band, math.expm1(3 * (NOISE_PRIOR if noise is None else noise) * math.sqrt(2 / n)))
+
+    def samples_needed(self) -> int:
+        """``min_samples``, or more where the measured noise says so (BSP): enough steps that the
+        median's error, about 1.25 noise / sqrt(n), is within DECISION_ERROR, up to half a window."""
+        noise = self.steps.noise() if self.relative else None
+        if noise is None:
+            return self.config.min_samples
+        wanted = math.ceil((1.25 * noise / DECISION_ERROR) ** 2)
+        return max(self.config.min_samples, min(wanted, max(self.config.window // 2, 1)))
+
+    def _adopt(self, new: list[int]) -> list[int] | None:
         if new == self.batch:
             return None
+        changed = [i for i, (a, b) in enumerate(zip(self.batch, new, strict=True)) if a != b]
         self.batch = new
+        self.settled = False
+        self.steps.reset()  # relative times: any worker's change moves everyone's
+        self.forget(changed)
         return new
 
     def set_bounds(self, bounds: Bounds) -> list[int] | None:
@@ -163,5 +281,4 @@ class BatchController:
         self.bounds = bounds
         if all(bounds.min_batch <= b <= m for b, m in zip(self.batch, bounds.max_batch, strict=True)):
             return None
-        self.batch = policies.split(self.batch, self.global_batch, bounds)
-        return list(self.batch)
+        return self._adopt(policies.split(self.batch, self.global_batch, bounds))

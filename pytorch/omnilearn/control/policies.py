@@ -3,11 +3,20 @@
 Pure functions, no torch.distributed: every rank calls them with the same inputs and gets the same
 answer, so a decision needs no broadcast.
 
+What each policy knows (:data:`KNOWS`): a policy that reads the emulator's allocations says so in its
+name; the others decide from what a real cluster gives them, measured compute times.
+
 - ``uniform``: equal batches (the data-parallel baseline).
 - ``static``: batches proportional to each worker's allocated CPU share.
-- ``dynamic`` (OmniLearn): ``b_i <- b_i * t_mean / t_i`` from measured compute times; its fixed point
-  gives each worker a batch proportional to its measured throughput ``b_i / t_i``, which makes all
-  compute times equal.
+- ``dynamic`` (OmniLearn, reactive): starts from equal batches and balances measured compute times
+  with a fitted per-worker time model ``t_i(b) = c_i (b + k)`` (:func:`dynamic`): with ``k = 0`` it
+  is the paper's ``b_i <- b_i * t_mean / t_i``, whose fixed point gives each worker a batch
+  proportional to its measured throughput; ``k``, the per-step fixed cost in samples, removes the
+  creep that fixed costs give the plain rule.
+- ``dynamic+prior``: ``dynamic`` told the allocations: it starts from batches proportional to the
+  allocated CPU and rescales by the new shares when the level changes.
+- ``paper``: the paper's own controller as a preset (:func:`paper`, :data:`PAPER_DEADBAND`,
+  :data:`PAPER_BOUNDS`): once per epoch, from each worker's mean compute time over the epoch.
 
 Every decision keeps ``sum(b) == B`` exactly and each ``b_i`` within ``[min_batch, max_batch_i]``;
 what one worker cannot take is redistributed to the others.
@@ -15,11 +24,40 @@ what one worker cannot take is redistributed to the others.
 
 from __future__ import annotations
 
+import functools
+import heapq
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-POLICIES = ("uniform", "static", "dynamic")
+import numpy as np
+
+POLICIES = ("uniform", "static", "dynamic", "dynamic+prior", "paper")
+
+KNOWS = {
+    "uniform": "nothing: equal batches, never changed",
+    "static": "the allocated CPU shares (the emulator's allocations); nothing measured",
+    "dynamic": "measured compute times only: equal batches at the start, no allocations, no level events",
+    "dynamic+prior": "measured compute times and the allocated CPU shares (its start and its level changes)",
+    "paper": "measured compute times only (per-epoch means), with the paper's fixed settings",
+    "ddp": "nothing: plain DistributedDataParallel with equal batches (the peer, not a policy of ours)",
+}
+USES_ALLOCATION = frozenset({"static", "dynamic+prior"})
+"""Policies that read the emulator's allocations: only these are ever given them."""
+MEASURED = frozenset({"dynamic", "dynamic+prior", "paper"})
+"""Policies that decide from measured compute times."""
+
+PAPER_DEADBAND = 0.2
+"""The paper's rule applies a new split only when some worker's batch moves by 20% of its new size."""
+PAPER_BOUNDS = (0.5, 3.0)
+"""The paper's per-worker batch bounds as multiples of the equal share B/n ([16, 96] for 32)."""
+
+OVERHEAD_MIN_SPREAD = 0.25
+"""The fixed cost is fitted only from splits that moved workers' batches by ratios at least this far
+apart (in log): otherwise every k explains the times alike."""
+OVERHEAD_MAX_RESIDUAL = 0.12
+"""A pair of splits whose times the fitted model misses by more (RMS, in log) is not evidence of k."""
 
 
 @dataclass(frozen=True)
@@ -113,30 +151,145 @@ def static(cpu_shares: Sequence[float | None], global_batch: int, bounds: Bounds
     return split([s if s else fill for s in cpu_shares], global_batch, bounds)
 
 
+def balanced(batch: Sequence[int], compute_s: Sequence[float], overhead: float, global_batch: int,
+             bounds: Bounds) -> list[int]:
+    """Batches that make ``t_i(b) = c_i (b + k)`` equal for all workers, bounded, summing to B.
+
+    ``c_i = t_i / (b_i + k)`` from each worker's time at its current batch; equal times need
+    ``b_i + k`` proportional to ``1 / c_i`` with ``sum(b_i) = B``: the water-filling of
+    :func:`bounded_shares` on ``b_i + k`` (total ``B + n k``, bounds shifted by ``k``). With ``k = 0``
+    it is the proportional rule ``b_i * t_mean / t_i`` normalised to B. Rounding to integers then
+    moves single samples from the slowest predicted worker to the fastest while that shortens the
+    slowest: a worker with 20 samples is 5% off with one sample too many.
+    """
+    assert len(batch) == len(compute_s) and overhead >= 0
+    k, n = float(overhead), len(batch)
+    cost = [max(float(t), 1e-9) / (b + k) for b, t in zip(batch, compute_s, strict=True)]  # c_i
+    shares = bounded_shares([1 / c for c in cost], global_batch + n * k, bounds.min_batch + k,
+                            [h + k for h in bounds.max_batch])
+    new = round_preserving_sum([x - k for x in shares], global_batch, bounds.min_batch, bounds.max_batch)
+    # Two heaps (the slowest first; the cheapest to give one more sample first, among workers below
+    # their bound), stale entries skipped: a move costs O(log n), so a thousand workers decide in ms.
+    t = [c * (b + k) for c, b in zip(cost, new, strict=True)]
+    hi = bounds.max_batch
+    slow_heap = [(-x, i) for i, x in enumerate(t)]  # the largest time, then the lowest index
+    fast_heap = [(t[i] + cost[i], i) for i in range(n) if new[i] < hi[i]]
+    heapq.heapify(slow_heap)
+    heapq.heapify(fast_heap)
+    for _ in range(global_batch):
+        while -slow_heap[0][0] != t[slow_heap[0][1]]:
+            heapq.heappop(slow_heap)
+        slow = slow_heap[0][1]
+        while fast_heap and (new[fast_heap[0][1]] >= hi[fast_heap[0][1]]
+                             or fast_heap[0][0] != t[fast_heap[0][1]] + cost[fast_heap[0][1]]):
+            heapq.heappop(fast_heap)
+        fast = fast_heap[0][1] if fast_heap else slow
+        if fast == slow or new[slow] <= bounds.min_batch or t[fast] + cost[fast] >= t[slow]:
+            break
+        new[slow] -= 1
+        new[fast] += 1
+        for i in (slow, fast):
+            t[i] = cost[i] * (new[i] + k)
+            heapq.heappush(slow_heap, (-t[i], i))
+            if new[i] < hi[i]:
+                heapq.heappush(fast_heap, (t[i] + cost[i], i))
+    return new
+
+
+def predicted(batch: Sequence[int], compute_s: Sequence[float], overhead: float, new: Sequence[int]) -> list[float]:
+    """Compute times the model ``t_i(b) = c_i (b + k)`` predicts at ``new`` from ``compute_s`` at ``batch``."""
+    return [t * (m + overhead) / (b + overhead) for b, t, m in zip(batch, compute_s, new, strict=True)]
+
+
 def dynamic(
     batch: Sequence[int],
     compute_s: Sequence[float],
     global_batch: int,
     bounds: Bounds,
     deadband: float = 0.0,
+    overhead: float = 0.0,
 ) -> list[int]:
-    """OmniLearn's rule ``b_i <- b_i * t_mean / t_i``, normalised to B, bounded and rounded.
+    """OmniLearn's rebalancing under the time model ``t_i(b) = c_i (b + k)`` (:func:`balanced`).
 
-    ``compute_s[i]`` is worker i's robust compute time for its current batch ``batch[i]``.
-    Returns ``batch`` unchanged when the compute times are already within ``deadband`` of each
-    other (relative spread ``max/min - 1``) or when every worker would move by less than
-    ``deadband`` of its batch: small, noisy corrections cost more than they gain.
+    ``compute_s[i]`` is worker i's robust compute time for its current batch ``batch[i]``;
+    ``overhead`` is ``k`` (0: the paper's rule ``b_i <- b_i * t_mean / t_i``). Returns ``batch``
+    unchanged when the compute times are already within ``deadband`` of each other (relative spread
+    ``max/min - 1``), or when the new split would not at least halve that spread as the model
+    predicts it (integer batches cannot do better): small changes cost more than they gain.
     """
     assert len(batch) == len(compute_s)
     times = [max(float(t), 1e-9) for t in compute_s]
-    if max(times) / min(times) - 1.0 <= deadband:
+    now = imbalance(times)
+    if now <= deadband:
         return list(batch)
-    t_mean = sum(times) / len(times)
-    proposal = [b * t_mean / t for b, t in zip(batch, times, strict=True)]
-    new = split(proposal, global_batch, bounds)
-    if all(abs(n - b) <= max(deadband * b, 0) for n, b in zip(new, batch, strict=True)):
+    new = balanced(batch, times, overhead, global_batch, bounds)
+    if imbalance(predicted(batch, times, overhead, new)) > now / 2:
         return list(batch)
     return new
+
+
+def paper(batch: Sequence[int], compute_s: Sequence[float], global_batch: int, bounds: Bounds,
+          deadband: float = PAPER_DEADBAND) -> list[int]:
+    """The paper's rule: ``b_i <- b_i * t_mean / t_i``, adopted when some worker's batch would move by
+    at least ``deadband`` of its new size (``|b_new - b| / b_new``).
+
+    The paper applies the test worker by worker; one test for the whole split keeps ``sum(b) == B``.
+    """
+    new = balanced(batch, compute_s, 0.0, global_batch, bounds)
+    if all(abs(n - b) < deadband * n for n, b in zip(new, batch, strict=True)):
+        return list(batch)
+    return new
+
+
+def paper_bounds(workers: int, global_batch: int) -> tuple[int, int]:
+    """The paper's per-worker bounds for this job: [B/n / 2, 3 B/n] (its [16, 96] at B/n = 32)."""
+    share = global_batch / workers
+    return max(1, math.ceil(share * PAPER_BOUNDS[0])), math.floor(share * PAPER_BOUNDS[1])
+
+
+def fit_overhead(pairs: Sequence[tuple[Sequence[int], Sequence[float], Sequence[int], Sequence[float]]],
+                 cap: float) -> float | None:
+    """The per-step fixed cost ``k`` (in samples) from how the workers' compute times moved between two
+    splits: ``(b, t, b2, t2)`` per pair, the speeds unchanged in between.
+
+    Under ``t_i(b) = c_i (b + k)``, ``log(t2_i / t_i) = log((b2_i + k) / (b_i + k)) + m``, where ``m``
+    is one constant per pair: whatever slowed or sped up every worker alike between the two (a busy
+    host, the first step's warm-up, times measured relative to each other) drops out. Each pair's
+    ``k`` minimises its squared residuals over the workers (a grid over ``[0, cap]``, then a finer
+    one); a pair the model cannot explain (residuals above :data:`OVERHEAD_MAX_RESIDUAL`: a speed
+    changed unnoticed in between) or that moved every batch alike (every ``k`` explains it) is left
+    out, and ``k`` is the median of the others. One ``k`` for all workers: the fixed work of a step
+    (optimizer update, framework overhead) and the per-sample work both scale with a worker's speed.
+    None when no pair tells.
+    """
+    fits = [k for k in (_pair_overhead(tuple(b), tuple(t), tuple(b2), tuple(t2), cap) for b, t, b2, t2 in pairs)
+            if k is not None]
+    return statistics.median(fits) if fits else None
+
+
+@functools.lru_cache(maxsize=64)
+def _pair_overhead(b: tuple[int, ...], t: tuple[float, ...], b2: tuple[int, ...], t2: tuple[float, ...],
+                   cap: float) -> float | None:
+    """One pair's ``k`` for :func:`fit_overhead` (None: the pair does not tell). Pure, so cached: a
+    controller refits the same kept pairs at every decision, and with a thousand workers each fit is
+    a grid of logarithms per worker."""
+    moves = [math.log(y / x) for x, y in zip(b, b2, strict=True)]
+    if max(moves) - min(moves) < OVERHEAD_MIN_SPREAD:
+        return None
+    logs = np.log(np.maximum(np.array(t2, dtype=np.float64), 1e-9) / np.maximum(np.array(t, dtype=np.float64), 1e-9))
+    old, now = np.array(b, dtype=np.float64), np.array(b2, dtype=np.float64)
+
+    def losses(ks: np.ndarray) -> np.ndarray:
+        """The mean squared residual at every ``k`` of ``ks`` (one row of workers per k)."""
+        r = logs[None, :] - np.log((now[None, :] + ks[:, None]) / (old[None, :] + ks[:, None]))
+        return ((r - r.mean(axis=1, keepdims=True)) ** 2).mean(axis=1)
+
+    step = cap / 128
+    grid = np.arange(129) * step
+    best = float(grid[int(np.argmin(losses(grid)))])
+    fine = np.maximum(0.0, best - step + np.arange(33) * step / 16)
+    best = float(fine[int(np.argmin(losses(fine)))])
+    return best if math.sqrt(float(losses(np.array([best]))[0])) <= OVERHEAD_MAX_RESIDUAL else None
 
 
 def imbalance(compute_s: Sequence[float]) -> float:

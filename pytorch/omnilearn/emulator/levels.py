@@ -18,6 +18,7 @@ from omnilearn.errors import UserError
 from omnilearn.files import CONFIG_DIR, load_yaml
 
 LEVELS_FILE = CONFIG_DIR / "levels.yaml"
+MAX_CLUSTER_SERVERS = 4  # the cluster tables describe up to four servers (32 workers), as the paper's runs
 
 
 def parse_cpuset(text: str) -> list[int]:
@@ -121,6 +122,17 @@ class LevelTable:
     server_cores: int
     levels: dict[str, list[str]]  # level -> one cpuset per worker, on the reference server
     server: str | None = None  # ASP's parameter-server cpuset
+    clusters: dict[str, list[int]] | None = None
+    """BSP clusters: level -> cores of each worker of one server, for jobs of a multiple of ``per_server``
+    workers up to :data:`MAX_CLUSTER_SERVERS` servers (``bsp_clusters`` in levels.yaml)."""
+    per_server: int = 0
+
+    def cluster_cores(self, level: str, workers: int) -> list[int] | None:
+        """Cores per worker of ``level`` for a ``workers``-worker cluster (None: no cluster table for it)."""
+        if not self.clusters or level not in self.clusters or workers % self.per_server \
+                or not 1 <= workers // self.per_server <= MAX_CLUSTER_SERVERS:
+            return None
+        return self.clusters[level] * (workers // self.per_server)
 
     @property
     def workers(self) -> int:
@@ -156,8 +168,28 @@ def load_tables(path: Path = LEVELS_FILE) -> dict[str, LevelTable]:
                 raise UserError(f"{path}: {mode}.{name} has {len(sets)} workers, other levels {width}")
             width = len(sets)
             levels[str(name)] = [str(s) for s in sets]
-        tables[mode] = LevelTable(mode=mode, server_cores=server_cores, levels=levels, server=server)
+        tables[mode] = LevelTable(mode=mode, server_cores=server_cores, levels=levels, server=server,
+                                  **(_clusters(raw.get("bsp_clusters"), levels, server_cores, path) if mode == "bsp"
+                                     else {}))
     return tables
+
+
+def _clusters(raw: Any, levels: dict[str, list[str]], server_cores: int, path: Path) -> dict[str, Any]:
+    """``bsp_clusters`` checked: the same levels, ``per_server`` core counts each, within one server."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not isinstance(raw.get("per_server"), int) or raw["per_server"] < 1:
+        raise UserError(f"{path}: bsp_clusters needs per_server (workers per server) and one list per level")
+    per = raw["per_server"]
+    clusters = {str(k): v for k, v in raw.items() if k != "per_server"}
+    if set(clusters) != set(levels):
+        raise UserError(f"{path}: bsp_clusters has levels {', '.join(clusters)}, the BSP table {', '.join(levels)}")
+    for name, cores in clusters.items():
+        if not isinstance(cores, list) or len(cores) != per or not all(
+                isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in cores) or sum(cores) > server_cores:
+            raise UserError(f"{path}: bsp_clusters.{name}: expected {per} positive core counts summing to at "
+                            f"most {server_cores}")
+    return {"clusters": clusters, "per_server": per}
 
 
 def _scaled_share(cores: int, server_cores: int, host: int) -> float:
@@ -187,8 +219,14 @@ def resolve_level(
                         f"(known: {', '.join(table.levels)})")
     host = host if host is not None else host_cpus()
     sets = table.levels[level]
+    cluster = table.cluster_cores(level, workers)
     if mode == "none":
         return [Allocation() for _ in range(workers)], (Allocation() if table.server else None)
+    if mode == "cpuset" and cluster is not None and workers == table.per_server:
+        sets, cpus = [], 0  # one server's cpusets, in order
+        for c in cluster:
+            sets.append(format_cpuset(list(range(cpus, cpus + c))))
+            cpus += c
     if mode == "cpuset":
         if workers != len(sets):
             raise UserError(f"cpuset allocation needs exactly {len(sets)} workers for {level}; "
@@ -201,10 +239,10 @@ def resolve_level(
         server = Allocation(cpuset=table.server) if table.server else None
         return [Allocation(cpuset=s) for s in sets], server
     assert mode == "quota", mode
-    counts = _stretch([len(parse_cpuset(s)) for s in sets], workers)
+    counts = cluster or _stretch([len(parse_cpuset(s)) for s in sets], workers)
     # Scale so the whole job (workers, and the server in ASP) gets the host's CPUs in the table's
     # proportions: with more workers than the table, the reference server is as many times bigger.
-    server_cores = table.server_cores * workers / len(sets)
+    server_cores = table.server_cores * workers / (table.per_server if cluster else len(sets))
     n_host = len(host)
     server = (Allocation(cpus=_scaled_share(len(parse_cpuset(table.server)), table.server_cores, n_host))
               if table.server else None)

@@ -18,6 +18,7 @@ from omnilearn.emulator.plan import EmulationPlan
 from omnilearn.emulator.trace_plan import TRACE_PREFIX
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec, new_job_id
+from omnilearn.launch.restart import run_with_restarts
 from omnilearn.report.plot import plot_run, plot_trace
 from omnilearn.report.summary import summarize
 
@@ -46,29 +47,31 @@ def check_launcher(cfg: JobConfig, plan: EmulationPlan | None = None) -> None:
 
 
 def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console, label: str,
-            show_progress: bool = True) -> dict[str, Any]:
-    """Train the job in ``run_dir`` (which must be new or empty) and summarize it; returns the summary.
+            show_progress: bool = True, resume: bool = False) -> dict[str, Any]:
+    """Train the job in ``run_dir`` (new or empty; with ``resume``, the folder of a stopped run) and
+    summarize it; returns the summary. A lost worker restarts the job up to ``fault.max_restarts`` times.
 
     Raises WorkerFailed (a worker died) or UserError (a worker found a user error).
     """
-    job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=run_dir.resolve(), backend="")
+    job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=run_dir.resolve(), backend="", resume=resume)
     live = contextlib.nullcontext()
     if cfg.report.tensorboard:
         from omnilearn.launch.tensorboard import LiveTensorBoard
         live = LiveTensorBoard(job)
     with live as board:
         if cfg.emulation.backend == "docker":
-            from omnilearn.launch.docker.swarm import run_docker
-            run_docker(job, console, label=label, show_progress=show_progress)
+            from omnilearn.launch.docker.swarm import run_docker as launch
         else:
-            from omnilearn.launch.local import run_local
-            run_local(job, console, label=label, show_progress=show_progress)
+            from omnilearn.launch.local import run_local as launch
+        run_with_restarts(job, lambda j: launch(j, console, label=label, show_progress=show_progress),
+                          console, label)
         if cfg.mode == "asp":  # after the emulation ends: scoring takes no worker's CPU
             console.print(f"{label}: scoring the server's snapshots on the held-out split", markup=False)
         summary = summarize(run_dir)
         if board is not None:
             board.update()  # ASP's held-out scores exist only now
-    title = f"{label} · {cfg.model.name}/{cfg.data.name} · schedule {plan.schedule.name} · backend {job.backend}"
+    from omnilearn.train.workload_spec import workload_name
+    title = f"{label} · {workload_name(cfg)} · schedule {plan.schedule.name} · backend {job.backend}"
     plot_run(run_dir, cfg.workers, title)
     if plan.schedule.name.startswith(TRACE_PREFIX):
         plot_trace(run_dir, cfg.workers, title)

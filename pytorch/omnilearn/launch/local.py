@@ -24,12 +24,16 @@ from omnilearn.emulator.backends import select_backend
 from omnilearn.emulator.backends.cgroupfs import sweep_stale
 from omnilearn.emulator.netns import JobNetwork, sweep_netns
 from omnilearn.emulator.toggler import Toggler
+from omnilearn.emulator.toggler_watch import TogglerWatchdog
 from omnilearn.errors import UserError
 from omnilearn.files import create_in
 from omnilearn.jobfile import JobSpec
 from omnilearn.launch.failures import WorkerFailed, first_failure, last_error, tail
 from omnilearn.launch.interrupts import Interrupts
+from omnilearn.launch.pidfile import JobRecord
 from omnilearn.launch.progress import progress_for
+from omnilearn.launch.watch import HangWatch, describe_status
+from omnilearn.train.lifecycle import LAUNCHER_PID_ENV, die_with_parent
 
 
 def free_port() -> int:
@@ -46,6 +50,7 @@ def worker_env(rank: int, world: int, port: int) -> dict[str, str]:
     # worker's own budget (measured: the fast HL8 worker ran 1.5x faster with passive waiting).
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.setdefault("OMP_NUM_THREADS", "1")  # raised by the worker once its allocation is known
+    env[LAUNCHER_PID_ENV] = str(os.getpid())  # the worker's watchdog: it never outlives the launcher
     return env
 
 
@@ -54,6 +59,7 @@ def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
         if p.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(signal.SIGTERM)
+                p.send_signal(signal.SIGCONT)  # a stopped worker (SIGSTOP, a duty cycle) must see it
     deadline = time.time() + grace
     for p in procs:
         try:
@@ -73,17 +79,17 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
     job.backend = backend.name
     job_file = job.save()
     stop = threading.Event()
-    toggler_thread: threading.Thread | None = None
+    toggler_thread: TogglerWatchdog | None = None
     net: JobNetwork | None = None
     procs: list[subprocess.Popen] = []
     logs: list[Path] = []
     world = len(job.plan.targets)  # one process per target: BSP workers; ASP server (rank 0) + workers
     port = free_port()
+    record = JobRecord(job.job_id, job.out_dir, backend.name)  # what `omnilearn cleanup` finds if we are killed
     try:
         if job.plan.links:  # each worker in a network namespace of its own, its link shaped on its veth
             net = JobNetwork(job.job_id, job.plan.targets).up()
-        toggler = Toggler(job.log_dir, backend, job.plan, links=net)
-        toggler_thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
+        toggler_thread = TogglerWatchdog(lambda: Toggler(job.log_dir, backend, job.plan, links=net), stop)
         with Interrupts() as interrupts:
             toggler_thread.start()
             for rank in range(world):
@@ -95,26 +101,33 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
                     argv, env = net.command(rank, argv), {**env, **net.env(rank)}
                 with os.fdopen(create_in(job.log_dir, log_path.name), "w") as out:
                     proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True)  # Ctrl-C reaches the launcher, which stops workers
+                                            start_new_session=True,  # Ctrl-C reaches the launcher, which stops workers
+                                            preexec_fn=die_with_parent)  # and they die with it, even by SIGKILL
                 procs.append(proc)
+                record.add(rank, proc.pid)
                 backend.add_process(job.plan.targets[rank], proc.pid)
                 interrupts.check()
             with progress_for(job, label, console) if show_progress else contextlib.nullcontext() as progress:
                 if progress:
                     progress.set_epochs(cfg.train.epochs)
+                watched = {r: p.pid for r, p in enumerate(procs) if not (cfg.mode == "asp" and r == 0)}
+                hangs = HangWatch(job.out_dir, watched, cfg.fault.timeout_s)  # the ASP server watches its workers
                 while True:
                     codes = [p.poll() for p in procs]
                     now = time.monotonic()
                     failed = {r: (now, c) for r, c in enumerate(codes) if c not in (None, 0)}
+                    hung = hangs.check(lambda r: who_is(job, r))
+                    if failed and hung is None:
+                        hung = hangs.check_stopped(lambda r: who_is(job, r))  # its peers' timeouts came first
+                    if hung is not None:
+                        console.print(f"{label}: {hung}; stopping the job", markup=False)  # before the teardown
+                        raise WorkerFailed(hung)
                     if failed:
                         r = first_failure(failed)
-                        who = f"worker rank {r}"
-                        if cfg.mode == "asp":
-                            role = "parameter server" if r == 0 else "ASP worker"
-                            who = f"{role} rank {r} ({job.plan.target(r)})"
+                        who = who_is(job, r)
                         if codes[r] == UserError.exit_status:  # the worker found a user error: pass it on
                             raise UserError(f"{who}: {last_error(logs[r])}")
-                        raise WorkerFailed(f"{who} exited with status {codes[r]}; "
+                        raise WorkerFailed(f"{who} {describe_status(codes[r])}; "
                                            f"end of {logs[r]}:\n{tail(logs[r])}")
                     if all(c == 0 for c in codes):
                         break
@@ -129,6 +142,14 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
         backend.close()
         if net is not None:
             net.close()
+        record.close()
+
+
+def who_is(job: JobSpec, rank: int) -> str:
+    if job.config.mode == "asp":
+        role = "parameter server" if rank == 0 else "ASP worker"
+        return f"{role} rank {rank} ({job.plan.target(rank)})"
+    return f"worker rank {rank}"
 
 
 def check_local_prerequisites() -> None:

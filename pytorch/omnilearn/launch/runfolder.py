@@ -86,14 +86,18 @@ def _check_replaceable(path: Path, out: str) -> Path:
     for p in sorted(protected):
         if p == real or p.is_relative_to(real):
             raise UserError(f"--out {out}: --force never replaces {real} (it is or holds {p})")
-    try:
-        st = os.lstat(real / MARKER)
-    except FileNotFoundError:
-        st = None
-    if st is None or not stat.S_ISREG(st.st_mode):
+    if not _has_marker(real):
         raise UserError(f"--out {out}: --force replaces only a run folder of omnilearn, and {real} has no "
                         f"{MARKER} file (remove it yourself, or choose another --out)")
     return real
+
+
+def _has_marker(path: Path) -> bool:
+    """Whether ``path`` carries the run marker as a plain file (a link planted under its name is not one)."""
+    try:
+        return stat.S_ISREG(os.lstat(path / MARKER).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _mark(path: Path) -> None:
@@ -103,3 +107,16 @@ def _mark(path: Path) -> None:
         os.write(fd, (json.dumps({"omnilearn": "run folder", "created": time.time()}) + "\n").encode())
     finally:
         os.close(fd)
+
+
+def resume_out(out: str) -> Path:
+    """The folder ``--resume`` continues: a run folder of omnilearn (it carries :data:`MARKER`) with its
+    job file; else one UserError saying what is missing."""
+    path = Path(out)
+    if not path.is_dir():
+        raise UserError(f"--resume {out}: no such run folder")
+    if not _has_marker(path):
+        raise UserError(f"--resume {out}: not a run folder of omnilearn (no {MARKER} file)")
+    if not (path / "job.json").is_file():
+        raise UserError(f"--resume {out}: no job.json: the run never started")
+    return path

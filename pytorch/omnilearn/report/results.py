@@ -20,12 +20,12 @@ from typing import Any
 
 from omnilearn.files import write_atomic
 from omnilearn.report import targets
-from omnilearn.report.summary import ideal_speedups, main_metric
+from omnilearn.report.summary import ideal_speedups, main_metric, settle_counted, settle_median
 
 COLUMNS = ("mode", "policy", "level", "schedule", "seed", "backend", "epochs", "samples", "wall_time_s",
            "train_time_s", "samples_per_s", "speedup", "time_reduction_pct", "ideal_speedup", "fraction_of_ideal",
            "metric", "final_metric", "accuracy", "perplexity", "target", "time_to_target_s", "equal_time_s",
-           "metric_at_equal_time", "imbalance", "batch_changes", "settle_median", "staleness_mean",
+           "metric_at_equal_time", "imbalance", "batch_changes", "settle_median", "unsettled", "staleness_mean",
            "update_rate_spread", "path")
 
 
@@ -33,10 +33,12 @@ def _round(v: Any, digits: int = 4) -> Any:
     return round(v, digits) if isinstance(v, float) else v
 
 
-def _settle_median(s: dict[str, Any]) -> float | None:
-    settle = s.get("settle") or []
-    decisions = [e["decisions"] for e in settle if isinstance(e, dict) and e.get("decisions") is not None]
-    return statistics.median(decisions) if decisions else None
+def _settle(s: dict[str, Any]) -> tuple[float | None, int | None]:
+    """Median decisions to settle after a level change, and how many changes never settled."""
+    records = s.get("settle") or []
+    if not records:
+        return None, None
+    return settle_median(records), settle_counted(records).count(None)
 
 
 def build_rows(out: Path, cells: list[dict[str, Any]], target_value: float | None = None,
@@ -54,7 +56,7 @@ def build_rows(out: Path, cells: list[dict[str, Any]], target_value: float | Non
             "samples_per_s": s["samples_per_s"], "metric": metric, "final_metric": s.get(f"final_{metric}"),
             "accuracy": s.get("final_accuracy"), "perplexity": s.get("final_perplexity"),
             "imbalance": s.get("imbalance"), "batch_changes": s.get("batch_changes"),
-            "settle_median": _settle_median(s), "staleness_mean": s.get("staleness_mean"),
+            "settle_median": _settle(s)[0], "unsettled": _settle(s)[1], "staleness_mean": s.get("staleness_mean"),
             "update_rate_spread": s.get("update_rate_spread"), "path": c["path"],
             "_curve": s.get("accuracy_curve") or []})
     ideal_cache: dict[str, float | None] = {}

@@ -7,13 +7,17 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from omnilearn.control.policies import KNOWS
 from omnilearn.files import read_records, write_atomic
 from omnilearn.jobfile import JobSpec
-from omnilearn.metrics import eval_path, read_rank
+from omnilearn.metrics import eval_path, read_rank, restarts_path
 from omnilearn.report.fidelity import allreduce_ms, level_fidelity
 from omnilearn.report.targets import target_report
 
 FINAL_WINDOW = 8  # steps per worker behind the "final" compute time (at the final batch size)
+SETTLED = 0.10  # a level change is settled once the compute-time imbalance is at most this
+CONTROL_KEYS = ("interval", "window", "min_samples", "deadband", "skip_after_change", "change_threshold",
+                "fit_overhead", "min_batch", "max_batch")
 
 
 def _by_kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -50,7 +54,9 @@ def main_metric(summary: dict[str, Any]) -> str:
 def describe(job: JobSpec) -> dict[str, Any]:
     """What ran: the keys every summary starts with."""
     cfg = job.config
-    return {"mode": cfg.mode, "policy": cfg.control.policy, "backend": job.backend,
+    control = cfg.control.effective(cfg.train.global_batch, cfg.workers)
+    return {"mode": cfg.mode, "policy": cfg.control.policy, "policy_knows": KNOWS[cfg.control.policy],
+            "control": {k: getattr(control, k) for k in CONTROL_KEYS}, "backend": job.backend,
             "allocation_mode": job.plan.mode, "workers": cfg.workers, "model": cfg.model.name,
             "dataset": cfg.data.name, "epochs": cfg.train.epochs}
 
@@ -79,6 +85,64 @@ def final_segment(steps: list[list[dict[str, Any]]]) -> list[int]:
     return segments[-1][-FINAL_WINDOW:] if segments else []
 
 
+def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
+           batch_changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per level change (the start counts as the first, ``from_level`` null): how many compute-time
+    decisions the controller took until the workers' compute times were balanced, and how long.
+
+    The steps from one change to the next are cut at every compute-time decision into stretches;
+    a stretch's imbalance is ``max/min - 1`` of the workers' median compute times over its full
+    steps (its first step, which carries the change, is left out when it has more). The change is
+    settled at the first stretch whose imbalance is at most SETTLED: ``decisions`` is the number of
+    decisions before it, ``seconds`` the time from the change to the start of that stretch. Both are
+    null when no stretch settles before the next change or the end of the run. (Decisions taken by
+    other reasons, allocation or memory, are not counted; ``static`` settles with 0 or never.)
+    """
+    n = min(len(s) for s in steps)
+    if n == 0:
+        return []
+    full = max(r["global_batch"] for r in steps[0][:n])
+    decided = sorted({c["step"] for c in batch_changes if c.get("reason") == "compute-time"})
+    out = []
+    for j, ev in enumerate(hl_events):
+        start = ev["step"]
+        end = min(hl_events[j + 1]["step"] if j + 1 < len(hl_events) else n, n)
+        cuts = [d for d in decided if start < d < end]
+        bounds = [start, *cuts, end]
+        record: dict[str, Any] = {"level": ev["level"], "from_level": ev.get("from_level"), "step": start,
+                                  "decisions": None, "seconds": None}
+        for m in range(len(bounds) - 1):
+            ks = [k for k in range(bounds[m], bounds[m + 1]) if steps[0][k]["global_batch"] == full]
+            if len(ks) > 1:
+                ks = ks[1:]
+            if not ks:
+                continue
+            medians = [statistics.median(s[k]["compute_ms"] for k in ks) for s in steps]
+            if max(medians) / max(min(medians), 1e-9) - 1 <= SETTLED:
+                began = ev["time"] if m == 0 else steps[0][bounds[m] - 1]["time"]
+                record.update(decisions=m, seconds=round(max(began - ev["time"], 0.0), 3))
+                break
+        out.append(record)
+    return out
+
+
+def settle_counted(records: list[dict[str, Any]]) -> list[int | None]:
+    """The settle records a median is taken over: the level changes, or the start when the level
+    never changed (a pinned level: how many decisions from equal batches)."""
+    changes = [r for r in records if r.get("from_level") is not None]
+    return [r["decisions"] for r in (changes or records[:1])]
+
+
+def settle_median(records: list[dict[str, Any]]) -> float | None:
+    """Median decisions to settle over :func:`settle_counted`, a change that never settled ranking
+    above any number: None when the median falls on one (or there is nothing to count)."""
+    counted = sorted(settle_counted(records), key=lambda d: (d is None, d or 0))
+    if not counted:
+        return None
+    mid = counted[(len(counted) - 1) // 2], counted[len(counted) // 2]
+    return None if mid[0] is None or mid[1] is None else (mid[0] + mid[1]) / 2
+
+
 def level_speeds(per_rank_steps: list[list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Measured samples/s of each worker at each level (median of b/t over that level's steps).
 
@@ -105,7 +169,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     job = JobSpec.load(out_dir / "job.json", out_dir=out_dir)
     cfg = job.config
     if cfg.mode == "asp":
-        summary = summarize_asp(out_dir, job)
+        summary = {**summarize_asp(out_dir, job), "restarts": read_records(restarts_path(out_dir))}
         write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
     ranks = [read_rank(out_dir, r) for r in range(cfg.workers)]
@@ -155,10 +219,12 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "hl_changes": [{"time": round(e["time"] - run_start, 3), "epoch": e["epoch"], "level": e["level"]}
                        for e in hl_events],
         "batch_changes": sum(1 for e in _by_kind(r0, "batch_change") if e.get("reason") != "initial"),
+        "settle": settle(steps, hl_events, _by_kind(r0, "batch_change")),
         "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan),
         "schedule": job.plan.schedule.name,
         "allreduce_ms": allreduce_ms(steps),
         "links": links_at(job, end0.get("level")),
+        "restarts": read_records(restarts_path(out_dir)),
     }
     write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
@@ -259,6 +325,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "hl_changes": [{"time": round(e["time"] - start, 3), "epoch": e["epoch"], "level": e["level"]}
                        for e in _by_kind(server, "hl_change")],
         "batch_changes": sum(1 for e in _by_kind(server, "batch_change") if e.get("reason") != "initial"),
+        "settle": None,  # BSP only: ASP workers step alone, there is no common step to measure balance on
         "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan),
         "schedule": job.plan.schedule.name,
         "links": links_at(job, end.get("level")),
@@ -304,9 +371,14 @@ def ideal_speedups(uniform_dir: Path) -> tuple[float, float] | None:
 
 def compare(out_dir: Path, runs: dict[str, Path], target: float | None = None, target_fraction: float = 0.95
             ) -> dict[str, Any]:
-    """``compare.json``: both summaries, the measured speed-up and the ideal one, time to a target
-    metric (``target``, default ``target_fraction`` of the best final value) and the metric at equal
-    wall time."""
+    """``compare.json``: every summary, each policy against uniform (measured and ideal speed-up), time
+    to a target metric (``target``, default ``target_fraction`` of the best final value) and the metric
+    at equal wall time.
+
+    ``policies`` holds, for every policy other than uniform, its ``speedup`` (samples/s over
+    uniform's), ``fraction_of_ideal`` and ``accuracy_delta``; the reactive ``dynamic``'s are also at
+    the top level (``speedup``, ``fraction_of_ideal``, ``accuracy_delta``), as before.
+    """
     summaries = {name: json.loads((d / "summary.json").read_text()) for name, d in runs.items()}
     result: dict[str, Any] = {"runs": summaries}
     metric = main_metric(next(iter(summaries.values())))
@@ -315,19 +387,28 @@ def compare(out_dir: Path, runs: dict[str, Path], target: float | None = None, t
                                       metric, target_fraction, target)
     if any(s.get("links") for s in summaries.values()):  # what a slow link cost each policy, per step
         result["allreduce_ms"] = {n: s.get("allreduce_ms") for n, s in summaries.items()}
-    if "uniform" in summaries and "dynamic" in summaries:
-        u, d = summaries["uniform"], summaries["dynamic"]
-        result["speedup"] = round(d["samples_per_s"] / u["samples_per_s"], 4)
-        if u["mode"] == "asp":  # no synchronous steps to rebalance: compare update rates and staleness
-            for key in ("update_rate_spread", "staleness_mean", "staleness_p95", "final_accuracy"):
-                result[key] = {"uniform": u.get(key), "dynamic": d.get(key)}
-        else:
-            ideal = ideal_speedups(runs["uniform"])
-            if ideal:
-                result["ideal_speedup"], result["ideal_compute_speedup"] = ideal
+    if "uniform" not in summaries:
+        write_atomic(out_dir / "compare.json", json.dumps(result, indent=2))
+        return result
+    u = summaries["uniform"]
+    if u["mode"] == "asp":  # no synchronous steps to rebalance: compare update rates and staleness
+        for key in ("update_rate_spread", "staleness_mean", "staleness_p95", "final_accuracy"):
+            result[key] = {name: s.get(key) for name, s in summaries.items()}
+    else:
+        ideal = ideal_speedups(runs["uniform"])
+        if ideal:
+            result["ideal_speedup"], result["ideal_compute_speedup"] = ideal
+    per: dict[str, dict[str, Any]] = {}
+    for name, d in summaries.items():
+        if name == "uniform":
+            continue
+        entry: dict[str, Any] = {"speedup": round(d["samples_per_s"] / u["samples_per_s"], 4)}
         if result.get("ideal_speedup"):
-            result["fraction_of_ideal"] = round(result["speedup"] / result["ideal_speedup"], 4)
+            entry["fraction_of_ideal"] = round(entry["speedup"] / result["ideal_speedup"], 4)
         if u.get("final_accuracy") is not None and d.get("final_accuracy") is not None:
-            result["accuracy_delta"] = round(d["final_accuracy"] - u["final_accuracy"], 4)
+            entry["accuracy_delta"] = round(d["final_accuracy"] - u["final_accuracy"], 4)
+        per[name] = entry
+    result["policies"] = per
+    result.update(per.get("dynamic", {}))
     write_atomic(out_dir / "compare.json", json.dumps(result, indent=2))
     return result

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from omnilearn.report.fidelity import link_note
+from omnilearn.report.summary import settle_counted, settle_median
 
 
 def _fmt(v: Any, spec: str = "") -> str:
@@ -80,12 +81,31 @@ def job_table(summaries: dict[str, dict[str, Any]], compare: dict[str, Any] | No
                   _fmt(s["samples_per_s"], ".1f"), _fmt(s["ideal_samples_per_s"], ".1f"),
                   _fmt(s["imbalance"], ".3f"), _fmt(s["final_accuracy"], ".3f"),
                   *([_fmt(s.get("final_perplexity"), ".2f")] if language else []), _fmt(s["batch_changes"]))
-    if compare and "speedup" in compare:
-        t.caption = (f"speed-up of dynamic over uniform: {compare['speedup']:.2f}x "
-                     f"(ideal from measured worker speeds: {_fmt(compare.get('ideal_speedup'), '.2f')}x, "
-                     f"{_fmt(compare.get('fraction_of_ideal'), '.0%')} of it; compute alone would allow "
-                     f"{_fmt(compare.get('ideal_compute_speedup'), '.2f')}x)")
+    if compare and compare.get("policies"):
+        lines = [f"speed-up of {name} over uniform: {e['speedup']:.2f}x"
+                 + (f" ({e['fraction_of_ideal']:.0%} of the ideal)" if e.get("fraction_of_ideal") else "")
+                 for name, e in compare["policies"].items()]
+        lines.append(f"ideal from the uniform run's measured worker speeds: "
+                     f"{_fmt(compare.get('ideal_speedup'), '.2f')}x; compute alone would allow "
+                     f"{_fmt(compare.get('ideal_compute_speedup'), '.2f')}x")
+        t.caption = "\n".join(lines)
     return t
+
+
+def settle_line(s: dict[str, Any]) -> str | None:
+    """``dynamic settled: start→HL1 0 decisions (0.0 s) · HL1→HL2 1 (7.9 s) · ...``"""
+    if not s.get("settle"):
+        return None
+    parts = [f"{r['from_level'] or 'start'}→{r['level']} "
+             + ("never" if r["decisions"] is None else f"{r['decisions']} ({r['seconds']:.1f} s)")
+             for r in s["settle"]]
+    counted, median = settle_counted(s["settle"]), settle_median(s["settle"])
+    over = "level changes" if any(r["from_level"] is not None for r in s["settle"]) else "the start"
+    tail = f" · median over {over}: " + ("never" if median is None else f"{median:g}")
+    if None in counted:
+        tail += f" ({counted.count(None)} of {len(counted)} never settled)"
+    return (f"{s['policy']} settled (compute-time decisions until imbalance ≤ 0.10, time): "
+            + " · ".join(parts) + tail)
 
 
 def level_table(s: dict[str, Any]) -> Table:
@@ -114,6 +134,13 @@ def print_report(console: Console, summaries: dict[str, dict[str, Any]], compare
     last = list(summaries.values())[-1]
     console.print(level_table(last))
     console.print(asp_job_table(summaries) if last["mode"] == "asp" else job_table(summaries, compare))
+    for s in summaries.values():
+        if s.get("policy_knows"):
+            console.print(f"{s['policy']} knows: {s['policy_knows']}", markup=False)
+    for s in summaries.values():
+        line = settle_line(s)
+        if line and s["policy"] != "uniform":
+            console.print(line, markup=False)
 
 
 def targets_line(t: dict[str, Any]) -> str:

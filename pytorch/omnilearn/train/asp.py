@@ -7,7 +7,7 @@ and no waiting for the others:
 1. pull: the server's parameters and BatchNorm statistics (one flat tensor) and their version;
 2. compute (timed): forward and backward of its next ``b_i`` samples;
 3. push: the mean gradient followed by the change of the running statistics (one flat tensor), the
-   version it was computed on and the worker's compute-time estimate. The reply gives the batch
+   version it was computed on and the step's compute time. The reply gives the batch
    size of the next step (the controller runs at the server), the server's epoch and level, and
    whether training is over; a new level is requested from the toggler like in BSP.
 
@@ -36,7 +36,6 @@ import numpy as np
 import torch
 import torch.distributed.rpc as rpc
 
-from omnilearn.control.controller import ComputeWindow
 from omnilearn.emulator.client import AllocationClient
 from omnilearn.emulator.plan import SERVER_TARGET
 from omnilearn.jobfile import JobSpec
@@ -44,7 +43,8 @@ from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.train import asp_rpc, memory
 from omnilearn.train.distributed import GradBuffer, env_int, flat_state
 from omnilearn.train.models import count_parameters
-from omnilearn.train.workload import build, load_data, loss_terms
+from omnilearn.train.workload import Workload, gather
+from omnilearn.train.workload_spec import load_workload
 
 log = logging.getLogger("omnilearn.worker")
 
@@ -109,9 +109,9 @@ def run_worker(job: JobSpec) -> None:
     t_cfg, c_cfg = cfg.train, cfg.control
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
     assert 1 <= rank and world == cfg.workers + 1, (rank, world, cfg.workers)
-    work = load_data(cfg)
+    work = load_workload(cfg)
     train, test = work.train, work.test
-    model = build(cfg, work).train()
+    model = work.model().train()
     state, n_params = flat_state(model)
     grads = GradBuffer(list(model.parameters()), extra=state.numel() - n_params)  # gradient, then BN change
     target = job.plan.target(rank)
@@ -119,11 +119,10 @@ def run_worker(job: JobSpec) -> None:
     metrics = MetricsWriter(metrics_path(job.out_dir, rank))
     stream = IndexStream(len(train), t_cfg.seed, rank)
     augment = torch.Generator().manual_seed(t_cfg.seed * 1000 + rank)
-    window = ComputeWindow(size=c_cfg.window, skip=c_cfg.skip_after_change)
     timeout = cfg.asp.worker_timeout_s
     metrics.write("start", rank=rank, world=world, target=target, role="worker", params=count_parameters(model),
                   train_samples=len(train), test_samples=len(test), policy=c_cfg.policy)
-    memory_model = probe_memory(cfg, model, train, grads) if c_cfg.memory_bounds else None
+    memory_model = probe_memory(cfg, model, work, grads) if c_cfg.memory_bounds else None
     max_batch: int | None = None
 
     def follow(control: dict[str, Any], step: int) -> None:
@@ -132,7 +131,6 @@ def run_worker(job: JobSpec) -> None:
         event = client.ensure(control["level"], control["epoch"])
         if event is not None:
             metrics.write("hl_change", step=step, elapsed_s=control["elapsed"], **event)
-            window.reset()  # a new allocation: old measurements no longer describe this worker
         if memory_model is not None and (event is not None or max_batch is None):
             max_batch = memory_model.max_batch_now(torch.device("cpu"))  # the level may change the limit
 
@@ -152,17 +150,14 @@ def run_worker(job: JobSpec) -> None:
         state.copy_(pulled)
         t1 = time.perf_counter()
         grads.zero()
-        x, y = train.batch(stream.take(batch), augment=cfg.data.augment, generator=augment)
-        loss_sum, correct = loss_terms(model(x), y)
+        x, y = gather(train, stream.take(batch), augment=cfg.data.augment, generator=augment)
+        loss_sum, correct = work.terms(model(x), y)
         (loss_sum / batch).backward()
         torch.sub(state[n_params:], pulled[n_params:], out=grads.extra)  # what this batch did to BN stats
         t2 = time.perf_counter()
-        window.add(t2 - t1)
-        estimate = window.estimate()
         seq += 1
-        stats = {"loss": float(loss_sum.detach()), "correct": float(correct),
-                 "compute_s": t2 - t1, "estimate_s": estimate, "count": window.count, "level": client.level,
-                 "max_batch": max_batch}
+        stats = {"loss": float(loss_sum.detach()), "correct": float(correct), "compute_s": t2 - t1,
+                 "level": client.level, "max_batch": max_batch}
         control = _call(asp_rpc.rpc_push, (rank, seq, version, grads.flat, batch, stats), timeout)
         t3 = time.perf_counter()
         step += 1
@@ -173,26 +168,24 @@ def run_worker(job: JobSpec) -> None:
                       loss=stats["loss"] / batch, train_acc=stats["correct"] / batch, lr=control["lr"],
                       epoch=control["epoch"], level=client.level, cpus=client.allocation.share,
                       threads=client.threads)
-        if control["batch"] != batch:
-            batch = control["batch"]
-            window.reset()  # measurements at the old size no longer describe the next steps
+        batch = control["batch"]
     metrics.write("end", wall_time_s=time.time() - t_start, steps=step, pushes=seq, samples=samples, batch=batch,
                   level=client.level)
     metrics.close()
     asp_rpc.shutdown_rpc()
 
 
-def probe_memory(cfg: Any, model: torch.nn.Module, train: Any, grads: GradBuffer) -> memory.MemoryModel:
+def probe_memory(cfg: Any, model: torch.nn.Module, work: Workload, grads: GradBuffer) -> memory.MemoryModel:
     """This worker's peak memory per sample (two short forward+backward probes, before training).
 
     The probe's forward passes move the local BatchNorm statistics; harmless, as every step starts
     from the server's state.
     """
     def step(b: int) -> None:
-        x, y = train.batch(torch.arange(b))
-        loss_sum, _ = loss_terms(model(x), y)
+        x, y = gather(work.train, torch.arange(b))
+        loss_sum, _ = work.terms(model(x), y)
         (loss_sum / b).backward()
         grads.zero()
 
-    return memory.probe(step, torch.device("cpu"), min(len(train), cfg.train.global_batch),
+    return memory.probe(step, torch.device("cpu"), min(len(work.train), cfg.train.global_batch),
                         cfg.control.memory_margin)

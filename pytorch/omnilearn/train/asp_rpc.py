@@ -25,7 +25,7 @@ from omnilearn.metrics import metrics_path
 from omnilearn.train.distributed import env_int
 from omnilearn.train.models import count_parameters
 from omnilearn.train.parameter_server import LockedWriter, ParameterServer, WorkerTimeout
-from omnilearn.train.workload import build, load_data
+from omnilearn.train.workload_spec import load_workload
 
 log = logging.getLogger("omnilearn.server")
 
@@ -80,9 +80,9 @@ def run_server(job: JobSpec) -> None:
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
     assert rank == 0 and world == cfg.workers + 1, (rank, world, cfg.workers)
     torch.manual_seed(t.seed)
-    work = load_data(cfg)
+    work = load_workload(cfg)
     train, test = work.train, work.test
-    model = build(cfg, work)
+    model = work.model()
     metrics = LockedWriter(metrics_path(job.out_dir, 0))
     server = ParameterServer(job, model, len(train), metrics)
     metrics.write("start", rank=0, world=world, target=SERVER_TARGET, role="server", params=count_parameters(model),

@@ -6,12 +6,18 @@ gradients of all workers with one all-reduce of a flat buffer, update. The sum e
 of the whole global batch, whatever the split. Compute time (forward, backward, update) is timed
 apart from the all-reduce, which also holds the wait for slower workers: the controller equalises
 compute times.
+
+What the controller is given follows its policy: every worker's compute time of each step (one
+small all-gather, so every rank's controller holds the same measurements and takes the same
+decisions), and the allocations only for the policies named for them
+(:meth:`BatchController.allocations`). A level change is the emulator's event: it drops
+measurements and moves batches only for those policies; the others notice the change in the times
+they measure.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 
 import torch
@@ -23,29 +29,31 @@ from omnilearn.emulator.client import AllocationClient
 from omnilearn.emulator.plan import worker_target
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
-from omnilearn.train import distributed, memory
+from omnilearn.train import distributed, lifecycle, memory
+from omnilearn.train.checkpoint import BSPCheckpoint
 from omnilearn.train.distributed import GradBuffer
 from omnilearn.train.evaluate import evaluate
 from omnilearn.train.models import count_parameters
 from omnilearn.train.sampler import GlobalBatchSampler
-from omnilearn.train.workload import build, load_data, loss_terms, make_optimizer, perplexity
+from omnilearn.train.workload import Workload, gather, make_optimizer, perplexity
+from omnilearn.train.workload_spec import load_workload
 
 log = logging.getLogger("omnilearn.worker")
 
 # Slots after the gradients in the all-reduced buffer: statistics that ride along for free.
-LOSS, CORRECT, CLOCK, OOM, EXTRA = 0, 1, 2, 3, 4
+LOSS, CORRECT, CLOCK, OOM, STOP, EXTRA = 0, 1, 2, 3, 4, 5
 
 
-def local_backward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, global_size: int
+def local_backward(work: Workload, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, global_size: int
                    ) -> tuple[float, float]:
-    """Forward and backward of this worker's share; returns (loss sum, correct predictions).
+    """Forward and backward of this worker's share; returns (loss sum, metric sum).
 
     Dividing the summed per-sample loss by the step's global size weights the local gradient by
-    b_i / B. For a language model, "correct" sums each window's token accuracy.
+    b_i / B.
     """
     if x.shape[0] == 0:
         return 0.0, 0.0
-    loss_sum, correct = loss_terms(model(x), y)
+    loss_sum, correct = work.terms(model(x), y)
     (loss_sum / global_size).backward()
     return float(loss_sum.detach()), float(correct)
 
@@ -55,14 +63,15 @@ class BSPTrainer:
 
     def __init__(self, job: JobSpec) -> None:
         self.job = job
+        self.stopped = False
         cfg = self.cfg = job.config
-        t, c = cfg.train, cfg.control
-        self.env = distributed.init(t.dist_backend)
+        t, c = cfg.train, cfg.control.effective(cfg.train.global_batch, cfg.workers)
+        self.env = distributed.init(t.dist_backend, cfg.fault.timeout_s)
         self.rank, self.world = self.env.rank, self.env.world_size
         assert self.world == cfg.workers, (self.world, cfg.workers)
         torch.manual_seed(t.seed)  # the same initial model on every rank
-        self.work = load_data(cfg)
-        self.model = build(cfg, self.work).to(self.env.device)
+        self.work = load_workload(cfg)
+        self.model = self.work.model().to(self.env.device)
         for p in self.model.parameters():  # belt and braces: identical start even if seeding diverged
             dist.broadcast(p.data, src=0)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -76,8 +85,9 @@ class BSPTrainer:
         self.targets = [worker_target(cfg.mode, r) for r in range(self.world)]
         self.client = AllocationClient(job.plan, job.log_dir, self.rank, self.targets[self.rank],
                                        cfg.emulation.ack_timeout)
-        self.metrics = MetricsWriter(metrics_path(job.out_dir, self.rank))
         self.augment_rng = torch.Generator().manual_seed(t.seed * 1000 + self.rank)  # per-rank, reproducible
+        self.ckpt = BSPCheckpoint(self)  # a resumed run cuts its metrics back to the checkpoint first
+        self.metrics = MetricsWriter(metrics_path(job.out_dir, self.rank))
         self.memory: memory.MemoryModel | None = None
         self.oom_cap: int | None = None  # this rank's bound after an out-of-memory error (GPU)
         self.oom_seen = False  # any rank ran out of memory: bounds are enforced whatever the policy
@@ -85,7 +95,7 @@ class BSPTrainer:
                            params=count_parameters(self.model), train_samples=len(self.work.train),
                            test_samples=len(self.work.test), steps_per_epoch=self.sampler.steps_per_epoch,
                            device=str(self.env.device), dist_backend=self.env.backend, policy=c.policy,
-                           language_model=self.work.language)
+                           language_model=self.work.perplexity, metric=self.work.metric.name)
 
     # ------------------------------------------------------------------------------------ memory
     def probe_memory(self) -> None:
@@ -93,8 +103,8 @@ class BSPTrainer:
         if not self.cfg.control.memory_bounds:
             return
         def step(b: int) -> None:
-            x, y = self.work.train.batch(torch.arange(b))
-            local_backward(self.model, x.to(self.env.device), y.to(self.env.device), b)
+            x, y = gather(self.work.train, torch.arange(b))
+            local_backward(self.work, self.model, x.to(self.env.device), y.to(self.env.device), b)
             self.grads.zero()
 
         self.memory = memory.probe(step, self.env.device, min(len(self.work.train), self.cfg.train.global_batch),
@@ -132,16 +142,16 @@ class BSPTrainer:
         if event is None:
             return
         self.metrics.write("hl_change", step=step, **event)
-        self.controller.own.reset()  # a new allocation: old measurements no longer describe this worker
+        shares = self.controller.allocations(lambda: self.shares(level))
         if step == 0:
-            self.controller.initial(self.shares(level))
-        elif self.controller.reallocate(self.shares(level)) is not None:
+            self.controller.initial(shares)
+        elif self.controller.reallocate(shares) is not None:  # only a policy told of allocations moves
             self.metrics.write("batch_change", step=step, batch=list(self.controller.batch), reason="allocation")
         self.update_bounds(step)
 
     # ------------------------------------------------------------------------------------- steps
-    def train_step(self, step: int, clock_start: float) -> tuple[list[int], float, float, list[float]]:
-        """One synchronous step; returns (sizes, compute s, sync s, all-reduced extras).
+    def train_step(self, step: int, clock_start: float) -> tuple[list[int], float, float, float, list[float]]:
+        """One synchronous step; returns (sizes, compute s, forward+backward s, sync s, all-reduced extras).
 
         If any rank ran out of (GPU) memory, every rank learns it from the same all-reduce, drops
         the step's gradient, and the step is tried again with lower bounds, on the same samples.
@@ -150,12 +160,13 @@ class BSPTrainer:
             batch = list(self.controller.batch)
             sizes = self.sampler.step_sizes(step, batch)
             idx = self.sampler.local_indices(step, batch, self.rank)
+            self.sample_sum = int(idx.sum())  # a checksum of the samples: a resumed run's data order shows
             t0 = time.perf_counter()
             self.grads.zero()
             oom = False
             try:
-                x, y = self.work.train.batch(idx, augment=self.cfg.data.augment, generator=self.augment_rng)
-                loss_sum, correct = local_backward(self.model, x.to(self.env.device), y.to(self.env.device),
+                x, y = gather(self.work.train, idx, augment=self.cfg.data.augment, generator=self.augment_rng)
+                loss_sum, correct = local_backward(self.work, self.model, x.to(self.env.device), y.to(self.env.device),
                                                    sum(sizes))
             except torch.OutOfMemoryError:
                 oom, loss_sum, correct = True, 0.0, 0.0
@@ -163,6 +174,7 @@ class BSPTrainer:
                 torch.cuda.empty_cache()
             extra = self.grads.extra
             extra[LOSS], extra[CORRECT], extra[OOM] = loss_sum, correct, float(oom)
+            extra[STOP] = float(lifecycle.stop_requested())
             extra[CLOCK] = time.time() - clock_start if self.rank == 0 else 0.0
             self._sync_cuda()
             t1 = time.perf_counter()
@@ -173,7 +185,7 @@ class BSPTrainer:
             if values[OOM] > 0:
                 self.oom_seen = True
                 if oom:
-                    self.oom_cap = max(self.cfg.control.min_batch, int(sizes[self.rank] * 0.8))
+                    self.oom_cap = max(self.configured_bounds.min_batch, int(sizes[self.rank] * 0.8))
                     log.warning("rank %d: out of memory at batch %d; bound lowered to %d", self.rank,
                                 sizes[self.rank], self.oom_cap)
                 self.update_bounds(step)
@@ -181,25 +193,38 @@ class BSPTrainer:
             self.optimizer.step()
             self._sync_cuda()
             t3 = time.perf_counter()
-            return sizes, (t1 - t0) + (t3 - t2), t2 - t1, values
+            return sizes, (t1 - t0) + (t3 - t2), t1 - t0, t2 - t1, values
 
     def _sync_cuda(self) -> None:
         if self.env.device.type == "cuda":
             torch.cuda.synchronize()
 
+    def measure(self, step: int, compute_s: float, forward_backward_s: float, full: bool) -> None:
+        """Gather every worker's compute time of this step; the controller of every rank takes them all.
+
+        The paper timed forward and backward only. A partial last step of an epoch is gathered (every
+        rank calls the collective) but not measured: it does not describe the steady state.
+        """
+        ctl = self.controller
+        if not ctl.measures:
+            return
+        own = compute_s if ctl.times_update else forward_backward_s
+        times = [g[0] for g in distributed.all_gather_floats([own], self.env.device)]
+        if full:
+            changed = ctl.observe_step(times)
+            if changed:
+                self.metrics.write("speed_change", step=step, workers=changed, regimes=ctl.regimes())
+
     def decide(self, step: int) -> None:
-        """Gather every worker's compute-time estimate; all ranks take the same decision."""
-        own = self.controller.own
-        estimate = own.estimate()
-        gathered = distributed.all_gather_floats([estimate if estimate is not None else math.nan,
-                                                  float(own.count)], self.env.device)
-        estimates = [None if math.isnan(g[0]) else g[0] for g in gathered]
-        old = list(self.controller.batch)
-        new = self.controller.decide(estimates, [int(g[1]) for g in gathered], self.shares(self.client.level))
+        """Every rank decides alike from the same gathered measurements."""
+        ctl = self.controller
+        times, counts = ctl.estimates()
+        old = list(ctl.batch)
+        new = ctl.decide(ctl.allocations(lambda: self.shares(self.client.level)))
         if new is not None:
-            own.reset()
             self.metrics.write("batch_change", step=step, old=old, batch=new, reason="compute-time",
-                               compute_ms=[None if e is None else round(e * 1e3, 3) for e in estimates])
+                               compute_ms=None if times is None else [round(t * 1e3, 3) for t in times],
+                               samples=counts, overhead=round(ctl.overhead, 2))
 
     # --------------------------------------------------------------------------------------- run
     def out_of_time(self, clock: float) -> bool:
@@ -208,18 +233,24 @@ class BSPTrainer:
         return budget is not None and clock >= budget
 
     def run(self) -> None:
-        t, schedule, metrics = self.cfg.train, self.job.plan.schedule, self.metrics
+        t, schedule, metrics, ckpt = self.cfg.train, self.job.plan.schedule, self.metrics, self.ckpt
         self.probe_memory()
         dist.barrier()  # everyone starts the clock together; the first level is in force before it starts
-        self.change_level(schedule.level_at(0), 0.0, 0)
-        metrics.write("batch_change", step=0, batch=list(self.controller.batch), reason="initial")
+        p = ckpt.progress
+        self.change_level(schedule.level_at(p.clock if schedule.unit == "seconds" else p.position), p.position,
+                          p.steps)
+        ckpt.restore()  # a resumed run: controller, model, optimizer, position and counters as saved
+        metrics.write("batch_change", step=p.steps, batch=list(self.controller.batch),
+                      reason="resumed" if ckpt.resumed else "initial")
         dist.barrier()
-        t_start = time.time()
-        clock, steps_done, samples, eval_time, position = 0.0, 0, 0, 0.0, 0.0
-        for epoch in range(t.epochs):
+        lifecycle.arm()  # SIGTERM from now on: stop after the current step
+        t_start = time.time() - p.clock  # the training clock goes on from the checkpoint's
+        p.started = p.started or t_start  # the whole run's wall time counts from its first start
+        clock, steps_done, samples, eval_time, position = p.clock, p.steps, p.samples, p.eval_time, p.position
+        for epoch in range(ckpt.sampler.epoch, t.epochs):
             self.sampler.set_epoch(epoch)
             steps = self.sampler.steps_per_epoch
-            for step in range(steps):
+            for step in range(ckpt.sampler.step if epoch == ckpt.sampler.epoch else 0, steps):
                 # By epoch (a trace's levels change within epochs), or by rank 0's clock, shared by the
                 # all-reduce: every rank takes the same decision at the same step.
                 last, position = position, epoch + step / steps
@@ -227,14 +258,12 @@ class BSPTrainer:
                     self.change_level(level, position, steps_done)
                 self.change_level(schedule.level_at(clock if schedule.unit == "seconds" else position), position,
                                   steps_done)
-                planned = self.controller.batch[self.rank]
-                sizes, compute_s, sync_s, extra = self.train_step(step, t_start)
+                sizes, compute_s, forward_backward_s, sync_s, extra = self.train_step(step, t_start)
                 steps_done += 1
                 samples += sum(sizes)
                 clock = extra[CLOCK]
-                if sizes[self.rank] == planned:  # a partial last step does not describe the steady state
-                    self.controller.own.add(compute_s)
-                metrics.write("step", step=steps_done, epoch=epoch, batch=sizes[self.rank],
+                self.measure(steps_done, compute_s, forward_backward_s, full=sum(sizes) == t.global_batch)
+                metrics.write("step", step=steps_done, epoch=epoch, sample_sum=self.sample_sum, batch=sizes[self.rank],
                               global_batch=sum(sizes), compute_ms=round(compute_s * 1e3, 3),
                               sync_ms=round(sync_s * 1e3, 3), loss=extra[LOSS] / sum(sizes),
                               train_acc=extra[CORRECT] / sum(sizes), level=self.client.level,
@@ -242,24 +271,37 @@ class BSPTrainer:
                               lr=self.optimizer.param_groups[0]["lr"])
                 if self.controller.due(steps_done, step == steps - 1):
                     self.decide(steps_done)
+                if extra[STOP] > 0:  # a rank was asked to stop (SIGTERM): every rank stops after this step
+                    self.stopped = True
+                    break
                 if self.out_of_time(clock):  # the same clock on every rank: all stop after this step
                     break
+                if step < steps - 1 and ckpt.schedule.due_clock(clock):  # the same clock: the same step
+                    ckpt.save(epoch, step + 1, steps_done, samples, clock, position, eval_time)
+            if self.stopped:  # the one place a requested stop leaves the loop: save here
+                metrics.write("stopped", step=steps_done, epoch=epoch, samples=samples, elapsed_s=time.time() - t_start)
+                if step < steps - 1:  # from the next step (a stop after an epoch's last step keeps the last checkpoint)
+                    ckpt.save(epoch, step + 1, steps_done, samples, clock, position, eval_time)
+                break
             self.scheduler.step()
             last = epoch == t.epochs - 1 or self.out_of_time(clock)
             if (epoch + 1) % t.eval_every == 0 or last:
                 te = time.perf_counter()
-                result = evaluate(self.model, self.work.test, self.controller.batch, self.rank, self.env.device,
-                                  train=self.work.train)
+                result = evaluate(self.model, self.work, self.controller.batch, self.rank, self.env.device)
                 eval_time += time.perf_counter() - te
                 metrics.write("eval", epoch=epoch, step=steps_done, accuracy=result.accuracy, loss=result.loss,
-                              perplexity=perplexity(result.loss) if self.work.language else None,
+                              metric=self.work.metric.name,
+                              perplexity=perplexity(result.loss) if self.work.perplexity else None,
                               samples=result.samples, elapsed_s=time.time() - t_start)
+            if last or ckpt.schedule.due_epoch(epoch + 1, epoch) or ckpt.schedule.due_clock(clock):
+                ckpt.save(epoch + 1, 0, steps_done, samples, clock, position, eval_time)
             if last:
                 break
-        wall = time.time() - t_start
-        metrics.write("end", wall_time_s=wall, train_time_s=wall - eval_time, samples=samples, steps=steps_done,
-                      batch=list(self.controller.batch), level=self.client.level,
-                      epochs=steps_done / self.sampler.steps_per_epoch, out_of_time=self.out_of_time(clock))
+        wall = time.time() - p.started
+        if not self.stopped:
+            metrics.write("end", wall_time_s=wall, train_time_s=wall - eval_time, samples=samples, steps=steps_done,
+                          batch=list(self.controller.batch), level=self.client.level,
+                          epochs=steps_done / self.sampler.steps_per_epoch, out_of_time=self.out_of_time(clock))
         metrics.close()
         dist.barrier()
         dist.destroy_process_group()
@@ -267,4 +309,7 @@ class BSPTrainer:
 
 def run(job: JobSpec) -> None:
     """Train one BSP worker to the end of the job (called in every worker process)."""
-    BSPTrainer(job).run()
+    trainer = BSPTrainer(job)
+    trainer.run()
+    if trainer.stopped:
+        raise SystemExit(lifecycle.STOPPED_STATUS)

@@ -24,11 +24,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from omnilearn.jobfile import JobSpec
-from omnilearn.train.bsp import CLOCK, CORRECT, LOSS, BSPTrainer
-from omnilearn.train.workload import loss_terms
+from omnilearn.train import lifecycle
+from omnilearn.train.bsp import CLOCK, CORRECT, LOSS, STOP, BSPTrainer
+from omnilearn.train.workload import Workload, gather
 
 
-def ddp_backward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+def ddp_backward(work: Workload, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """Forward and backward of this worker's batch with the mean loss; returns (loss sum, correct).
 
     ``model`` is the DDP wrapper: its backward averages the gradients over the workers. A worker
@@ -36,7 +37,7 @@ def ddp_backward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tu
     that every rank joins DDP's all-reduce.
     """
     out = model(x)
-    loss_sum, correct = loss_terms(out, y)
+    loss_sum, correct = work.terms(out, y)
     mean = loss_sum / x.shape[0] if x.shape[0] > 0 else out.sum() * 0.0
     mean.backward()
     return float(loss_sum.detach()), float(correct)
@@ -56,26 +57,31 @@ class DDPTrainer(BSPTrainer):
         device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
 
-    def train_step(self, step: int, clock_start: float) -> tuple[list[int], float, float, list[float]]:
+    def train_step(self, step: int, clock_start: float) -> tuple[list[int], float, float, float, list[float]]:
         batch = list(self.controller.batch)
         sizes = self.sampler.step_sizes(step, batch)
         idx = self.sampler.local_indices(step, batch, self.rank)
+        self.sample_sum = int(idx.sum())  # the step record's checksum of the samples, as BSP's
         t0 = time.perf_counter()
         self.grads.zero()
-        x, y = self.work.train.batch(idx, augment=self.cfg.data.augment, generator=self.augment_rng)
-        loss_sum, correct = ddp_backward(self.ddp, x.to(self.env.device), y.to(self.env.device))
+        x, y = gather(self.work.train, idx, augment=self.cfg.data.augment, generator=self.augment_rng)
+        loss_sum, correct = ddp_backward(self.work, self.ddp, x.to(self.env.device), y.to(self.env.device))
         self.optimizer.step()
         self._sync_cuda()
         t1 = time.perf_counter()
         extra = self.grads.extra
         extra[LOSS], extra[CORRECT] = loss_sum, correct
         extra[CLOCK] = time.time() - clock_start if self.rank == 0 else 0.0
+        extra[STOP] = float(lifecycle.stop_requested())
         dist.all_reduce(extra)
         self._sync_cuda()
         t2 = time.perf_counter()
-        return sizes, t1 - t0, t2 - t1, extra.tolist()
+        return sizes, t1 - t0, t1 - t0, t2 - t1, extra.tolist()  # DDP's backward holds its all-reduce
 
 
 def run(job: JobSpec) -> None:
     """Train one DDP worker to the end of the job (called in every worker process)."""
-    DDPTrainer(job).run()
+    trainer = DDPTrainer(job)
+    trainer.run()
+    if trainer.stopped:
+        raise SystemExit(lifecycle.STOPPED_STATUS)

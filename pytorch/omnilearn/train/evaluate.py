@@ -22,7 +22,8 @@ from omnilearn.metrics import MetricsWriter, eval_path
 from omnilearn.train import distributed
 from omnilearn.train.distributed import flat_state
 from omnilearn.train.sampler import eval_indices
-from omnilearn.train.workload import build, load_data, loss_terms, perplexity
+from omnilearn.train.workload import Workload, gather, perplexity
+from omnilearn.train.workload_spec import load_workload
 
 log = logging.getLogger("omnilearn.evaluate")
 
@@ -65,7 +66,7 @@ def recalibrate_batchnorm(model: torch.nn.Module, train, shares: list[int], rank
         sel = subset[start:min(start + chunk, idx.stop)]
         if len(sel) < 2:  # BatchNorm cannot normalise a single sample
             continue
-        x, _ = train.batch(sel)
+        x, _ = gather(train, sel)
         model(x.to(device))
         seen += len(sel)
     stats = torch.cat([torch.cat([m.running_mean, m.running_var]) for m in bns]).double() * seen
@@ -83,15 +84,16 @@ def recalibrate_batchnorm(model: torch.nn.Module, train, shares: list[int], rank
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, test, shares: list[int], rank: int, device: torch.device,
-             chunk: int = 256, train=None) -> EvalResult:
-    """Held-out accuracy, the test set split among ranks in proportion to ``shares``.
+def evaluate(model: torch.nn.Module, work: Workload, shares: list[int], rank: int, device: torch.device,
+             chunk: int = 256, recalibrate: bool = True) -> EvalResult:
+    """The held-out metric (``accuracy`` of the result), the test set split among ranks in proportion to ``shares``.
 
-    With ``train``, BatchNorm statistics are first re-estimated on training samples (see
+    With ``recalibrate``, BatchNorm statistics are first re-estimated on training samples (see
     :func:`recalibrate_batchnorm`); otherwise the replicas' running statistics are averaged.
     """
-    if train is not None:
-        recalibrate_batchnorm(model, train, shares, rank, device)
+    test = work.test
+    if recalibrate:
+        recalibrate_batchnorm(model, work.train, shares, rank, device)
     else:
         distributed.average_buffers(model)
     model.eval()
@@ -99,8 +101,8 @@ def evaluate(model: torch.nn.Module, test, shares: list[int], rank: int, device:
     stats = torch.zeros(3, dtype=torch.float64, device=device)
     for start in range(idx.start, idx.stop, chunk):
         sel = torch.arange(start, min(start + chunk, idx.stop))
-        x, y = test.batch(sel)
-        loss_sum, correct = loss_terms(model(x.to(device)), y.to(device))
+        x, y = gather(test, sel)
+        loss_sum, correct = work.terms(model(x.to(device)), y.to(device))
         stats += torch.tensor([float(loss_sum), float(correct), len(sel)], dtype=torch.float64, device=device)
     dist.all_reduce(stats)
     model.train()
@@ -109,13 +111,14 @@ def evaluate(model: torch.nn.Module, test, shares: list[int], rank: int, device:
 
 
 @torch.no_grad()
-def evaluate_model(model: torch.nn.Module, test: Any, chunk: int = 256) -> tuple[float, float]:
-    """(accuracy, mean loss) of ``model`` on the whole held-out split."""
+def evaluate_model(model: torch.nn.Module, work: Workload, chunk: int = 256) -> tuple[float, float]:
+    """(metric, mean loss) of ``model`` on the whole held-out split."""
     model.eval()
+    test = work.test
     correct, loss, n = 0.0, 0.0, len(test)
     for start in range(0, n, chunk):
-        x, y = test.batch(torch.arange(start, min(start + chunk, n)))
-        loss_sum, right = loss_terms(model(x), y)
+        x, y = gather(test, torch.arange(start, min(start + chunk, n)))
+        loss_sum, right = work.terms(model(x), y)
         loss += float(loss_sum)
         correct += float(right)
     model.train()
@@ -124,9 +127,9 @@ def evaluate_model(model: torch.nn.Module, test: Any, chunk: int = 256) -> tuple
 
 def evaluate_snapshots(job: JobSpec) -> list[dict[str, Any]]:
     """Score every snapshot the server saved; writes and returns the ``eval`` records, in order."""
-    work = load_data(job.config)
+    work = load_workload(job.config)
     test = work.test
-    model = build(job.config, work)
+    model = work.model()
     state, _ = flat_state(model)
     path = eval_path(job.out_dir)
     path.unlink(missing_ok=True)
@@ -142,11 +145,11 @@ def evaluate_snapshots(job: JobSpec) -> list[dict[str, Any]]:
         with os.fdopen(fd, "rb") as f:
             snap = torch.load(f, weights_only=True)
         state.copy_(snap["state"])
-        accuracy, loss = evaluate_model(model, test)
+        accuracy, loss = evaluate_model(model, work)
         rec = {"kind": "eval", "snapshot": snap_file.name, "epoch": snap["epoch"], "version": snap["version"],
                "samples": snap["samples"], "elapsed_s": snap["elapsed_s"], "final": snap["final"],
                "accuracy": accuracy, "loss": loss, "test_samples": len(test),
-               "perplexity": perplexity(loss) if work.language else None}
+               "perplexity": perplexity(loss) if work.perplexity else None, "metric": work.metric.name}
         writer.write(**rec)
         records.append(rec)
     writer.close()

@@ -9,7 +9,7 @@ server process's life are in :mod:`omnilearn.train.asp_rpc`):
   their version (the number of gradients applied so far).
 - ``rpc_push(rank, seq, version, flat, ...)``: ONE flat tensor holding the mean gradient of the worker's
   batch followed by the change its forward pass made to the running statistics, the version the
-  gradient was computed on, and the worker's compute-time estimate. The reply carries that worker's
+  gradient was computed on, and the compute time of the worker's step. The reply carries that worker's
   batch size for its next step, the server's epoch, level and elapsed time, and ``stop``.
 
 Gradients, never parameters, travel to the server: a worker that pushed parameters would overwrite
@@ -34,11 +34,14 @@ pass made to the statistics it pulled, and the server adds it. Each batch's stat
 server's exponential average once, and no worker overwrites the contributions others made since its
 pull (copying the latest worker's statistics would). ``num_batches_tracked`` counts applied updates.
 
-**Controller.** The workers' compute-time estimates arrive with their pushes; the server keeps the
-latest of each worker (only if measured at the worker's current batch size and level) and, without
-any barrier, re-decides with the shared policies (:class:`BatchController`) whenever every worker has
-``control.min_samples`` fresh measurements. Each worker learns its new size in its next push reply.
-The sum of the batch sizes is ``train.global_batch`` at all times.
+**Controller.** Each push carries the compute time of the step; the server's controller keeps a
+window of each worker's times at its current batch size (and notices from them when a worker's speed
+changes) and, without any barrier, re-decides with the shared policies (:class:`BatchController`)
+whenever every worker has ``control.min_samples`` fresh measurements (``paper``: when the server's
+epoch passes an integer). Each worker learns its new size in its next
+push reply. The sum of the batch sizes is ``train.global_batch`` at all times. The server runs the
+schedule, but only the policies named for the allocations (``static``, ``dynamic+prior``) are told
+of a level change; the others see it in the times the workers measure.
 
 **Memory.** Each worker reports the largest batch its memory budget takes (in ``hello`` and with
 every push). The server bounds the controller by them (``uniform``, the baseline, only warns);
@@ -110,7 +113,7 @@ class ParameterServer:
 
     def __init__(self, job: JobSpec, model: torch.nn.Module, train_size: int, metrics: LockedWriter) -> None:
         cfg = job.config
-        t, c = cfg.train, cfg.control
+        t, c = cfg.train, cfg.control.effective(cfg.train.global_batch, cfg.workers)
         self.job, self.cfg, self.metrics = job, cfg, metrics
         self.workers = cfg.workers
         self.schedule = job.plan.schedule
@@ -128,9 +131,9 @@ class ParameterServer:
         self.configured_bounds = Bounds.make(self.workers, c.min_batch, c.max_batch, t.global_batch)
         self.memory_max: list[int | None] = [None] * self.workers  # what each worker's memory takes
         self.fault: UserError | None = None  # set by a handler, raised by the main loop
-        self.controller = BatchController(c, t.global_batch, self.configured_bounds)
+        self.controller = BatchController(c, t.global_batch, self.configured_bounds, synchronous=False)
         self.level = self.schedule.level_at(0)
-        self.controller.initial(self.shares(self.level))
+        self.controller.initial(self.controller.allocations(lambda: self.shares(self.level)))
         # RLock: the SIGTERM handler (main thread) may checkpoint while the main thread holds it.
         self.lock = threading.RLock()
         self.ready = threading.Condition(self.lock)
@@ -146,8 +149,7 @@ class ParameterServer:
         self.updates = [0] * self.workers
         self.last_contact = [time.time()] * self.workers
         self.replies: list[dict[str, Any] | None] = [None] * self.workers
-        self.estimates: list[float | None] = [None] * self.workers
-        self.counts = [0] * self.workers
+        self.decided_epoch = 0  # paper: the last whole epoch a decision was taken at
         self.duplicates = 0
 
     # ------------------------------------------------------------------ state
@@ -203,8 +205,8 @@ class ParameterServer:
              ) -> dict[str, Any]:
         """Apply one gradient (once), feed the controller, answer with the worker's next orders.
 
-        ``stats``: ``loss`` and ``correct`` of the batch, ``compute_s`` of this step, and the worker's
-        ``estimate_s`` (median of its window) over ``count`` steps at ``batch`` and ``level``.
+        ``stats``: ``loss`` and ``correct`` of the batch, ``compute_s`` of this step, the worker's
+        ``level`` and the largest batch its memory takes (``max_batch``).
         """
         i = self._index(rank)
         assert flat.numel() == self.state.numel(), (flat.numel(), self.state.numel())
@@ -254,22 +256,25 @@ class ParameterServer:
     # ------------------------------------------------------------------ controller and schedule
 
     def _observe(self, i: int, batch: int, stats: dict[str, Any]) -> None:
-        """Keep worker i's estimate if it describes its current batch and level; maybe decide."""
-        fresh = batch == self.controller.batch[i] and stats.get("level") == self.level
-        self.estimates[i] = stats.get("estimate_s") if fresh else None
-        self.counts[i] = int(stats.get("count", 0)) if fresh and self.estimates[i] is not None else 0
-        if self.controller.policy != "dynamic" or self.stopping:
+        """Feed worker i's compute time to the controller (a policy told of level changes takes only
+        times measured at the current level); maybe decide."""
+        ctl = self.controller
+        if not ctl.measures or self.stopping or (ctl.knows_allocation and stats.get("level") != self.level):
             return
-        old = list(self.controller.batch)
-        new = self.controller.decide(self.estimates, self.counts, self.shares(self.level))
+        if ctl.observe(i, batch, stats["compute_s"]):
+            self.metrics.write("speed_change", version=self.version, worker=i + 1, regimes=ctl.regimes())
+        if ctl.policy == "paper":  # the paper decides once per epoch
+            if int(self.epoch) <= self.decided_epoch:
+                return
+            self.decided_epoch = int(self.epoch)
+        times, counts = ctl.estimates()
+        old = list(ctl.batch)
+        new = ctl.decide(ctl.allocations(lambda: self.shares(self.level)))
         if new is None:
             return
         self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=old, batch=new,
-                           compute_ms=[None if e is None else round(e * 1e3, 3) for e in self.estimates],
-                           reason="compute-time")
-        for j, (a, b) in enumerate(zip(old, new, strict=True)):
-            if a != b:  # that worker's measurements describe its old size
-                self.estimates[j], self.counts[j] = None, 0
+                           compute_ms=None if times is None else [round(t * 1e3, 3) for t in times],
+                           samples=counts, overhead=round(ctl.overhead, 2), reason="compute-time")
 
     def apply_memory_bounds(self) -> None:
         """Bound the controller by the workers' memory (call under the lock or before training).
@@ -291,9 +296,6 @@ class ParameterServer:
         if change.new is not None:
             self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=change.old,
                                batch=change.new, reason="memory")
-            for j, (a, b) in enumerate(zip(change.old, change.new, strict=True)):
-                if a != b:
-                    self.estimates[j], self.counts[j] = None, 0
 
     def advance(self) -> None:
         """Follow the schedule (by epoch or by seconds) and the end of training; call under the lock."""
@@ -301,13 +303,13 @@ class ParameterServer:
         level = self.schedule.level_at(position)
         if level != self.level:
             self.level = level
-            self.estimates = [None] * self.workers  # new allocations: old measurements are void
-            self.counts = [0] * self.workers
-            old = list(self.controller.batch)
-            new = self.controller.reallocate(self.shares(level))
-            if new is not None:
-                self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=old,
-                                   batch=new, reason="allocation")
+            ctl = self.controller
+            if ctl.knows_allocation:  # told of the change (the others see it in measured times)
+                old = list(ctl.batch)
+                new = ctl.reallocate(ctl.allocations(lambda: self.shares(level)))
+                if new is not None:
+                    self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=old,
+                                       batch=new, reason="allocation")
         budget = self.cfg.train.time_budget_s
         out_of_time = budget is not None and self.t_start is not None and self.elapsed() >= budget
         if not self.stopping and (self.samples >= self.target_samples or out_of_time):

@@ -28,12 +28,13 @@ REPEATS = 5
 def speed(job_file: Path) -> None:
     from omnilearn.jobfile import JobSpec
     from omnilearn.train.bsp import local_backward
-    from omnilearn.train.workload import build, load_data, make_optimizer
+    from omnilearn.train.workload import gather, make_optimizer
+    from omnilearn.train.workload_spec import load_workload
 
     cfg = JobSpec.load(job_file).config
     torch.manual_seed(cfg.train.seed)
-    work = load_data(cfg)
-    model = build(cfg, work)
+    work = load_workload(cfg)
+    model = work.model()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(cfg, params)
     order = torch.randperm(len(work.train))
@@ -47,8 +48,8 @@ def speed(job_file: Path) -> None:
         cursor += batch
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=False)
-        x, y = work.train.batch(idx)
-        local_backward(model, x, y, batch)
+        x, y = gather(work.train, idx)
+        local_backward(work, model, x, y, batch)
         optimizer.step()
         return time.perf_counter() - t0
 

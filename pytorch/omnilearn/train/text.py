@@ -131,6 +131,10 @@ class TokenWindows:
     def __len__(self) -> int:
         return max(0, (len(self.tokens) - 1) // self.seq_len)
 
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        x, y = self.batch(torch.tensor([index]))
+        return x[0], y[0]
+
     def batch(self, indices: Tensor, augment: bool = False, generator: torch.Generator | None = None
               ) -> tuple[Tensor, Tensor]:  # noqa: ARG002 - text has no augmentation
         idx = torch.as_tensor(indices, dtype=torch.long)

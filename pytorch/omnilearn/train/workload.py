@@ -1,82 +1,106 @@
-"""What a job trains: its data, its model, and the loss both trainers use.
+"""What a job trains, as one interface: :class:`Workload` (model, data, loss, metric).
 
-Image classification (the vision datasets and models) and language modelling (GPT-2 on token
-windows) share one interface: a dataset with ``batch(indices) -> (x, y)``, a model whose output is
-class logits ``[n, classes]`` or next-token logits ``[n, seq_len, vocab]``, and :func:`loss_terms`,
-which turns either into a per-sample loss sum, so gradient weighting by ``b_i / B`` and the
-controller need not know which it is.
+A user's own workload (config key ``workload: "module:function"``) and the built-in ones
+(:mod:`omnilearn.train.builtin`) are the same object, and the trainers know nothing else:
+
+- ``model``: a zero-argument callable returning the ``nn.Module`` (called once per rank, after
+  seeding, so every rank starts from the same weights);
+- ``train`` / ``test``: map-style ``torch.utils.data.Dataset``s of ``(input, target)`` pairs;
+- ``loss``: ``(output, target) -> one loss per sample`` (default :func:`cross_entropy`);
+- ``metric``: a :class:`Metric`, a name and ``(output, target) -> one score per sample`` (default
+  accuracy), which says whether lower is better.
+
+A batch is gathered by :func:`gather`: ``dataset[i]`` for every index, stacked by torch's default
+collate. A dataset may offer a faster way, ``batch(indices, augment=False, generator=None) ->
+(inputs, targets)``, gathering a whole batch at once; the built-in datasets do. Because the loss is
+per sample, the trainers sum it and divide by the global batch size, so the gradient is weighted by
+``b_i / B`` whatever the workload.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
+from torch.utils.data import Dataset, default_collate
 
 from omnilearn.config import JobConfig
-from omnilearn.errors import UserError
-from omnilearn.train.data import load_dataset
-from omnilearn.train.models import build_model
 
-# GPT-2 sizes (n_layer, n_head, n_embd): "tiny" trains on 2 CPU cores; "small" is GPT-2's 124M model.
-GPT2_SIZES = {"tiny": (2, 4, 128), "mini": (4, 4, 256), "small": (12, 12, 768)}
+PerSample = Callable[[Tensor, Tensor], Tensor]
+
+
+def cross_entropy(out: Tensor, target: Tensor) -> Tensor:
+    """Cross-entropy of each sample: logits ``[n, classes]``, or ``[n, T, vocab]`` for a sequence,
+    whose loss is the mean over its T positions (a sequence counts as one sample)."""
+    if out.dim() == 3:
+        return F.cross_entropy(out.transpose(1, 2), target, reduction="none").mean(1)
+    return F.cross_entropy(out, target, reduction="none")
+
+
+def correct(out: Tensor, target: Tensor) -> Tensor:
+    """1.0 where the arg-max class is the target (a sequence: the share of its positions that are)."""
+    hit = (out.argmax(-1) == target).float()
+    return hit.mean(1) if hit.dim() == 2 else hit
+
+
+@dataclass(frozen=True)
+class Metric:
+    """The held-out score of a workload: its name, one score per sample, and its direction."""
+
+    name: str
+    fn: PerSample
+    lower_is_better: bool = False
+
+
+ACCURACY = Metric("accuracy", correct)
 
 
 @dataclass
 class Workload:
-    train: Any
-    test: Any
-    classes: int  # classes, or the vocabulary size for text
-    language: bool
+    """A model, its data, its per-sample loss and its held-out metric (see the module's doc)."""
+
+    model: Callable[[], nn.Module]
+    train: Dataset
+    test: Dataset
+    loss: PerSample = cross_entropy
+    metric: Metric | tuple[str, PerSample] | tuple[str, PerSample, bool] = ACCURACY
+    perplexity: bool = False
+    """The loss is a mean cross-entropy per token (nats): also report ``exp(loss)`` as perplexity."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.metric, tuple):
+            self.metric = Metric(*self.metric)
+
+    def terms(self, out: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+        """(sum over samples of the loss, sum over samples of the metric): what a step adds up."""
+        metric = self.metric
+        assert isinstance(metric, Metric)
+        with torch.no_grad():
+            score = metric.fn(out.detach(), target).float().sum()
+        return self.loss(out, target).sum(), score
 
 
-def load_data(cfg: JobConfig) -> Workload:
-    d = cfg.data
-    if d.name == "text":
-        from omnilearn.train.text import load_text
+def gather(dataset: Any, indices: Tensor, augment: bool = False, generator: torch.Generator | None = None
+           ) -> tuple[Tensor, Tensor]:
+    """The samples ``indices`` of ``dataset`` as one ``(inputs, targets)`` batch.
 
-        text = load_text(d.path, d.tokenizer, d.tokenizer_path, d.seq_len, d.test_fraction, d.max_bytes)
-        return Workload(text.train, text.test, text.vocab_size, language=True)
-    if cfg.model.name == "gpt2":
-        raise UserError(f"{cfg.source}: model.name: gpt2 trains on data.name: text, not {d.name!r}")
-    train, test, classes = load_dataset(d.name, d.root, d.image_size, d.download, d.test_fraction,
-                                        cfg.train.seed, synthetic_size=d.synthetic_size)
-    return Workload(train, test, classes, language=False)
-
-
-class GPT2LM(nn.Module):
-    """transformers' GPT2LMHeadModel returning plain next-token logits ``[n, T, vocab]``."""
-
-    def __init__(self, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd: int) -> None:
-        super().__init__()
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        config = GPT2Config(vocab_size=vocab_size, n_positions=seq_len, n_layer=n_layer, n_head=n_head,
-                            n_embd=n_embd, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                            bos_token_id=None, eos_token_id=None)
-        self.model = GPT2LMHeadModel(config)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False).logits
-
-
-def build(cfg: JobConfig, work: Workload) -> nn.Module:
-    m = cfg.model
-    if work.language:
-        if m.name != "gpt2":
-            raise UserError(f"{cfg.source}: model.name: text data needs model gpt2, not {m.name!r}")
-        if m.size not in GPT2_SIZES:
-            raise UserError(f"{cfg.source}: model.size: {m.size!r} is not one of {', '.join(GPT2_SIZES)}")
-        n_layer, n_head, n_embd = GPT2_SIZES[m.size]
-        n_layer, n_head, n_embd = m.n_layer or n_layer, m.n_head or n_head, m.n_embd or n_embd
-        if n_embd % n_head:
-            raise UserError(f"{cfg.source}: model.n_embd={n_embd} must be a multiple of model.n_head={n_head}")
-        return GPT2LM(work.classes, cfg.data.seq_len, n_layer, n_head, n_embd)
-    return build_model(m.name, work.classes, cfg.data.image_size, stem=m.stem)
+    Through the dataset's own ``batch`` when it has one (one gather, with its augmentation), else
+    sample by sample and torch's default collate (the dataset applies its own transforms).
+    """
+    batch = getattr(dataset, "batch", None)
+    if callable(batch):
+        return batch(indices, augment=augment, generator=generator)
+    idx = torch.as_tensor(indices, dtype=torch.long).tolist()
+    if not idx:  # an empty share (a partial last step): empty tensors of the samples' shapes
+        x, y = default_collate([dataset[0]])
+        return x[:0], y[:0]
+    x, y = default_collate([dataset[i] for i in idx])
+    return x, y
 
 
 def make_optimizer(cfg: JobConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -84,20 +108,6 @@ def make_optimizer(cfg: JobConfig, params: list[torch.nn.Parameter]) -> torch.op
     if t.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
     return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-
-
-def loss_terms(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum over samples of each sample's loss, sum over samples of each sample's accuracy).
-
-    A language-model sample is a window of T tokens: its loss is the mean over its tokens, so a
-    window counts as one sample like an image does.
-    """
-    if out.dim() == 3:
-        t = out.shape[1]
-        loss_sum = F.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="sum") / t
-        correct = (out.detach().argmax(-1) == y).float().mean(1).sum()
-        return loss_sum, correct
-    return F.cross_entropy(out, y, reduction="sum"), (out.detach().argmax(1) == y).sum().float()
 
 
 def perplexity(loss: float | None) -> float | None:

@@ -222,16 +222,23 @@ def memory_limit() -> tuple[int, str] | None:
     return min(found) if found else None
 
 
+def _alone_in(cgroup: Path) -> bool:
+    """Whether the calling process is the only one in ``cgroup`` (its peak counts nobody else's memory)."""
+    procs = try_read(cgroup / "cgroup.procs")
+    return procs is not None and procs.split() == [str(os.getpid())]
+
+
 def memory_peak_file() -> Path | None:
     """The peak-usage counter of the calling process's own memory cgroup, if it has one of its own.
 
-    None in the root cgroup or a container's namespace root (shared with others, not ours), and
-    where no memory controller is mounted.
+    None in the root cgroup or a container's namespace root, in a cgroup other processes share (a
+    login session's, a job's that holds every worker: their memory is not ours), and where no
+    memory controller is mounted.
     """
     for version, controllers, own, chain in own_cgroups():
         if version == 1 and "memory" not in controllers:
             continue
-        if len(chain) <= 1:
+        if len(chain) <= 1 or not _alone_in(own):
             return None
         return own / ("memory.peak" if version == 2 else "memory.max_usage_in_bytes")
     return None

@@ -12,6 +12,7 @@ code under every launcher, and under torchrun):
     RUN_MOUNT/metrics/rank-<rank>.jsonl              OUT/metrics/rank-<rank>.jsonl           rw, its own only
     RUN_MOUNT/snapshots/                             OUT/snapshots/                          rw, ASP server only
     /data                                            data.root                               ro
+    the folder of the user's workload code           the same folder                          ro
 
 A file mount gives a container the contents of one file and no folder to create names in: it cannot
 plant a symlink, a hard link or a FIFO where the host reads or writes, cannot replace a file by another,
@@ -35,6 +36,7 @@ from omnilearn.files import open_in
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.metrics import metrics_path
 from omnilearn.train.evaluate import SNAPSHOT_DIR
+from omnilearn.train.workload_spec import code_folder
 
 RUN_MOUNT = "/run/omnilearn"  # the run folder's paths inside every container
 DATA_MOUNT = "/data"
@@ -99,4 +101,12 @@ def container_mounts(job: JobSpec, rank: int, data_root: Path | None) -> list[An
               for host, ro in paths]
     if data_root is not None:
         mounts.append(mount(DATA_MOUNT, str(data_root), type="bind", read_only=True))
+    if job.config.workload:
+        folder = str(code_folder(job.config.workload))
+        mounts.append(mount(folder, folder, type="bind", read_only=True))
     return mounts
+
+
+def workload_env(job: JobSpec) -> dict[str, str]:
+    """The folder of the user's workload code on the workers' Python path (mounted at the same path)."""
+    return {"PYTHONPATH": str(code_folder(job.config.workload))} if job.config.workload else {}

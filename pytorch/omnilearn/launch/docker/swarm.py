@@ -40,6 +40,13 @@ from omnilearn.errors import UserError
 from omnilearn.files import write_atomic, write_in
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.launch.docker.daemon import daemon_client
+from omnilearn.launch.docker.faults import (
+    daemon_address,
+    daemon_errors,
+    daemon_lost,
+    stop_gracefully,
+    vanished,
+)
 from omnilearn.launch.docker.images import ensure_images
 from omnilearn.launch.docker.mounts import (
     DATA_MOUNT,
@@ -47,9 +54,12 @@ from omnilearn.launch.docker.mounts import (
     container_mounts,
     container_user,
     prepare_run_folder,
+    workload_env,
 )
+from omnilearn.launch.docker.requirements import with_requirements
 from omnilearn.launch.failures import WorkerFailed, first_failure
 from omnilearn.launch.interrupts import Interrupts
+from omnilearn.launch.pidfile import JobRecord
 from omnilearn.launch.progress import progress_for
 
 log = logging.getLogger("omnilearn.swarm")
@@ -175,6 +185,7 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
             b = images.worker_build
             console.print(f"image {cfg.docker.image}: " + (images.reason if b is None else
                           f"built in {b.seconds:.0f} s ({b.size_bytes / 1e9:.2f} GB; {images.reason})"), markup=False)
+    image = with_requirements(default, cfg.docker.image, cfg.docker.requirements, on_log=log.debug)
     initialized = ensure_swarm(default, cfg.docker.advertise_addr)
     _check_names_free(job, default, remote)
     net_name = network_name(job)
@@ -202,12 +213,12 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
     for rank, target in enumerate(job.plan.targets):
         env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                "MASTER_ADDR": job.plan.targets[0], "MASTER_PORT": str(cfg.docker.master_port),
-               "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", **TMP_ENV}
+               "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", **TMP_ENV, **workload_env(job)}
         if state.subnet:
             env["OMNILEARN_SUBNET"] = state.subnet  # the worker finds its overlay interface for gloo
         client = remote.get(target, default)
         container = client.containers.run(
-            cfg.docker.image, command=command, name=target, hostname=target, detach=True, init=True,
+            image, command=command, name=target, hostname=target, detach=True, init=True,
             network=net_name, environment=env, mounts=container_mounts(job, rank, data_root),
             working_dir=RUN_MOUNT, labels={**labels, LABEL_TARGET: target, LABEL_RANK: str(rank)},
             **confinement(cfg.docker, user), **run_kwargs(job.plan.allocation(first, target)))
@@ -304,6 +315,7 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
     """``omnilearn run --backend docker``: up, toggler, wait, and always down."""
     job.backend = "docker"
     job.save()
+    record = JobRecord(job.job_id, job.out_dir, "docker", job.config.docker.hosts)  # for `omnilearn cleanup`
     default, remote = clients_for(job)
     backend = DockerBackend(job.job_id, default, clients=remote)
     links = link_applier(job, backend)
@@ -321,10 +333,16 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                 if progress:
                     progress.set_epochs(job.config.train.epochs)
                 while True:
-                    states = _container_states(default, remote, state)
+                    try:
+                        states = _container_states(default, remote, state)
+                    except daemon_errors() as e:
+                        raise daemon_lost(e) from None
                     failed = {job.plan.targets.index(t): (when, code) for t, (s, code, when) in states.items()
                               if s in ("exited", "dead", "vanished") and code != 0}
                     if failed:
+                        gone = [t for t, (s, _, _) in states.items() if s == "vanished"]  # the cause, not its peers'
+                        if gone:
+                            raise vanished(gone[0], job.plan.targets.index(gone[0]))
                         target = job.plan.targets[first_failure(failed)]
                         if states[target][1] == UserError.exit_status:  # a user error found by the worker
                             logs = _tail_logs(remote.get(target, default), state.containers[target], 40)
@@ -345,14 +363,21 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
         stop.set()
         if thread is not None and thread.is_alive():
             thread.join(timeout=10)
-        backend.close()  # a container still paused by a stall is let go before it is removed
-        if links is not None:
-            links.close()
-        if state is not None:
-            save_logs(default, remote, state, job.log_dir)
-        removed = down(job.job_id, job.config.docker.hosts,
-                       leave_swarm=bool(state and state.swarm_initialized))
-        log.info("cluster down: %s", ", ".join(removed))
+        try:
+            backend.close()  # a container still paused by a stall is let go before it is removed
+            if links is not None:
+                links.close()
+            if state is not None:  # SIGTERM first: workers end at a step boundary and save
+                stop_gracefully({t: (remote.get(t, default), cid) for t, cid in state.containers.items()},
+                                job.config.docker.stop_timeout)
+                save_logs(default, remote, state, job.log_dir)
+            removed = down(job.job_id, job.config.docker.hosts,
+                           leave_swarm=bool(state and state.swarm_initialized))
+            log.info("cluster down: %s", ", ".join(removed))
+            record.close()
+        except (UserError, *daemon_errors()) as e:  # the daemon is gone: the job's record stays for cleanup
+            log.warning("cannot remove the job's containers (%s): run `omnilearn cleanup` when the daemon "
+                        "at %s is back", e, daemon_address())
 
 
 def save_logs(default: Any, remote: dict[str, Any], state: ClusterState, log_dir: Path) -> None:

@@ -1,0 +1,184 @@
+"""``omnilearn cluster``, ``toggle``, ``levels``, ``report``, ``cleanup``, ``calibrate``, ``simulate`` and ``image``: everything around a job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from omnilearn import config
+from omnilearn.cli.common import bench_overrides, flag_overrides, make_console
+from omnilearn.errors import UserError
+
+
+def _job_for_cluster(args: argparse.Namespace):
+    """Config, plan and saved job file for ``cluster up`` (the same checks as ``run``)."""
+    from omnilearn.emulator.plan import build_plan
+    from omnilearn.jobfile import JobSpec, new_job_id
+    from omnilearn.launch.job import check_launcher
+    from omnilearn.launch.runfolder import prepare_out
+    from omnilearn.train.preflight import preflight
+
+    overrides = flag_overrides(args) + [("emulation.backend", "docker")]
+    cfg = config.build(args.config, overrides)
+    plan = build_plan(cfg)
+    check_launcher(cfg, plan)
+    preflight(cfg)
+    out = prepare_out(args.out, args.force)  # a new or replaceable folder, marked as a run's
+    job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="docker")
+    job.save()
+    return job
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+
+    from omnilearn.jobfile import JobSpec
+    from omnilearn.launch.docker import swarm
+
+    console = make_console()
+    if args.cluster_command == "up":
+        job = _job_for_cluster(args)
+        swarm.up(job, console)
+        console.print(f"job {job.job_id} running in {job.out_dir}; apply HL changes with "
+                      f"`omnilearn toggle --out {job.out_dir}` (scripts/exec_HL.sh)", markup=False)
+        return 0
+    if args.cluster_command == "status":
+        out = Path(args.out)
+        for row in swarm.status(out):
+            console.print(row, markup=False)
+        return 0
+    # down: by run folder, or by job id after the folder is gone
+    if args.job:
+        job_id, hosts = args.job, {}
+    else:
+        if not args.out or not (Path(args.out) / "job.json").is_file():
+            raise UserError("cluster down needs --out RUN_DIR (with its job.json) or --job JOB_ID")
+        job = JobSpec.load(Path(args.out) / "job.json", out_dir=Path(args.out))
+        job_id, hosts = job.job_id, job.config.docker.hosts
+    removed = swarm.down(job_id, hosts, leave_swarm=args.leave_swarm)
+    console.print("removed: " + (", ".join(removed) if removed else "nothing (already gone)"), markup=False)
+    return 0
+
+
+def cmd_toggle(args: argparse.Namespace) -> int:
+    """The host-side toggler for a job whose containers were started by ``cluster up``."""
+    import threading
+
+    from omnilearn.emulator.backends.docker import DockerBackend
+    from omnilearn.emulator.toggler import Toggler, toggler_lock
+    from omnilearn.jobfile import JobSpec
+    from omnilearn.launch.docker import swarm
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    out = Path(args.out)
+    if not (out / "job.json").is_file():
+        raise UserError(f"--out {out}: not a run folder (no job.json)")
+    job = JobSpec.load(out / "job.json", out_dir=out)
+    default, remote = swarm.clients_for(job)
+    backend = DockerBackend(job.job_id, default, clients=remote)
+    console = make_console()
+    stop = threading.Event()
+    with toggler_lock(job.log_dir):
+        toggler = Toggler(job.log_dir, backend, job.plan, console=console, links=swarm.link_applier(job, backend))
+        console.print(f"toggler for job {job.job_id}: watching {job.log_dir}/cpu-*.log (Ctrl-C to stop)",
+                      markup=False)
+        try:
+            while not stop.is_set():
+                toggler.poll_once()
+                if args.until_done and all(r["status"] in ("exited", "dead", "absent")
+                                           for r in swarm.status(out)):
+                    toggler.poll_once()
+                    break
+                stop.wait(args.interval)
+        except KeyboardInterrupt:
+            toggler.poll_once()
+        finally:
+            backend.close()  # a container a stall paused runs again
+    return 0
+
+
+def cmd_levels(args: argparse.Namespace) -> int:
+    from omnilearn.emulator.levels import host_cpus, load_tables, resolve_level
+
+    tables = load_tables()
+    host = host_cpus()
+    out: dict[str, Any] = {}
+    for mode, table in tables.items():
+        rows = {}
+        for level in table.levels:
+            workers, server = resolve_level(table, level, table.workers, args.allocation, host)
+            rows[level] = {"workers": [a.describe() for a in workers],
+                           **({"server": server.describe()} if server else {})}
+        out[mode] = rows
+    print(json.dumps({"host_cpus": len(host), "allocation": args.allocation, "levels": out}, indent=2))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+
+    from omnilearn.report.summary import summarize
+    from omnilearn.report.table import print_report
+
+    out = Path(args.out)
+    if not (out / "job.json").is_file():
+        raise UserError(f"{out}: not a run folder (no job.json)")
+    print_report(make_console(), {"run": summarize(out)}, None)
+    return 0
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from omnilearn.emulator.backends.cgroupfs import sweep_stale
+    from omnilearn.emulator.netns import sweep_netns
+    from omnilearn.launch.pidfile import cleanup_dead
+
+    # Jobs whose launcher is gone (their record says what they started), then leftovers of older runs.
+    removed = cleanup_dead() + sweep_stale() + sweep_netns()  # cgroups, and the namespaces (veths, bridge, IFBs) of links
+    print("\n".join(removed) if removed else "nothing to clean")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from omnilearn.launch.calibrate import calibrate
+
+    calibrate(config.build(args.config, bench_overrides(args)), Path(args.out), make_console(), args.rounds, args.seconds)
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from omnilearn.simulate import simulate
+
+    s = simulate(Path(args.replay), Path(args.out), args.workers, args.policy, args.epochs, args.seed, args.noise,
+                 args.calibration)
+    print(f"simulated {s['policy']} · {s['workers']} workers · {s['epochs_done']:g} epochs: training "
+          f"{s['train_time_s']:.2f} s ({s['epoch_time_s']:.3f} s per epoch), {s['samples_per_s']:.1f} samples/s, "
+          f"final batches {s['batch_sizes'] if s['workers'] <= 16 else '(see summary.json)'}, controller decision "
+          f"{s['decision_ms'] if s['decision_ms'] is not None else '-'} ms mean over {s['simulated']['decisions']}; "
+          f"{args.out}/summary.json")
+    return 0
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    """``omnilearn image build|base|status``: the Docker images the container launcher runs."""
+    from omnilearn.launch.docker.base_image import build_base_image
+    from omnilearn.launch.docker.images import ensure_images, image_status
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    if args.image_command == "build":
+        ca: Path | str = args.ca_bundle if args.ca_bundle is not None else "auto"
+        result = ensure_images(args.tag, base_image=args.base, ca_bundle=ca, force=args.force, on_log=say)
+        if result.worker_build is None:
+            print(f"{result.worker_image}: up to date (base {result.base_image})")
+        else:
+            b = result.worker_build
+            print(f"{b.tag}: built in {b.seconds:.0f} s, {b.size_bytes / 1e9:.2f} GB (base {result.base_image}; "
+                  f"{result.reason})")
+    elif args.image_command == "base":
+        build_base_image(args.tag, suite=args.suite, mirror=args.mirror, force=args.force, on_log=say)
+    else:
+        for line in image_status(args.tag):
+            print(line)
+    return 0

@@ -1,0 +1,241 @@
+"""The sections of a job config (``model``, ``data``, ``train``, ``control``, ...), one dataclass each.
+
+Field defaults are the documented defaults; cross-field checks live in :meth:`JobConfig.validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnilearn.control.policies import PAPER_DEADBAND, paper_bounds
+
+MODES = ("bsp", "asp")
+PEERS = ("ddp",)
+"""Policies that are not ours: ``ddp`` is plain DistributedDataParallel with equal batches (BSP only),
+the peer a user would otherwise run."""
+BACKENDS = ("auto", "cgroup", "affinity", "docker", "none")
+ALLOCATION_MODES = ("auto", "cpuset", "quota")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "resnet18"
+    """resnet18 | resnet50 | vgg11 | alexnet | smallcnn | gpt2 (with data.name: text)."""
+    stem: str = "auto"
+    """ResNet stem for small images: auto | imagenet | small | cifar."""
+    size: str = "tiny"
+    """GPT-2 size: tiny (2 layers, 128 wide) | mini | small (GPT-2's 124M)."""
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    """GPT-2 overrides of the size's layer count, heads and width."""
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"
+    """digits (offline default) | cifar10 | cifar100 | synthetic | food101 | caltech256 | places365 | text."""
+    root: str = "data"
+    """Where torchvision datasets live (and are downloaded to)."""
+    image_size: int = 32
+    download: bool = False
+    """Let torchvision download a missing dataset."""
+    test_fraction: float = 0.2
+    """Held-out share for datasets without a test split (digits, synthetic, caltech256)."""
+    augment: bool = False
+    """Random crop + flip on training batches."""
+    synthetic_size: int = 2048
+    path: str = "stdlib"
+    """data.name text: a UTF-8 text file (e.g. Tiny Shakespeare), or stdlib: the Python standard library's
+    sources, an offline corpus present wherever the project is installed."""
+    tokenizer: str = "byte"
+    """byte (no files needed) | gpt2 (GPT-2's BPE from data.tokenizer_path, a local folder)."""
+    tokenizer_path: str | None = None
+    seq_len: int = 128
+    """Tokens per training window."""
+    max_bytes: int = 2_000_000
+    """Read at most this much of the corpus."""
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 3
+    global_batch: int = 256
+    """B: the samples of one synchronous step, summed over workers."""
+    optimizer: str = "sgd"
+    """sgd (momentum, weight decay) | adamw (GPT-2)."""
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    milestones: list[int] = field(default_factory=list)
+    """Epochs at which the learning rate is multiplied by gamma."""
+    gamma: float = 0.1
+    eval_every: int = 1
+    """Evaluate on the held-out split every N epochs (and after the last)."""
+    seed: int = 1234
+    dist_backend: str = "auto"
+    """torch.distributed backend: auto (nccl with CUDA, else gloo) | gloo | nccl."""
+    drop_last: bool = False
+    time_budget_s: float | None = None
+    """Stop after this many seconds of wall time since training started (evaluations included; epochs
+    stay a cap): BSP at the end of the step that crosses it (rank 0's clock), ASP at the server."""
+
+
+@dataclass
+class ControlConfig:
+    policy: str = "dynamic"
+    """uniform | static (knows allocations) | dynamic (measured times only, equal start) | dynamic+prior
+    (both) | paper (measured times, the paper's settings: see :meth:`effective`) | ddp (plain
+    DistributedDataParallel with equal batches, BSP only: the peer to compare with)."""
+    interval: int = 1
+    """Consider a decision every N steps (once every worker has min_samples fresh ones); 0: epoch ends."""
+    window: int = 16
+    """Compute-time measurements kept per worker (median)."""
+    min_samples: int = 1
+    """Fresh measurements each worker needs before a decision."""
+    deadband: float = 0.04
+    """Relative compute-time spread (max/min - 1) below which nothing changes, with a full window;
+    with n < window fresh measurements it is deadband * sqrt(window / n) (0.16 after one step)."""
+    hysteresis: float = 2.0
+    """Once a check finds the workers within the plain deadband (settled), the next split needs a spread of
+    hysteresis x deadband, until a speed change is detected: no chasing the noise of a balanced job."""
+    skip_after_change: int = 1
+    """Steps not measured after a batch change (and at the start)."""
+    change_threshold: float = 0.15
+    """A worker whose step time departs from its window's median by more than this, two steps in a
+    row, has changed speed: its old measurements are dropped (0: never)."""
+    fit_overhead: bool = True
+    """Fit the per-step fixed cost k of t_i(b) = c_i (b + k) from measurements at two batch sizes
+    (false: k = 0, the plain proportional rule)."""
+    min_batch: int = 2
+    max_batch: int | None = None
+    memory_bounds: bool = True
+    """Probe memory per sample at start-up and never give a worker more than fits its memory budget
+    (its cgroup/container limit, else available RAM; GPU memory on a GPU). Uniform batching, the
+    baseline, ignores it (and is warned)."""
+    memory_margin: float = 0.15
+    """Share of the budget kept free when deriving the memory bound."""
+
+    def effective(self, global_batch: int, workers: int) -> ControlConfig:
+        """The settings the policy runs with: ``paper`` replaces all but the memory keys by the paper's
+        (epoch ends, per-epoch means, deadband 0.2, bounds [B/n / 2, 3 B/n], no k, no change detection)."""
+        if self.policy != "paper":
+            return self
+        lo, hi = paper_bounds(workers, global_batch)
+        return dataclasses.replace(self, interval=0, window=1, min_samples=1, deadband=PAPER_DEADBAND, hysteresis=1.0,
+                                   skip_after_change=0, change_threshold=0.0, fit_overhead=False,
+                                   min_batch=lo, max_batch=hi)
+
+
+@dataclass
+class EmulationConfig:
+    backend: str = "auto"
+    """auto (cgroup as root, else affinity) | cgroup | affinity | docker | none."""
+    allocation: str = "auto"
+    """auto (cpusets if the host has the table's cores, else quotas) | cpuset | quota."""
+    schedule: str = "demo"
+    """A named schedule (configs/schedules.yaml) or a YAML file."""
+    hl: str | None = None
+    """Pin one level for the whole run (overrides schedule)."""
+    levels: dict[str, list[Any]] | None = None
+    """Own level table: level -> one cpuset string or CPU quota number per worker."""
+    ack_timeout: float = 20.0
+    """Seconds a worker waits for the toggler to apply its request."""
+    links: list[Any] | dict[str, Any] | None = None
+    """Network links per worker: a list (one entry per worker), a mapping target -> entry
+    (``{worker1: 100mbit}``), or a mapping level -> either. An entry is null (unshaped), a rate
+    (``100mbit``) or ``{rate, delay, jitter, loss}`` (``10ms``, ``0.5%``; these three need the kernel's
+    sch_netem). Shaping needs root; ``--set emulation.links=null`` switches links off. Checked when
+    the plan is built (emulator/links.py)."""
+    trace: str | None = None
+    """A trace file (CSV or JSONL, configs/traces/) whose CPU shares, links and stalls drive the run,
+    stretched over train.epochs; ``hl`` names the level a share is a fraction of (default HL1).
+    ``schedule`` may name the trace file instead (emulator/trace_plan.py)."""
+    calibration: str | None = None
+    """A file written by ``omnilearn calibrate``: its calibrated level table replaces the nominal one."""
+
+
+@dataclass
+class AspConfig:
+    """Asynchronous training (mode: asp): one parameter server, workers push gradients."""
+
+    lr_reference_batch: int | None = None
+    """b_ref: a gradient of a b-sample batch is applied with lr * b / b_ref (default: global_batch / workers)."""
+    staleness_damping: bool = False
+    """Also divide a gradient's learning rate by 1 + its staleness."""
+    eval_interval: float = 1.0
+    """Epochs (samples applied / training-set size) between snapshots of the server's model; each
+    snapshot is evaluated on the held-out split after training (the end is always snapshotted)."""
+    worker_timeout_s: float = 60.0
+    """A worker silent for this long (no pull or push) stops the job, after a server checkpoint."""
+
+
+@dataclass
+class DockerConfig:
+    """The container launcher (``emulation.backend: docker``)."""
+
+    image: str = "omnilearn-worker:latest"
+    build: bool = True
+    """Build the image first when it is missing or older than this checkout (``omnilearn image build``)."""
+    network: str | None = None
+    """Attachable overlay network; default ``omnilearn-<job id>``, created and removed with the job."""
+    encrypted: bool | None = None
+    """Encrypt the overlay network's traffic (IPsec between hosts). Unset: on when ``hosts`` places a
+    target on another daemon, off on one host (where the traffic never leaves the machine)."""
+    advertise_addr: str | None = None
+    """Address for ``docker swarm init`` when this host is not in a swarm yet (default: Docker's choice,
+    falling back to 127.0.0.1 on a host with no routable address)."""
+    hosts: dict[str, str] = field(default_factory=dict)
+    """Target (worker1, ...) -> daemon URL (``ssh://user@host``, ``tcp://...``); others run locally.
+    The run folder must be the same path on every host (a shared file system)."""
+    master_port: int = 29500
+    stop_timeout: float = 10.0
+    pids_limit: int = 4096
+    requirements: list[str] = field(default_factory=list)
+    """Extra pip requirements of a user's workload (``["scikit-learn==1.5.2"]``): installed in a layer on
+    ``image``, tagged by their hash and built once."""
+    """Processes + threads per container (a fork bomb stops there); a BSP worker held 6 on 2 CPUs, but
+    torch's thread pools grow with the host's CPUs."""
+
+
+@dataclass
+class ReportConfig:
+    """What a run reports besides ``summary.json`` and its figures."""
+
+    tensorboard: bool = False
+    """Write TensorBoard scalars to ``OUT/tensorboard/`` while the job runs (``--tensorboard``)."""
+    target: float | None = None
+    """Held-out metric to reach for time-to-target (accuracy, or perplexity for language models);
+    default: ``target_fraction`` of the best final value among the compared runs."""
+    target_fraction: float = 0.95
+    """The default target: this share of the best final accuracy (perplexity: the best / this)."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints a stopped or failed run resumes from (``omnilearn run --resume OUT``)."""
+
+    every: int | str | None = None
+    """Save every N epochs (an integer), or every N seconds of training (``"30s"``), and at the end;
+    null: no checkpoints (an ASP server still saves one when it stops on a fault)."""
+
+    def interval(self) -> tuple[str, float] | None:
+        """``("epochs", n)``, ``("seconds", s)`` or None; the value is checked by the job's validation."""
+        if self.every is None:
+            return None
+        if isinstance(self.every, int):
+            return "epochs", float(self.every)
+        return "seconds", float(self.every.strip()[:-1])
+
+
+@dataclass
+class FaultConfig:
+    """What happens when a worker fails."""
+
+    timeout_s: float = 60.0
+    """A worker that makes no step for this long is reported hung (also the process group's timeout)."""
+    max_restarts: int = 0
+    """Restart the job from its last checkpoint (or from the start, without one) after a worker loss,
+    up to this many times."""

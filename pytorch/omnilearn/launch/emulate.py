@@ -1,0 +1,180 @@
+"""``omnilearn emulate -- COMMAND``: any command's ranks under emulated heterogeneity.
+
+The command runs as given (``torchrun ... train.py``, an unmodified script). Every few tenths of a
+second its descendants are scanned; a process whose environment holds ``RANK`` joins that rank's
+target (cgroup as root, else CPU affinity and throttling: the backends ``omnilearn run`` uses), its
+threads with it and its later children inheriting it. Levels go through the same request logs,
+toggler and audit as a run's: the first level before the command starts, the next ones at their
+seconds. A schedule in epochs moves on only when the command's script uses :mod:`omnilearn.torch`,
+which asks for its levels itself (``OMNILEARN_OUT`` and ``OMNILEARN_EMULATE_T0`` tell it the run
+folder and the schedule's start). The command's exit status is emulate's; cgroups are removed
+however it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from omnilearn import config
+from omnilearn.emulator.audit import read_audit
+from omnilearn.emulator.backends import select_backend
+from omnilearn.emulator.client import RequestWriter
+from omnilearn.emulator.levels import Allocation
+from omnilearn.emulator.plan import build_plan
+from omnilearn.emulator.toggler import Toggler
+from omnilearn.errors import UserError
+from omnilearn.files import write_atomic
+from omnilearn.jobfile import OUT_ENV, T0_ENV, JobSpec, new_job_id
+
+SCAN_S = 0.2
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        out.setdefault(ppid, []).append(int(entry))
+    return out
+
+
+def descendants(root: int) -> list[int]:
+    tree, out, todo = _children(), [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += tree.get(pid, [])
+    return out
+
+
+def rank_of(pid: int) -> int | None:
+    """The RANK in the process's environment (None: none, or not readable)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"RANK="):
+            try:
+                return int(item[5:])
+            except ValueError:
+                return None
+    return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of the process (its threads included), in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int, out: Path) -> int:
+    """Run ``argv`` under the levels; returns its exit status."""
+    if not argv:
+        raise UserError("omnilearn emulate: give a command after --, e.g. -- torchrun --nproc-per-node 4 train.py")
+    if hl and schedule:
+        raise UserError("omnilearn emulate: --hl and --schedule exclude each other")
+    overrides: list[tuple[str, Any]] = [("workers", workers), ("emulation.backend", "auto")]
+    overrides += [("emulation.hl", hl)] if hl else [("emulation.schedule", schedule or "demo")]
+    cfg = config.build(None, overrides)
+    plan = build_plan(cfg)
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {out}: exists and is not empty")
+    job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="")
+    backend = select_backend("auto", job.job_id, list(plan.targets))
+    job.backend = backend.name
+    job.save()
+    stop = threading.Event()
+    toggler = Toggler(job.log_dir, backend, plan)
+    thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
+    writers = [RequestWriter(job.log_dir, r) for r in range(len(plan.targets))]
+    placed: dict[int, int] = {}  # pid -> rank
+    used: dict[int, float] = {}  # pid -> CPU seconds last seen
+    proc: subprocess.Popen | None = None
+    t0 = time.time()
+
+    def apply(level: str, at: float | None) -> None:
+        reqs = [w.submit(t, level, plan.allocation(level, t), at) for w, t in zip(writers, plan.targets, strict=True)]
+        for w, r in zip(writers, reqs, strict=True):
+            w.wait_applied(r, timeout=cfg.emulation.ack_timeout)
+
+    try:
+        thread.start()
+        sched = plan.schedule
+        apply(sched.levels[0], 0.0)
+        pending = list(zip(sched.starts[1:], sched.levels[1:], strict=True)) if sched.unit == "seconds" else []
+        t0 = time.time()
+        env = {**os.environ, OUT_ENV: str(job.out_dir), T0_ENV: repr(t0)}
+        try:
+            proc = subprocess.Popen(argv, env=env)
+        except OSError as e:
+            raise UserError(f"omnilearn emulate: cannot start {argv[0]!r}: {e.strerror}") from None
+        while proc.poll() is None:
+            for pid in descendants(proc.pid):
+                if pid not in placed:
+                    rank = rank_of(pid)
+                    if rank is not None and 0 <= rank < len(plan.targets):
+                        try:
+                            backend.add_process(plan.targets[rank], pid)
+                            placed[pid] = rank
+                        except (OSError, ValueError):
+                            continue  # exited meanwhile
+                if pid in placed:
+                    used[pid] = cpu_seconds(pid) or used.get(pid, 0.0)
+            while pending and time.time() - t0 >= pending[0][0]:
+                apply(pending.pop(0)[1], None)
+            time.sleep(SCAN_S)
+        status = proc.returncode
+    except KeyboardInterrupt:
+        status = 130
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        stop.set()
+        thread.join(timeout=10)
+        backend.close()
+        toggler.close()
+        write_summary(job, t0, placed, used)
+    return status
+
+
+def write_summary(job: JobSpec, t0: float, placed: dict[int, int], used: dict[int, float]) -> None:
+    """``summary.json``: each rank's applied allocations over time and the CPU time its processes used.
+    A script using omnilearn.torch has written the run's summary there: these keys join it."""
+    n = len(job.plan.targets)
+    allocations: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+    for r in read_audit(job.log_dir, status="applied"):
+        if r.get("target") in job.plan.targets:
+            share = Allocation.from_dict(r.get("effective") or {}).share
+            allocations[job.plan.targets.index(r["target"])].append(
+                {"t": round(max(r["time"] - t0, 0.0), 3), "cpus": share, "level": r.get("level")})
+    seconds = [0.0] * n
+    for pid, rank in placed.items():
+        seconds[rank] += used.get(pid, 0.0)
+    summary = {"command": "emulate", "backend": job.backend, "schedule": job.plan.schedule.name,
+               "targets": list(job.plan.targets), "allocations": allocations,
+               "cpu_seconds": [round(s, 3) for s in seconds], "processes": len(placed)}
+    path = job.out_dir / "summary.json"
+    if path.is_file():  # the script's own summary (omnilearn.torch): emulate's measurements join it
+        summary = {**json.loads(path.read_text()), **summary}
+    write_atomic(path, json.dumps(summary, indent=2))

@@ -1,0 +1,165 @@
+"""The replay: a BSP job stepped on a simulated clock, its controller the trainers' own.
+
+Each step follows :class:`omnilearn.train.bsp.BSPTrainer`: the schedule's level at the step's epoch
+position (or clock), the step's sizes from :class:`~omnilearn.train.sampler.GlobalBatchSampler`,
+every worker's compute time from its measured model (with its measured noise, seeded), the step
+lasting as long as the slowest worker plus the all-reduce and the per-step overhead, every worker's
+time handed to :meth:`BatchController.observe_step` and, at the controller's decision points,
+:meth:`BatchController.decide`: the same class, built from the job's ``control`` section as the
+trainers build it, fed what the trainers feed it. Records are written in the trainers' format
+(:mod:`omnilearn.metrics`), so the run's report code summarizes and draws them; the batch changes,
+which every rank of a real run writes alike, only in rank 0's file (all the report reads: with a
+thousand workers, a thousand copies of every split would be gigabytes).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omnilearn.config import JobConfig
+from omnilearn.control import controller as control
+from omnilearn.control.policies import Bounds
+from omnilearn.emulator.plan import EmulationPlan
+from omnilearn.metrics import METRICS_DIR, metrics_path
+from omnilearn.simulate.models import RunModels
+from omnilearn.train.sampler import GlobalBatchSampler
+
+
+@dataclass
+class Replay:
+    """What one simulation produced besides its records."""
+
+    decision_ms: list[float] = field(default_factory=list)
+    observe_ms: list[float] = field(default_factory=list)
+    train_time_s: float = 0.0
+    wall_time_s: float = 0.0
+    steps: int = 0
+    samples: int = 0
+
+
+class Recorder:
+    """Per-rank metrics lines, kept in memory and written once (a thousand ranks need no open files)."""
+
+    def __init__(self, workers: int) -> None:
+        self.lines: list[list[str]] = [[] for _ in range(workers)]
+
+    def write(self, who: int, kind: str, **fields: Any) -> None:
+        self.lines[who].append(json.dumps({"kind": kind, **fields}, separators=(",", ":")))
+
+    def save(self, out: Path) -> None:
+        (out / METRICS_DIR).mkdir(parents=True, exist_ok=True)
+        for rank, lines in enumerate(self.lines):
+            metrics_path(out, rank).write_text("\n".join(lines) + "\n")
+
+
+def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Recorder, seed: int,
+               noise: float, accuracy: dict[int, dict[str, Any]] | None) -> Replay:
+    """Step the job ``cfg`` (``plan``) through its epochs; ``accuracy``: the run's evaluations by epoch
+    (replayed when the global batch is the run's: BSP's update does not depend on the split)."""
+    t, n, measured = cfg.train, cfg.workers, models.workers
+    c = cfg.control.effective(t.global_batch, n)
+    ctl = control.BatchController(c, t.global_batch, Bounds.make(n, c.min_batch, c.max_batch, t.global_batch))
+    size = models.train_samples * t.global_batch // models.job.config.train.global_batch
+    sampler = GlobalBatchSampler(size, t.global_batch, t.seed, drop_last=t.drop_last, min_local=c.min_batch)
+    targets = plan.targets
+    rng = random.Random(seed)
+    out = Replay()
+    state: dict[str, Any] = {"level": None, "eval": 0.0}
+    clock = 0.0
+
+    def shares(level: str) -> list[float | None]:
+        return [plan.allocation(level, tg).share for tg in targets]
+
+    def change_level(level: str, epoch: float, step: int) -> float:
+        """The level's entry, as the trainer takes it; returns the seconds a stall pauses the step."""
+        if level == state["level"]:
+            return 0.0
+        stall = 0.0
+        for r, tg in enumerate(targets):
+            a = plan.allocation(level, tg)
+            stall = max(stall, plan.stall(level, tg) or 0.0)
+            rec.write(r, "hl_change", step=step, from_level=state["level"], level=level, epoch=epoch, target=tg,
+                      requested=a.to_dict(), effective=a.to_dict(), status="applied", threads=a.threads(1),
+                      time=clock + state["eval"])
+        state["level"] = level
+        known = ctl.allocations(lambda: shares(level))
+        if step == 0:
+            ctl.initial(known)
+        elif ctl.reallocate(known) is not None:
+            rec.write(0, "batch_change", step=step, batch=list(ctl.batch), reason="allocation", time=clock)
+        return stall
+
+    for r, tg in enumerate(targets):
+        rec.write(r, "start", rank=r, world=n, target=tg, steps_per_epoch=sampler.steps_per_epoch,
+                  train_samples=size, policy=c.policy, simulated=True, time=0.0)
+    change_level(plan.schedule.level_at(0), 0.0, 0)
+    rec.write(0, "batch_change", step=0, batch=list(ctl.batch), reason="initial", time=0.0)
+    position, eval_time = 0.0, 0.0
+    per_level: dict[str, list[tuple[str, int]]] = {}
+    for epoch in range(t.epochs):
+        steps = sampler.steps_per_epoch
+        for step in range(steps):
+            last, position = position, epoch + step / steps
+            stall = sum(change_level(lv, position, out.steps) for lv in plan.stalls_passed(last, position))
+            stall += change_level(plan.schedule.level_at(clock if plan.schedule.unit == "seconds" else position),
+                                  position, out.steps)
+            level = state["level"]
+            sizes = sampler.step_sizes(step, ctl.batch)
+            times = []
+            for r in range(n):
+                m = models.model(r % measured, level)
+                jitter = rng.lognormvariate(0.0, m.sigma * noise) if noise > 0 and m.sigma > 0 else 1.0
+                times.append(max(m.at(sizes[r]), 1e-6) * jitter)
+            slowest = max(times) + stall
+            reduce_s = models.allreduce.seconds(n)
+            clock += slowest + reduce_s + models.overhead_s
+            out.steps += 1
+            out.samples += sum(sizes)
+            full = sum(sizes) == t.global_batch
+            if ctl.measures and full:
+                t0 = time.perf_counter()
+                ctl.observe_step(times)
+                out.observe_ms.append((time.perf_counter() - t0) * 1e3)
+            if level not in per_level:  # each rank's allocation fields at this level, as JSON text
+                per_level[level] = [(json.dumps(a.share), a.threads(1))
+                                    for a in (plan.allocation(level, tg) for tg in targets)]
+            fields = per_level[level]
+            head = f'{{"kind":"step","step":{out.steps},"epoch":{epoch},"batch":'
+            middle = f',"global_batch":{sum(sizes)},"compute_ms":'
+            tail = f',"level":{json.dumps(level)},"cpus":'
+            stamp = repr(round(clock + eval_time, 6))
+            for r in range(n):  # the trainers' step record (json.dumps per record is most of a large replay)
+                rec.lines[r].append(f'{head}{sizes[r]}{middle}{round(times[r] * 1e3, 3)!r},"sync_ms":'
+                                    f'{round((slowest - times[r] + reduce_s) * 1e3, 3)!r}{tail}{fields[r][0]},'
+                                    f'"threads":{fields[r][1]},"time":{stamp}}}')
+            if ctl.due(out.steps, step == steps - 1):
+                old = list(ctl.batch)
+                t0 = time.perf_counter()
+                new = ctl.decide(ctl.allocations(lambda: shares(state["level"])))
+                out.decision_ms.append((time.perf_counter() - t0) * 1e3)
+                if new is not None:
+                    rec.write(0, "batch_change", step=out.steps, old=old, batch=new, reason="compute-time",
+                            overhead=round(ctl.overhead, 2), time=clock + eval_time)
+        last_epoch = epoch == t.epochs - 1
+        if (epoch + 1) % t.eval_every == 0 or last_epoch:
+            eval_time += models.eval_s
+            state["eval"] = eval_time
+            got = (accuracy or {}).get(epoch, {})
+            rec.write(0, "eval", epoch=epoch, step=out.steps, accuracy=got.get("accuracy"), loss=got.get("loss"),
+                      perplexity=got.get("perplexity"), elapsed_s=clock + eval_time, time=clock + eval_time)
+    out.train_time_s, out.wall_time_s = clock, clock + eval_time
+    for r in range(n):
+        rec.write(r, "end", wall_time_s=out.wall_time_s, train_time_s=out.train_time_s, samples=out.samples,
+                  steps=out.steps, batch=list(ctl.batch), level=state["level"], epochs=out.steps / sampler.steps_per_epoch,
+                  out_of_time=False, time=out.wall_time_s)
+    return out
+
+
+def mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 4) if values else None

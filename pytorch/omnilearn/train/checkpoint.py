@@ -1,0 +1,312 @@
+"""Checkpoints: what a stopped run needs to go on, one small state object per concern.
+
+Each concern has its own ``state_dict()`` / ``load_state_dict()``: the sampler's position
+(:class:`SamplerPosition`), the run's progress and schedule position (:class:`RunProgress`), the
+controller's batches, windows and fitted model (:class:`ControllerState`), random generators
+(:class:`RngState`), the floating-point buffers a replica holds alone (:class:`ModelBuffers`) and
+where its metrics file stood (:class:`MetricsOffset`). The model, optimizer and LR scheduler have
+their own. :func:`save` writes them together as one file, atomically (temporary file, fsync,
+rename): a kill at any moment leaves the previous checkpoint whole and loadable.
+
+A checkpoint records a hash of the config's training-relevant parts (:func:`config_hash`), and
+:func:`load` refuses one made under another config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from omnilearn.config import JobConfig
+from omnilearn.control.controller import BatchController
+from omnilearn.errors import UserError
+from omnilearn.files import write_atomic
+
+BSP_CHECKPOINT = Path("checkpoints") / "checkpoint.pt"
+ASP_CHECKPOINT = Path("snapshots") / "checkpoint.pt"  # the one folder the server's container may write
+FORMAT = 1
+# Keys that do not change what is trained: where things are, how long to wait, what is reported.
+UNTRAINED_KEYS = {"checkpoint": None, "fault": None, "report": None, "docker": None,
+                  "data": ("root", "download"), "emulation": ("backend", "ack_timeout", "allocation")}
+
+
+def checkpoint_path(out_dir: Path, mode: str) -> Path:
+    return Path(out_dir) / (ASP_CHECKPOINT if mode == "asp" else BSP_CHECKPOINT)
+
+
+def config_hash(cfg: JobConfig) -> str:
+    """sha256 of the config without the keys that do not change what is trained (UNTRAINED_KEYS)."""
+    d = cfg.to_dict()
+    for section, keys in UNTRAINED_KEYS.items():
+        if keys is None:
+            d.pop(section, None)
+        else:
+            for key in keys:
+                d.get(section, {}).pop(key, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def save(path: Path, state: dict[str, Any], cfg: JobConfig) -> None:
+    """Write ``state`` (with the config's hash and the time) as ``path``, atomically."""
+    buffer = io.BytesIO()
+    torch.save({"format": FORMAT, "config_hash": config_hash(cfg), "saved": time.time(), **state}, buffer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, buffer.getvalue())
+
+
+def load(path: Path, cfg: JobConfig) -> dict[str, Any]:
+    """The checkpoint at ``path``; a UserError when it is missing, unreadable or of another config."""
+    if not path.is_file():
+        raise UserError(f"no checkpoint {path} to resume from")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - whatever torch finds wrong, the file cannot be used
+        raise UserError(f"checkpoint {path} cannot be read: {e}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UserError(f"checkpoint {path} is not an omnilearn checkpoint of format {FORMAT}")
+    if state["config_hash"] != config_hash(cfg):
+        raise UserError(f"checkpoint {path} was made under another config (its training keys differ from "
+                        f"{cfg.source}'s): resume with the run's own config, or start a new run")
+    return state
+
+
+# ------------------------------------------------------------------------------------ state objects
+
+
+@dataclass
+class SamplerPosition:
+    """Where the BSP sampler stands: the next step to run, ``step`` of ``epoch``'s permutation, which
+    ``(seed, epoch)`` determine (:class:`~omnilearn.train.sampler.GlobalBatchSampler`)."""
+
+    seed: int
+    global_batch: int
+    epoch: int = 0
+    step: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        assert (d["seed"], d["global_batch"]) == (self.seed, self.global_batch), (d, self)
+        self.epoch, self.step = int(d["epoch"]), int(d["step"])
+
+
+@dataclass
+class RunProgress:
+    """Counters and the schedule's position: steps and samples done, the training clock (the
+    schedule's seconds and the time budget), evaluation time, when the run first started, the level."""
+
+    steps: int = 0
+    samples: int = 0
+    clock: float = 0.0
+    position: float = 0.0
+    eval_time: float = 0.0
+    started: float = 0.0
+    level: str | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, d[f.name])
+
+
+class ControllerState:
+    """The controller's batches, bounds, measurement windows and fitted time model."""
+
+    FIELDS = ("batch", "speeds", "shares", "overhead", "last", "pairs")
+
+    def __init__(self, controller: BatchController) -> None:
+        self.controller = controller
+
+    def state_dict(self) -> dict[str, Any]:
+        c = self.controller
+        return {**{k: _copy(getattr(c, k)) for k in self.FIELDS},
+                "bounds": {"min_batch": c.bounds.min_batch, "max_batch": list(c.bounds.max_batch)},
+                "steps": _copy(vars(c.steps)), "windows": [_copy(vars(w)) for w in c.windows]}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        c = self.controller
+        assert len(d["batch"]) == c.workers, (d["batch"], c.workers)
+        for k in self.FIELDS:
+            setattr(c, k, _copy(d[k]))
+        c.bounds = dataclasses.replace(c.bounds, min_batch=d["bounds"]["min_batch"],
+                                       max_batch=tuple(d["bounds"]["max_batch"]))
+        vars(c.steps).update(_copy(d["steps"]))
+        for w, saved in zip(c.windows, d["windows"], strict=True):
+            vars(w).update(_copy(saved))
+
+
+def _copy(value: Any) -> Any:
+    return json.loads(json.dumps(value)) if value is not None else None
+
+
+class RngState:
+    """Python's, NumPy's and torch's global generators, and the generators a trainer owns."""
+
+    def __init__(self, **generators: torch.Generator) -> None:
+        self.generators = generators
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                **{f"gen.{k}": g.get_state() for k, g in self.generators.items()}}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        random.setstate(d["python"])
+        np.random.set_state(d["numpy"])
+        torch.set_rng_state(d["torch"])
+        for k, g in self.generators.items():
+            g.set_state(d[f"gen.{k}"])
+
+
+class ModelBuffers:
+    """The floating-point buffers of one replica (BatchNorm statistics): each BSP rank's own,
+    averaged over the ranks only at evaluations."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {n: b.detach().clone() for n, b in self.model.named_buffers() if b.dtype.is_floating_point}
+
+    def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
+        own = dict(self.model.named_buffers())
+        assert set(d) <= set(own), set(d) - set(own)
+        with torch.no_grad():
+            for n, b in d.items():
+                own[n].copy_(b)
+
+
+class MetricsOffset:
+    """How long a metrics file was at the checkpoint: records written later describe work the resumed
+    run does again, so they are cut before it appends."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"size": self.path.stat().st_size if self.path.exists() else 0}
+
+    def load_state_dict(self, d: dict[str, int]) -> None:
+        if self.path.exists() and self.path.stat().st_size > d["size"]:
+            with open(self.path, "r+b") as f:
+                f.truncate(d["size"])
+                os.fsync(f.fileno())
+
+
+# ------------------------------------------------------------------------------------ when to save
+
+
+class CheckpointSchedule:
+    """When ``checkpoint.every`` asks for a checkpoint: at the end of every n-th epoch, or at the first
+    point at least s seconds of the training clock after the last one."""
+
+    def __init__(self, every: tuple[str, float] | None) -> None:
+        self.unit, self.value = every if every is not None else (None, 0.0)
+        self.last_clock = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.unit is not None
+
+    def due_epoch(self, epochs_done: float, last_epochs: float) -> bool:
+        """Epochs: ``epochs_done`` (which may be a fraction, ASP) crossed a multiple of n since ``last_epochs``."""
+        return self.unit == "epochs" and int(epochs_done // self.value) > int(last_epochs // self.value)
+
+    def due_clock(self, clock: float) -> bool:
+        return self.unit == "seconds" and clock - self.last_clock >= self.value
+
+    def saved(self, clock: float) -> None:
+        self.last_clock = clock
+
+    def state_dict(self) -> dict[str, float]:
+        return {"last_clock": self.last_clock}
+
+    def load_state_dict(self, d: dict[str, float]) -> None:
+        self.last_clock = d["last_clock"]
+
+
+# ------------------------------------------------------------------------------------ BSP
+
+
+class BSPCheckpoint:
+    """A BSP trainer's checkpoints: every rank gathers its own small state (generators, BatchNorm
+    buffers, metrics offset) to rank 0, which writes it with the model, optimizer and LR schedule
+    (the same on every rank after each all-reduce) and the shared state. Every rank calls
+    :meth:`save` at the same step: the decision comes from the epoch or the all-reduced clock."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.t = trainer
+        job, cfg = trainer.job, trainer.cfg
+        self.path = checkpoint_path(job.out_dir, "bsp")
+        self.schedule = CheckpointSchedule(cfg.checkpoint.interval())
+        self.sampler = SamplerPosition(cfg.train.seed, cfg.train.global_batch)
+        self.progress = RunProgress()
+        self.metrics = MetricsOffset(Path(job.out_dir) / "metrics" / f"rank-{trainer.rank}.jsonl")
+        self.state: dict[str, Any] | None = None
+        if getattr(job, "resume", False):
+            if self.path.is_file():
+                self.state = load(self.path, cfg)
+                self.metrics.load_state_dict(self.state["ranks"][trainer.rank]["metrics"])
+            else:  # a restart before the first checkpoint: from the start, the failed attempt's records cut
+                self.metrics.load_state_dict({"size": 0})
+        self.resumed = self.state is not None
+
+    def _rank_objects(self) -> dict[str, Any]:
+        return {"rng": RngState(augment=self.t.augment_rng), "buffers": ModelBuffers(self.t.model),
+                "metrics": self.metrics}
+
+    def _shared_objects(self) -> dict[str, Any]:
+        t = self.t
+        return {"model": t.model, "optimizer": t.optimizer, "scheduler": t.scheduler,
+                "controller": ControllerState(t.controller), "sampler": self.sampler, "progress": self.progress,
+                "schedule": self.schedule}
+
+    def restore(self) -> None:
+        """Load the checkpoint into the trainer (after its first level change and memory probe)."""
+        if self.state is None:
+            return
+        for name, obj in self._shared_objects().items():
+            obj.load_state_dict(self.state[name])
+        mine = self.state["ranks"][self.t.rank]
+        for name, obj in self._rank_objects().items():
+            if name != "metrics":  # cut at construction, before the metrics file was opened
+                obj.load_state_dict(mine[name])
+        self.t.metrics.write("resume", step=self.progress.steps, epoch=self.sampler.epoch,
+                             step_in_epoch=self.sampler.step, samples=self.progress.samples,
+                             checkpoint_saved=self.state["saved"], clock=self.progress.clock)
+
+    def save(self, epoch: int, step: int, steps: int, samples: int, clock: float, position: float,
+             eval_time: float) -> None:
+        """Checkpoint the state before step ``step`` of ``epoch`` (a collective: every rank calls it)."""
+        if not self.schedule.enabled:
+            return
+        import torch.distributed as dist
+
+        self.sampler.epoch, self.sampler.step = epoch, step
+        p = self.progress
+        p.steps, p.samples, p.clock, p.position, p.eval_time, p.level = (steps, samples, clock, position,
+                                                                         eval_time, self.t.client.level)
+        self.schedule.saved(clock)
+        mine = {name: obj.state_dict() for name, obj in self._rank_objects().items()}
+        ranks: list[Any] | None = [None] * self.t.world if self.t.rank == 0 else None
+        dist.gather_object(mine, ranks, dst=0)
+        if self.t.rank != 0:
+            return
+        t0 = time.perf_counter()
+        shared = {name: obj.state_dict() for name, obj in self._shared_objects().items()}
+        save(self.path, {**shared, "ranks": ranks}, self.t.cfg)
+        self.t.metrics.write("checkpoint", step=steps, epoch=epoch, step_in_epoch=step, samples=samples,
+                             clock=clock, save_s=round(time.perf_counter() - t0, 3))

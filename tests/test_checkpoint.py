@@ -1,0 +1,174 @@
+"""Checkpoints, resume and restarts: state objects round-trip, a failed save keeps the previous
+checkpoint, a checkpoint of another config is refused, and a BSP job that loses a worker restarts
+from its checkpoint and sees the same samples as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from omnilearn import config
+from omnilearn.control.controller import BatchController
+from omnilearn.control.policies import Bounds
+from omnilearn.files import read_records
+from omnilearn.train import checkpoint
+from omnilearn.train.checkpoint import (
+    CheckpointSchedule,
+    ControllerState,
+    MetricsOffset,
+    ModelBuffers,
+    RngState,
+    RunProgress,
+    SamplerPosition,
+)
+
+
+def _controller() -> BatchController:
+    cfg = config.build(None, [])
+    return BatchController(cfg.control, 64, Bounds.make(2, 2, None, 64))
+
+
+def test_controller_state_round_trips_windows_batches_and_fit() -> None:
+    a = _controller()
+    for k in range(12):
+        a.observe_step([0.1 + 0.001 * k, 0.3 + 0.002 * (k % 3)])
+    assert a.decide() is not None  # the slow worker's batch moves
+    a.observe_step([0.2, 0.2])
+    b = _controller()
+    ControllerState(b).load_state_dict(ControllerState(a).state_dict())
+    assert b.batch == a.batch and b.speeds == a.speeds and b.steps.rows == a.steps.rows
+    assert ControllerState(b).state_dict() == ControllerState(a).state_dict()
+    for ctl in (a, b):  # the same next decision from the same next measurements
+        for _ in range(8):
+            ctl.observe_step([0.15, 0.25])
+    assert a.decide() == b.decide()
+
+
+def test_rng_buffers_sampler_progress_and_schedule_round_trip(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(3)
+    rng = RngState(augment=gen)
+    saved = rng.state_dict()
+    first = (random.random(), float(np.random.rand()), torch.rand(1).item(), torch.rand(1, generator=gen).item())
+    rng.load_state_dict(saved)
+    assert (random.random(), float(np.random.rand()), torch.rand(1).item(),
+            torch.rand(1, generator=gen).item()) == first
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    model(torch.randn(8, 3))
+    other = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    ModelBuffers(other).load_state_dict(ModelBuffers(model).state_dict())
+    assert torch.equal(other[1].running_mean, model[1].running_mean)
+    pos = SamplerPosition(seed=1, global_batch=64, epoch=2, step=5)
+    back = SamplerPosition(seed=1, global_batch=64)
+    back.load_state_dict(pos.state_dict())
+    assert (back.epoch, back.step) == (2, 5)
+    prog = RunProgress(steps=9, samples=300, clock=4.5, position=2.3, eval_time=0.5, started=1.0, level="HL8")
+    again = RunProgress()
+    again.load_state_dict(prog.state_dict())
+    assert again == prog
+    sched = CheckpointSchedule(("seconds", 30.0))
+    assert not sched.due_clock(29.9) and sched.due_clock(30.0)
+    sched.saved(31.0)
+    assert not sched.due_clock(60.0) and sched.due_clock(61.0)
+    by_epoch = CheckpointSchedule(("epochs", 2.0))
+    assert [by_epoch.due_epoch(e, e - 1) for e in (1, 2, 3, 4)] == [False, True, False, True]
+    assert by_epoch.due_epoch(2.1, last_epochs=1.9) and not by_epoch.due_epoch(1.9, last_epochs=1.1)
+    metrics = tmp_path / "rank-0.jsonl"
+    metrics.write_text('{"a":1}\n')
+    offset = MetricsOffset(metrics).state_dict()
+    metrics.write_text('{"a":1}\n{"b":2}\n')
+    MetricsOffset(metrics).load_state_dict(offset)
+    assert metrics.read_text() == '{"a":1}\n'
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_loadable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    cfg = config.build(None, [])
+    path = tmp_path / "checkpoints" / "checkpoint.pt"
+    checkpoint.save(path, {"step": 1, "weights": torch.ones(1000)}, cfg)
+
+    def killed(*_: object) -> None:  # the process dies after writing, before the rename
+        raise OSError("killed during the save")
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(OSError):
+        checkpoint.save(path, {"step": 2, "weights": torch.zeros(1000)}, cfg)
+    monkeypatch.undo()
+    state = checkpoint.load(path, cfg)
+    assert state["step"] == 1 and torch.equal(state["weights"], torch.ones(1000))
+    other = config.build(None, [("train.lr", 0.5)])
+    with pytest.raises(Exception, match="another config"):
+        checkpoint.load(path, other)
+    # Where things are and how long to wait do not change what is trained.
+    assert checkpoint.config_hash(cfg) == checkpoint.config_hash(config.build(None, [("data.root", "/x"),
+                                                                                     ("fault.max_restarts", 3)]))
+
+
+def test_resume_with_a_changed_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    from omnilearn.emulator.plan import build_plan
+    from omnilearn.jobfile import JobSpec
+    from omnilearn.launch.runfolder import prepare_out
+
+    out = prepare_out(str(tmp_path / "run"), False)
+    cfg = config.build(None, [("model.name", "smallcnn"), ("data.name", "synthetic")])
+    JobSpec("j", cfg, build_plan(cfg), out, "none").save()
+    checkpoint.save(checkpoint.checkpoint_path(out, "bsp"), {}, cfg)
+    run = [sys.executable, "-m", "omnilearn", "run", "--resume", str(out), "--no-progress"]
+    r = subprocess.run([*run, "--set", "train.lr=0.5"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "made under another config" in r.stderr, r.stderr
+    (out / ".omnilearn-run").unlink()
+    r = subprocess.run(run, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not a run folder of omnilearn" in r.stderr, r.stderr
+    assert not (out / "metrics" / "rank-0.jsonl").exists()
+
+
+def _job(out: Path, restarts: int) -> list[str]:
+    return [sys.executable, "-m", "omnilearn", "run", "--model", "smallcnn", "--dataset", "synthetic", "--workers",
+            "2", "--epochs", "3", "--global-batch", "64", "--policy", "uniform", "--set", "data.synthetic_size=2560",
+            "--set", "checkpoint.every=1", "--set", f"fault.max_restarts={restarts}", "--out", str(out),
+            "--no-progress"]
+
+
+def _steps(out: Path) -> list[tuple[int, int, int]]:
+    """(step, epoch, checksum of the step's samples over both ranks) of every step the run kept."""
+    ranks = [[r for r in read_records(out / "metrics" / f"rank-{k}.jsonl") if r["kind"] == "step"] for k in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1])
+    return [(a["step"], a["epoch"], a["sample_sum"] + b["sample_sum"]) for a, b in zip(*ranks, strict=True)]
+
+
+@pytest.mark.slow
+def test_a_killed_bsp_worker_restarts_from_the_checkpoint_and_sees_the_same_samples(tmp_path: Path) -> None:
+    whole = tmp_path / "whole"
+    r = subprocess.run(_job(whole, 0), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_job(out, 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = out / "metrics" / "rank-1.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and '"epoch":1' in metrics.read_text()):
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.05)
+    victim = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+              and str(out / "job.json") in Path(p, "cmdline").read_bytes().decode(errors="replace")
+              and "RANK=1" in Path(p, "environ").read_bytes().decode(errors="replace").split("\0")]
+    assert len(victim) == 1
+    os.kill(victim[0], signal.SIGKILL)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    assert "restarting from its checkpoint" in output
+    s, w = json.loads((out / "summary.json").read_text()), json.loads((whole / "summary.json").read_text())
+    assert [x["cause"] for x in s["restarts"]] == ["worker rank 1 died: SIGKILL"]
+    assert _steps(out) == _steps(whole)  # the same samples in the same steps, none twice
+    assert s["samples"] == w["samples"] and s["epochs_done"] == w["epochs_done"] == 3
+    assert s["final_accuracy"] == pytest.approx(w["final_accuracy"], abs=0.02)
+    resumed = [r for r in read_records(out / "metrics" / "rank-0.jsonl") if r["kind"] == "resume"]
+    assert len(resumed) == 1 and resumed[0]["epoch"] >= 1 and resumed[0]["step_in_epoch"] == 0

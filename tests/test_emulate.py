@@ -1,0 +1,47 @@
+"""omnilearn emulate around a command: its rank processes in the level's cgroups, status passed through."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The rank process reports the CPU quota of the cgroup it finds itself in, then exits 3.
+PROBE = """
+import sys, time
+from pathlib import Path
+time.sleep(1.5)  # emulate scans every 0.2 s: it has found this process by now
+path = [l.split(':', 2)[2] for l in Path('/proc/self/cgroup').read_text().splitlines() if l.split(':')[1] == 'cpu'][0]
+print('CGROUP', path, Path('/sys/fs/cgroup/cpu' + path, 'cpu.cfs_quota_us').read_text().strip(), flush=True)
+sys.exit(3)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/fs/cgroup/cpu").is_dir(), reason="needs root and cgroup v1")
+def test_emulate_places_the_rank_in_its_cgroup_and_passes_the_exit_status(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "pytorch"), "RANK": "0"}
+    out = tmp_path / "emu"
+    proc = subprocess.run([sys.executable, "-m", "omnilearn", "emulate", "--hl", "HL8", "--workers", "1",
+                           "--out", str(out), "--", sys.executable, "-c", PROBE],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("CGROUP")][0].split()
+    assert line[1].startswith("/omnilearn/")
+    summary = json.loads((out / "summary.json").read_text())
+    cpus = summary["allocations"][0][0]["cpus"]
+    assert int(line[2]) == round(cpus * 100_000)  # the level's allocation, as the kernel holds it
+    assert not Path("/sys/fs/cgroup/cpu" + line[1]).exists()  # removed afterwards
+    assert summary["cpu_seconds"][0] > 0
+
+
+def test_emulate_without_a_command_is_a_user_error(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "pytorch")}
+    proc = subprocess.run([sys.executable, "-m", "omnilearn", "emulate", "--hl", "HL8", "--out", str(tmp_path / "x")],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "give a command" in proc.stderr

@@ -1,0 +1,72 @@
+"""Reports computed from metrics records: how fast a controller settles after each level change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from omnilearn.report.summary import settle
+
+
+def run_records(times: list[list[float]], batch_steps: list[int], levels: list[tuple[int, str]], B: int = 64
+                ) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Step records of 2 workers (``times[k]``: their compute ms at step k+1, one second per step),
+    level changes ``(steps done, level)`` and compute-time decisions after ``batch_steps``."""
+    steps = [[{"step": k + 1, "batch": B // 2, "global_batch": B, "compute_ms": row[w], "time": 100.0 + k + 1}
+              for k, row in enumerate(times)] for w in range(2)]
+    hl, previous = [], None
+    for at, level in levels:
+        hl.append({"step": at, "level": level, "from_level": previous, "time": 100.0 + at})
+        previous = level
+    changes = [{"step": 0, "reason": "initial"}] + [{"step": s, "reason": "compute-time"} for s in batch_steps]
+    return steps, hl, changes
+
+
+def test_settle_counts_decisions_until_balanced_per_level_change() -> None:
+    times = ([[100, 100]] * 4  # HL1: balanced from the start
+             + [[100, 300], [100, 300], [100, 130], [100, 130], [100, 104], [100, 104]]  # HL8: 2 decisions
+             + [[200, 100], [200, 100], [100, 300], [100, 300]])  # HL2: one decision that overshoots, never
+    steps, hl, changes = run_records(times, [6, 8, 12], [(0, "HL1"), (4, "HL8"), (10, "HL2")])
+    got = settle(steps, hl, changes)
+    assert [(r["from_level"], r["level"]) for r in got] == [(None, "HL1"), ("HL1", "HL8"), ("HL8", "HL2")]
+    assert got[0]["decisions"] == 0 and got[0]["seconds"] == 0
+    # HL8 at step 4; decisions after steps 6 and 8; the stretch from step 9 on is balanced: it began
+    # when step 8 ended, 4 s after the change.
+    assert got[1]["decisions"] == 2 and got[1]["seconds"] == pytest.approx(4.0)
+    assert got[2]["decisions"] is None and got[2]["seconds"] is None
+
+
+def test_settle_leaves_out_partial_steps_and_the_first_step_of_a_stretch() -> None:
+    times = [[100, 300], [100, 300], [500, 100], [100, 105], [100, 103]]
+    steps, hl, changes = run_records(times, [2], [(0, "HL8")])
+    steps[0][4]["global_batch"] = steps[1][4]["global_batch"] = 40  # the partial last step of an epoch
+    steps[1][4]["compute_ms"] = 900
+    got = settle(steps, hl, changes)
+    assert got[0]["decisions"] == 1  # step 3 carries the change; step 5 is partial: step 4 decides
+
+
+def test_settle_line_names_the_policy_and_the_median_over_level_changes() -> None:
+    from omnilearn.report.table import settle_line
+
+    records = [{"from_level": None, "level": "HL1", "decisions": 0, "seconds": 0.0},
+               {"from_level": "HL1", "level": "HL8", "decisions": 2, "seconds": 5.0},
+               {"from_level": "HL8", "level": "HL2", "decisions": None, "seconds": None},
+               {"from_level": "HL2", "level": "HL1", "decisions": 1, "seconds": 2.0}]
+    line = settle_line({"policy": "dynamic", "settle": records})
+    assert line is not None and line.startswith("dynamic settled")
+    assert "HL8→HL2 never" in line  # the start is left out of the median: 1, 2, never
+    assert line.endswith("median over level changes: 2 (1 of 3 never settled)")
+
+
+def test_settle_median_ranks_never_above_any_number_and_falls_back_to_the_start() -> None:
+    from omnilearn.report.summary import settle_median
+
+    def rec(frm: str | None, d: int | None) -> dict[str, Any]:
+        return {"from_level": frm, "level": "HL8", "decisions": d, "seconds": None if d is None else 1.0}
+
+    assert settle_median([rec(None, 0), rec("HL1", 1), rec("HL8", None), rec("HL4", 3)]) == 3
+    assert settle_median([rec(None, 0), rec("HL1", 1), rec("HL8", None), rec("HL4", None)]) is None
+    assert settle_median([rec(None, 0), rec("HL1", 1), rec("HL8", 2)]) == 1.5
+    assert settle_median([rec(None, 2)]) == 2  # a pinned level: the start is all there is
+    assert settle_median([]) is None
