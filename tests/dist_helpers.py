@@ -52,4 +52,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, tmp: Path, timeout
 def init_gloo() -> None:
     import torch.distributed as dist
 
+    from omnilearn.train.distributed import preload_for_clean_exit
+
+    preload_for_clean_exit()  # or a rank's exit can abort (SIGABRT) after its test passed
     dist.init_process_group("gloo")

@@ -25,6 +25,7 @@ def test_two_ranks_keep_the_global_batch_gradient_and_write_a_run_folder(tmp_pat
     assert result["identical"]  # ranks started from different weights and end with the same ones
     assert result["every_sample_once"] == [True, True]
     assert any(a != b for a, b in result["shares"] if a + b == 32), result["shares"]  # the controller moved them
+    assert not [t for t in result["threads_after_destroy"] if "gloo" in t], result["threads_after_destroy"]
     for rank in (0, 1):
         kinds = {json.loads(line)["kind"] for line in (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()}
         assert {"start", "step", "end", "batch_change"} <= kinds

@@ -6,8 +6,10 @@ stay identical on every rank, and each epoch uses every sample exactly once.
 """
 
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -70,10 +72,13 @@ def main() -> None:
     flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
     sums = [None, None]
     dist.all_gather_object(sums, flat.tolist())
+    dist.destroy_process_group()
+    # what is left of the group: gloo threads alive past destroy_process_group end in finalization,
+    # where tearing them down can abort a finished run
+    threads = sorted({Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")})
     if rank == 0:
         print(json.dumps({"grad_error": worst, "identical": sums[0] == sums[1], "every_sample_once": seen,
-                          "shares": sorted(shares)}), flush=True)
-    dist.destroy_process_group()
+                          "shares": sorted(shares), "threads_after_destroy": threads}), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,5 +8,10 @@ See :mod:`.parallel` and :mod:`.loader`; README, "Your own torchrun script".
 
 from omnilearn.torch.loader import HeteroDataLoader
 from omnilearn.torch.parallel import HeteroDataParallel
+from omnilearn.train.distributed import preload_for_clean_exit
+
+# Scripts import this package before init_process_group: this is the moment to load what would
+# otherwise keep the process group alive past destroy_process_group (see the function).
+preload_for_clean_exit()
 
 __all__ = ["HeteroDataLoader", "HeteroDataParallel"]

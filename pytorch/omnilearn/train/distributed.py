@@ -80,6 +80,18 @@ def use_overlay_interface() -> None:
     os.environ.setdefault("TP_SOCKET_IFNAME", name)
 
 
+def preload_for_clean_exit() -> None:
+    """Import torch's compiler stack now, before any process group exists.
+
+    The first optimizer a process builds imports ``torch._dynamo`` and with it
+    ``torch.distributed.fsdp``; imported while a process group exists, that keeps a reference to the
+    default group past ``destroy_process_group``. Its gloo threads then live until the interpreter
+    finalizes, where tearing them down can abort the process (SIGABRT) after a clean run. Imported
+    before the group exists, nothing holds it and ``destroy_process_group`` ends its threads.
+    """
+    import torch._dynamo  # noqa: F401
+
+
 def init(backend: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     """Join the process group described by RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK.
 
@@ -91,6 +103,7 @@ def init(backend: str = "auto", timeout_s: float = 600.0) -> DistEnv:
         if name not in os.environ:
             raise UserError(f"environment variable {name} is not set (run under `omnilearn run` or torchrun)")
     use_overlay_interface()
+    preload_for_clean_exit()
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
