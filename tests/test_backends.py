@@ -132,6 +132,9 @@ def test_v1_quota_and_cpuset_are_enforced(v1: CgroupV1Backend, job: str, spawn) 
     assert cgroup_line(child.pid, "cpuset") == f"/omnilearn/{job}/w0"
     assert v1.apply("w0", Allocation()) == Allocation()
     assert (CGROUP_ROOT / "cpu/omnilearn" / job / "w0/cpu.cfs_quota_us").read_text().strip() == "-1"
+    # two workers weigh two processes against the host's, at each level of the hierarchy
+    assert (CGROUP_ROOT / "cpu/omnilearn" / job / "cpu.shares").read_text().strip() == "2048"
+    assert int((CGROUP_ROOT / "cpu/omnilearn/cpu.shares").read_text()) >= 2048
     with boosted_cgroup(job):
         free = cpu_rate(child.pid)
         eff = v1.apply("w0", Allocation(cpus=0.25))
@@ -293,6 +296,7 @@ def test_v2_writes_the_unified_files(tmp_path: Path) -> None:
         assert (parent / "cgroup.subtree_control").read_text() == "+cpu +cpuset +memory"
     w0, w1 = root / "omnilearn/job1/w0", root / "omnilearn/job1/w1"
     assert w0.is_dir() and w1.is_dir()
+    assert (root / "omnilearn/job1/cpu.weight").read_text() == "200"  # two workers: two processes' weight
 
     eff = b.apply("w0", Allocation(cpuset="1", cpus=0.25, memory=2**28))
     assert (w0 / "cpu.max").read_text() == "25000 100000"

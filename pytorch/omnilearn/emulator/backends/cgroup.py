@@ -27,6 +27,21 @@ from omnilearn.emulator.levels import Allocation, effective_cpuset
 from omnilearn.errors import UserError
 
 
+def _weigh(parents: list[Path], name: str, one: int, most: int, workers: int) -> None:
+    """Give the job's parent cgroups the scheduling weight of ``workers`` processes.
+
+    Unweighted, the whole job's tree competes with the host's other processes as one process does
+    (``one``: the default weight), so under load the workers together get one process's share and the
+    quotas are not delivered. A container sits in a cgroup of its own and weighs one process, as a
+    worker here now does. The top cgroup, shared by concurrent jobs, keeps the largest weight asked.
+    """
+    for i, d in enumerate(parents):
+        weight = min(one * workers, most)
+        if i == 0:
+            weight = max(weight, int(try_read(d / name) or 0))
+        write(d / name, str(weight))
+
+
 class _CgroupBackend:
     """What both cgroup versions share: checked names, one cgroup per target, known pids."""
 
@@ -69,6 +84,7 @@ class CgroupV1Backend(_CgroupBackend):
         try:
             for ctrl in ("cpu", "cpuset"):
                 self._make(ctrl)
+            _weigh([self.root / "cpu" / TOP, self._dir("cpu")], "cpu.shares", 1024, 262144, len(targets))
         except OSError as e:
             self.close()
             raise UserError(f"cannot create cgroups under {self.root} ({e.strerror}): "
@@ -187,6 +203,7 @@ class CgroupV2Backend(_CgroupBackend):
                 self._enable(parent)
             for t in self.targets:
                 self._dir(t).mkdir(exist_ok=True)
+            _weigh([self.root / TOP, self._dir()], "cpu.weight", 100, 10000, len(targets))
         except OSError as e:
             self.close()
             raise UserError(f"cannot set up cgroups under {self.root} ({e.strerror}): "
