@@ -38,6 +38,7 @@ def test_emulate_places_the_rank_in_its_cgroup_and_passes_the_exit_status(tmp_pa
     assert int(line[2]) == round(cpus * 100_000)  # the level's allocation, as the kernel holds it
     assert not Path("/sys/fs/cgroup/cpu" + line[1]).exists()  # removed afterwards
     assert summary["cpu_seconds"][0] > 0
+    assert summary["busy_seconds"][0] > 0  # ran or waited for a CPU, from the kernel's schedstat
 
 
 def test_emulate_without_a_command_is_a_user_error(tmp_path: Path) -> None:

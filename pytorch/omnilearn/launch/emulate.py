@@ -83,6 +83,27 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def busy_seconds(pid: int) -> float | None:
+    """Seconds the process's threads ran or waited for a CPU (CFS throttling included), not slept.
+
+    From ``/proc/<pid>/task/*/schedstat`` (time on a CPU, time runnable on a run queue). A rank of a
+    synchronous job sleeps while it waits for its peers: its busy time is its own compute under its
+    allocation, which step times (equal on every rank) cannot show.
+    """
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            ran, waited = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        total += int(ran) + int(waited)
+    return total / 1e9
+
+
 def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int, out: Path) -> int:
     """Run ``argv`` under the levels; returns its exit status."""
     if not argv:
@@ -105,6 +126,7 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int,
     writers = [RequestWriter(job.log_dir, r) for r in range(len(plan.targets))]
     placed: dict[int, int] = {}  # pid -> rank
     used: dict[int, float] = {}  # pid -> CPU seconds last seen
+    busy: dict[int, float] = {}  # pid -> busy seconds last seen
     proc: subprocess.Popen | None = None
     t0 = time.time()
 
@@ -136,6 +158,7 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int,
                             continue  # exited meanwhile
                 if pid in placed:
                     used[pid] = cpu_seconds(pid) or used.get(pid, 0.0)
+                    busy[pid] = busy_seconds(pid) or busy.get(pid, 0.0)
             while pending and time.time() - t0 >= pending[0][0]:
                 apply(pending.pop(0)[1], None)
             time.sleep(SCAN_S)
@@ -154,11 +177,12 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int,
         thread.join(timeout=10)
         backend.close()
         toggler.close()
-        write_summary(job, t0, placed, used)
+        write_summary(job, t0, placed, used, busy)
     return status
 
 
-def write_summary(job: JobSpec, t0: float, placed: dict[int, int], used: dict[int, float]) -> None:
+def write_summary(job: JobSpec, t0: float, placed: dict[int, int], used: dict[int, float],
+                  busy: dict[int, float]) -> None:
     """``summary.json``: each rank's applied allocations over time and the CPU time its processes used.
     A script using omnilearn.torch has written the run's summary there: these keys join it."""
     n = len(job.plan.targets)
@@ -168,12 +192,20 @@ def write_summary(job: JobSpec, t0: float, placed: dict[int, int], used: dict[in
             share = Allocation.from_dict(r.get("effective") or {}).share
             allocations[job.plan.targets.index(r["target"])].append(
                 {"t": round(max(r["time"] - t0, 0.0), 3), "cpus": share, "level": r.get("level")})
-    seconds = [0.0] * n
+    seconds, busy_s = [0.0] * n, [0.0] * n
     for pid, rank in placed.items():
         seconds[rank] += used.get(pid, 0.0)
+        busy_s[rank] += busy.get(pid, 0.0)
     summary = {"command": "emulate", "backend": job.backend, "schedule": job.plan.schedule.name,
                "targets": list(job.plan.targets), "allocations": allocations,
-               "cpu_seconds": [round(s, 3) for s in seconds], "processes": len(placed)}
+               "cpu_seconds": [round(s, 3) for s in seconds], "busy_seconds": [round(s, 3) for s in busy_s],
+               "processes": len(placed)}
+    levels = job.plan.schedule.levels
+    if len(set(levels)) == 1 and min(busy_s) > 0:  # one level: its nominal ratio beside the measured one
+        shares = [job.plan.allocation(levels[0], t).share for t in job.plan.targets]
+        if all(shares):
+            summary["busy_ratio"] = {"measured": round(max(busy_s) / min(busy_s), 3),
+                                     "nominal": round(max(shares) / min(shares), 3), "level": levels[0]}
     path = job.out_dir / "summary.json"
     if path.is_file():  # the script's own summary (omnilearn.torch): emulate's measurements join it
         summary = {**json.loads(path.read_text()), **summary}
