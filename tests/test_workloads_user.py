@@ -143,3 +143,41 @@ def test_requirements_layer_is_an_argument_list() -> None:
     assert json.loads(run[len("RUN "):]) == ["pip", "install", "--no-cache-dir", "six==1.16.0",
                                              "numpy>=1; python_version>'3'"]
     assert text.splitlines()[0] == "FROM sha256:abc" and text.rstrip().endswith("USER 10001:10001")
+
+
+LOWER = '''
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+from omnilearn import Metric, Workload
+
+def workload(config):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 6, generator=g)
+    y = x @ torch.randn(6, 1, generator=g)
+    data = TensorDataset(x, y)
+    return Workload(model=lambda: nn.Linear(6, 1), train=data, test=data,
+                    loss=lambda out, t: ((out - t) ** 2).mean(1),
+                    metric=Metric("mae", lambda out, t: (out - t).abs().mean(1), lower_is_better=True))
+'''
+
+
+def test_a_lower_is_better_metric_is_judged_downwards(tmp_path: Path) -> None:
+    from omnilearn.report.summary import compare
+
+    (tmp_path / "regression.py").write_text(LOWER)
+    out = tmp_path / "run"
+    proc = omnilearn("run", "--set", f"workload={tmp_path / 'regression.py'}:workload", "--workers", "2",
+                     "--set", "train.epochs=2", "--set", "train.global_batch=64", "--set", "train.lr=0.05",
+                     "--set", "train.momentum=0", "--out", str(out), "--no-progress")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metric_name"] == "mae" and summary["metric_lower_is_better"] is True
+    first, last = summary["accuracy_curve"][0]["accuracy"], summary["final_accuracy"]
+    assert last <= first  # the regression learned: its error did not grow
+    (tmp_path / "cmp").mkdir()
+    result = compare(tmp_path / "cmp", {"uniform": out, "dynamic": out})
+    t = result["targets"]
+    assert t["lower_is_better"] is True
+    assert t["target"] == pytest.approx(last / 0.95)  # above the best error, not 95% of it
+    assert t["time_to_target_s"]["uniform"] is not None

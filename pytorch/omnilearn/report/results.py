@@ -20,7 +20,13 @@ from typing import Any
 
 from omnilearn.files import write_atomic
 from omnilearn.report import targets
-from omnilearn.report.summary import ideal_speedups, main_metric, settle_counted, settle_median
+from omnilearn.report.summary import (
+    ideal_speedups,
+    lower_is_better,
+    main_metric,
+    settle_counted,
+    settle_median,
+)
 
 COLUMNS = ("mode", "policy", "level", "schedule", "seed", "backend", "epochs", "samples", "wall_time_s",
            "train_time_s", "samples_per_s", "speedup", "time_reduction_pct", "ideal_speedup", "fraction_of_ideal",
@@ -54,6 +60,7 @@ def build_rows(out: Path, cells: list[dict[str, Any]], target_value: float | Non
             "seed": c["seed"], "backend": s["backend"], "epochs": s.get("epochs_done", s["epochs"]),
             "samples": s["samples"], "wall_time_s": s["wall_time_s"], "train_time_s": s["train_time_s"],
             "samples_per_s": s["samples_per_s"], "metric": metric, "final_metric": s.get(f"final_{metric}"),
+            "lower_is_better": lower_is_better(s),
             "accuracy": s.get("final_accuracy"), "perplexity": s.get("final_perplexity"),
             "imbalance": s.get("imbalance"), "batch_changes": s.get("batch_changes"),
             "settle_median": _settle(s)[0], "unsettled": _settle(s)[1], "staleness_mean": s.get("staleness_mean"),
@@ -79,7 +86,7 @@ def build_rows(out: Path, cells: list[dict[str, Any]], target_value: float | Non
         metric = group[0]["metric"]
         report = targets.target_report({r["path"]: r["_curve"] for r in group},
                                        {r["path"]: r["final_metric"] for r in group}, metric, target_fraction,
-                                       target_value)
+                                       target_value, lower=group[0]["lower_is_better"])
         for r in group:
             r["target"] = _round(report["target"])
             r["time_to_target_s"] = report["time_to_target_s"][r["path"]]
@@ -153,7 +160,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], figures: list[str
         metric, target = group[0]["metric"], group[0].get("target")
         rule = ("given" if meta.get("target_value") is not None else
                 f"{meta.get('target_fraction', 0.95):g} of the best final {metric}"
-                if targets.higher_is_better(metric) else f"the best final {metric} / {meta.get('target_fraction'):g}")
+                if targets.higher_is_better(metric, bool(group[0].get("lower_is_better"))) else f"the best final {metric} / {meta.get('target_fraction'):g}")
         lines += [f"## {mode.upper()} · {level}", "",
                   f"Target {metric}: {target if target is not None else '-'} ({rule}); equal time "
                   f"{group[0].get('equal_time_s') or 0:.1f} s.", ""]

@@ -47,8 +47,20 @@ def eval_curve(evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main_metric(summary: dict[str, Any]) -> str:
-    """The held-out metric a run is judged by: perplexity for a language model, else accuracy."""
+    """The held-out metric a run is judged by: perplexity for a language model, else the workload's
+    score (kept under ``accuracy``, whatever the workload names it: ``metric_name``)."""
     return "perplexity" if summary.get("final_perplexity") is not None else "accuracy"
+
+
+def metric_of(evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The workload's metric, as its evaluations name it: ``metric_name`` and ``metric_lower_is_better``."""
+    last = evals[-1] if evals else {}
+    return {"metric_name": last.get("metric", "accuracy"), "metric_lower_is_better": bool(last.get("lower_is_better"))}
+
+
+def lower_is_better(summary: dict[str, Any]) -> bool:
+    """Whether the metric :func:`main_metric` names improves downwards (perplexity, or a workload's that says so)."""
+    return main_metric(summary) == "perplexity" or bool(summary.get("metric_lower_is_better"))
 
 
 def describe(job: JobSpec) -> dict[str, Any]:
@@ -204,6 +216,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "final_accuracy": evals[-1]["accuracy"] if evals else None,
         "final_loss": evals[-1]["loss"] if evals else None,
         "final_perplexity": evals[-1].get("perplexity") if evals else None,
+        **metric_of(evals),
         "accuracy_curve": eval_curve(evals),
         "epochs_done": round(end0.get("epochs", cfg.train.epochs), 4),
         "time_budget_s": cfg.train.time_budget_s,
@@ -310,6 +323,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "final_accuracy": evals[-1]["accuracy"] if evals else None,
         "final_loss": evals[-1]["loss"] if evals else None,
         "final_perplexity": evals[-1].get("perplexity") if evals else None,
+        **metric_of(evals),
         "accuracy_curve": eval_curve(evals),
         "epochs_done": round(end["epoch"], 4),
         "time_budget_s": cfg.train.time_budget_s,
@@ -381,10 +395,11 @@ def compare(out_dir: Path, runs: dict[str, Path], target: float | None = None, t
     """
     summaries = {name: json.loads((d / "summary.json").read_text()) for name, d in runs.items()}
     result: dict[str, Any] = {"runs": summaries}
-    metric = main_metric(next(iter(summaries.values())))
+    first = next(iter(summaries.values()))
+    metric = main_metric(first)
     result["targets"] = target_report({n: s["accuracy_curve"] for n, s in summaries.items()},
                                       {n: s.get(f"final_{metric}") for n, s in summaries.items()},
-                                      metric, target_fraction, target)
+                                      metric, target_fraction, target, lower=lower_is_better(first))
     if any(s.get("links") for s in summaries.values()):  # what a slow link cost each policy, per step
         result["allreduce_ms"] = {n: s.get("allreduce_ms") for n, s in summaries.items()}
     if "uniform" not in summaries:

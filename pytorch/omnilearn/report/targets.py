@@ -14,25 +14,27 @@ from typing import Any
 LOWER_IS_BETTER = ("perplexity", "loss")
 
 
-def higher_is_better(metric: str) -> bool:
-    return metric not in LOWER_IS_BETTER
+def higher_is_better(metric: str, lower: bool = False) -> bool:
+    """``lower``: the run's metric says it improves downwards (a workload's own metric may)."""
+    return not lower and metric not in LOWER_IS_BETTER
 
 
-def reaches(value: float, target: float, metric: str) -> bool:
-    return value >= target if higher_is_better(metric) else value <= target
+def reaches(value: float, target: float, metric: str, lower: bool = False) -> bool:
+    return value >= target if higher_is_better(metric, lower) else value <= target
 
 
-def best(values: Sequence[float], metric: str) -> float:
-    return max(values) if higher_is_better(metric) else min(values)
+def best(values: Sequence[float], metric: str, lower: bool = False) -> float:
+    return max(values) if higher_is_better(metric, lower) else min(values)
 
 
-def default_target(finals: Sequence[float | None], metric: str, fraction: float) -> float | None:
-    """``fraction`` of the best final value among the compared runs (perplexity: the best / ``fraction``)."""
+def default_target(finals: Sequence[float | None], metric: str, fraction: float, lower: bool = False
+                   ) -> float | None:
+    """``fraction`` of the best final value among the compared runs (lower is better: the best / ``fraction``)."""
     known = [v for v in finals if v is not None]
     if not known:
         return None
-    top = best(known, metric)
-    return top * fraction if higher_is_better(metric) else top / fraction
+    top = best(known, metric, lower)
+    return top * fraction if higher_is_better(metric, lower) else top / fraction
 
 
 def curve_points(curve: Sequence[Mapping[str, Any]], metric: str) -> list[tuple[float, float]]:
@@ -42,14 +44,15 @@ def curve_points(curve: Sequence[Mapping[str, Any]], metric: str) -> list[tuple[
     return sorted(pts)
 
 
-def time_to_target(curve: Sequence[Mapping[str, Any]], metric: str, target: float) -> float | None:
+def time_to_target(curve: Sequence[Mapping[str, Any]], metric: str, target: float, lower: bool = False
+                   ) -> float | None:
     """Wall time of the first evaluation that reaches ``target``; None when none does.
 
     Only evaluations are known, so this is when the run was *seen* at the target: a run evaluated
     once per epoch may have got there up to an epoch earlier.
     """
     for t, v in curve_points(curve, metric):
-        if reaches(v, target, metric):
+        if reaches(v, target, metric, lower):
             return t
     return None
 
@@ -78,16 +81,17 @@ def equal_time(curves: Mapping[str, Sequence[Mapping[str, Any]]], metric: str
 
 
 def target_report(curves: Mapping[str, Sequence[Mapping[str, Any]]], finals: Mapping[str, float | None],
-                  metric: str, fraction: float, value: float | None = None) -> dict[str, Any]:
+                  metric: str, fraction: float, value: float | None = None, lower: bool = False) -> dict[str, Any]:
     """Time to target and metric at equal time for compared runs (``compare.json``, the bench's groups)."""
-    target = value if value is not None else default_target(list(finals.values()), metric, fraction)
+    target = value if value is not None else default_target(list(finals.values()), metric, fraction, lower)
     at, at_equal = equal_time(curves, metric)
     return {
         "metric": metric,
         "target": target,
         "target_rule": "given" if value is not None else f"{fraction:g} of the best final value"
-        if higher_is_better(metric) else f"the best final value / {fraction:g}",
-        "time_to_target_s": {name: None if target is None else time_to_target(c, metric, target)
+        if higher_is_better(metric, lower) else f"the best final value / {fraction:g}",
+        "lower_is_better": not higher_is_better(metric, lower),
+        "time_to_target_s": {name: None if target is None else time_to_target(c, metric, target, lower)
                              for name, c in curves.items()},
         "equal_time_s": at,
         "metric_at_equal_time": at_equal,

@@ -290,7 +290,7 @@ class BSPTrainer:
                 result = evaluate(self.model, self.work, self.controller.batch, self.rank, self.env.device)
                 eval_time += time.perf_counter() - te
                 metrics.write("eval", epoch=epoch, step=steps_done, accuracy=result.accuracy, loss=result.loss,
-                              metric=self.work.metric.name,
+                              metric=self.work.metric.name, lower_is_better=self.work.metric.lower_is_better,
                               perplexity=perplexity(result.loss) if self.work.perplexity else None,
                               samples=result.samples, elapsed_s=time.time() - t_start)
             if last or ckpt.schedule.due_epoch(epoch + 1, epoch) or ckpt.schedule.due_clock(clock):

@@ -149,7 +149,8 @@ def evaluate_snapshots(job: JobSpec) -> list[dict[str, Any]]:
         rec = {"kind": "eval", "snapshot": snap_file.name, "epoch": snap["epoch"], "version": snap["version"],
                "samples": snap["samples"], "elapsed_s": snap["elapsed_s"], "final": snap["final"],
                "accuracy": accuracy, "loss": loss, "test_samples": len(test),
-               "perplexity": perplexity(loss) if work.perplexity else None, "metric": work.metric.name}
+               "perplexity": perplexity(loss) if work.perplexity else None, "metric": work.metric.name,
+               "lower_is_better": work.metric.lower_is_better}
         writer.write(**rec)
         records.append(rec)
     writer.close()
