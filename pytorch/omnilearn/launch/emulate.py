@@ -39,6 +39,7 @@ from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import OUT_ENV, T0_ENV, JobSpec, new_job_id
+from omnilearn.launch.interrupts import Interrupts
 
 log = logging.getLogger("omnilearn.emulate")
 
@@ -158,53 +159,57 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int 
                 log.warning("%s: level %s not applied (%s)", t, level,
                             decision.get("detail") if decision else "no answer from the toggler")
 
-    try:
-        thread.start()
-        sched = plan.schedule
-        apply(sched.levels[0], 0.0)
-        pending = list(zip(sched.starts[1:], sched.levels[1:], strict=True)) if sched.unit == "seconds" else []
-        t0 = time.time()
-        env = {**os.environ, OUT_ENV: str(job.out_dir), T0_ENV: repr(t0)}
+    # Ctrl-C and SIGTERM are noted and acted on at the loop's pace: a second one cannot cut the
+    # teardown short, where the user's containers get their own limits back.
+    with Interrupts() as interrupts:
         try:
-            proc = subprocess.Popen(argv, env=env)
-        except OSError as e:
-            raise UserError(f"omnilearn emulate: cannot start {argv[0]!r}: {e.strerror}") from None
-        while proc.poll() is None:
-            for pid in descendants(proc.pid) if not containers else ():
-                if pid not in placed:
-                    rank = rank_of(pid)
-                    if rank is not None and 0 <= rank < len(plan.targets):
-                        try:
-                            backend.add_process(plan.targets[rank], pid)
-                            placed[pid] = rank
-                        except (OSError, ValueError):
-                            continue  # exited meanwhile
-                if pid in placed:
-                    used[pid] = cpu_seconds(pid) or used.get(pid, 0.0)
-            while pending and time.time() - t0 >= pending[0][0]:
-                apply(pending.pop(0)[1], None)
-            time.sleep(SCAN_S)
-        status = proc.returncode
-    except KeyboardInterrupt:
-        status = 130
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
+            thread.start()
+            sched = plan.schedule
+            apply(sched.levels[0], 0.0)
+            interrupts.check()
+            pending = list(zip(sched.starts[1:], sched.levels[1:], strict=True)) if sched.unit == "seconds" else []
+            t0 = time.time()
+            env = {**os.environ, OUT_ENV: str(job.out_dir), T0_ENV: repr(t0)}
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        stop.set()
-        thread.join(timeout=10)
-        backend.close()  # the user's containers get their own limits back here
-        toggler.close()
-        seconds = [0.0] * len(plan.targets)
-        for pid, rank in placed.items():
-            seconds[rank] += used.get(pid, 0.0)
-        if isinstance(backend, UserContainers):
-            seconds = [backend.cpu_seconds(t) or 0.0 for t in plan.targets]
-        write_summary(job, t0, seconds, len(placed), containers)
+                proc = subprocess.Popen(argv, env=env)
+            except OSError as e:
+                raise UserError(f"omnilearn emulate: cannot start {argv[0]!r}: {e.strerror}") from None
+            while proc.poll() is None:
+                for pid in descendants(proc.pid) if not containers else ():
+                    if pid not in placed:
+                        rank = rank_of(pid)
+                        if rank is not None and 0 <= rank < len(plan.targets):
+                            try:
+                                backend.add_process(plan.targets[rank], pid)
+                                placed[pid] = rank
+                            except (OSError, ValueError):
+                                continue  # exited meanwhile
+                    if pid in placed:
+                        used[pid] = cpu_seconds(pid) or used.get(pid, 0.0)
+                while pending and time.time() - t0 >= pending[0][0]:
+                    apply(pending.pop(0)[1], None)
+                interrupts.wait(SCAN_S)
+            status = proc.returncode
+        except KeyboardInterrupt:
+            status = 130
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            stop.set()
+            thread.join(timeout=10)
+            backend.close()  # the user's containers get their own limits back here
+            toggler.close()
+            seconds = [0.0] * len(plan.targets)
+            for pid, rank in placed.items():
+                seconds[rank] += used.get(pid, 0.0)
+            if isinstance(backend, UserContainers):
+                seconds = [backend.cpu_seconds(t) or 0.0 for t in plan.targets]
+            write_summary(job, t0, seconds, len(placed), containers)
     return status
 
 
