@@ -76,7 +76,6 @@ class UserContainers(DockerBackend):
     touched: set[str] = field(default_factory=set)  # targets a level has reached (restored at close)
     cpuset_changed: set[str] = field(default_factory=set)
     cpu_at_start: dict[str, float | None] = field(default_factory=dict)  # target -> its CPU time when adopted
-    name: str = "docker"
 
     @classmethod
     def adopt(cls, job_id: str, client: Any, targets: list[str], names: list[str]) -> UserContainers:
