@@ -59,6 +59,21 @@ def test_backend_refuses_containers_of_other_jobs() -> None:
         assert client.get(name).updated is None
 
 
+def test_user_containers_keep_their_form_of_cpu_limit_and_get_it_back() -> None:
+    from omnilearn.emulator.backends.docker_user import Limits, cpu_update, restore_update
+
+    nano = Limits.of({"HostConfig": {"NanoCpus": 1_500_000_000, "CpuQuota": 0, "CpuPeriod": 0}})
+    quota = Limits.of({"HostConfig": {"CpuQuota": 75_000, "CpuPeriod": 50_000, "CpusetCpus": "0"}})
+    free = Limits.of({"HostConfig": {}})
+    assert cpu_update(nano, 0.25, 2) == {"NanoCpus": 250_000_000}  # Docker refuses a quota once --cpus is set
+    assert cpu_update(nano, None, 2) == {"NanoCpus": 2_000_000_000}  # NanoCpus cannot be lifted: the whole host
+    assert cpu_update(quota, 0.25, 2) == {"CpuQuota": 12_500}  # against the container's own period
+    assert cpu_update(free, 1.3333, 2) == {"CpuQuota": 133_330} and cpu_update(free, None, 2) == {"CpuQuota": -1}
+    assert restore_update(nano, 2) == {"NanoCpus": 1_500_000_000, "CpusetCpus": "0-1"}
+    assert restore_update(quota, 2) == {"CpuQuota": 75_000, "CpusetCpus": "0"}
+    assert restore_update(free, 4) == {"CpuQuota": -1, "CpusetCpus": "0-3"}
+
+
 def test_overlay_interface_is_found_by_subnet() -> None:
     assert select_interface("127.0.0.0/8") == "lo"
     assert select_interface("203.0.113.0/24") is None

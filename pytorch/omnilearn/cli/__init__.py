@@ -8,6 +8,7 @@
     omnilearn cleanup                                          remove cgroups and namespaces left by killed runs
     omnilearn calibrate --out DIR                              measure this host; a calibrated level table
     omnilearn emulate --hl HL8 -- torchrun ... train.py        any command's ranks under emulated heterogeneity
+    omnilearn emulate --hl HL8 --containers c1,c2 -- CMD       containers started with docker run, rank i the i-th
     omnilearn simulate --replay RUN --out DIR [--workers N]    predict a BSP job from a finished run's measurements
 """
 
@@ -36,15 +37,17 @@ from omnilearn.errors import UserError
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
-    from omnilearn.launch.emulate import emulate
+    from omnilearn.launch.emulate import container_names, emulate
     from omnilearn.launch.local import check_local_prerequisites
 
-    check_local_prerequisites()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers {args.workers}: must be at least 1")
+    containers = container_names(args.containers, args.workers) if args.containers is not None else None
+    if containers is None:
+        check_local_prerequisites()
     out = Path(args.out) if args.out else Path("runs") / time.strftime("emulate-%Y%m%d-%H%M%S")
-    return emulate(command, args.hl, args.schedule, args.workers, out)
+    return emulate(command, args.hl, args.schedule, args.workers, out, containers)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,8 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     em = sub.add_parser("emulate", help="run any command (torchrun ...) with its ranks under emulated heterogeneity")
     em.add_argument("--hl", help="pin one level (HL1, HL2, HL4, HL8)")
     em.add_argument("--schedule", help="named schedule or a YAML file (in seconds; in epochs with omnilearn.torch)")
-    em.add_argument("--workers", type=int, default=4, help="ranks of the command (default 4)")
+    em.add_argument("--workers", type=int, help="ranks of the command (default 4, or one per --containers name)")
     em.add_argument("--out", help="run folder (default: a new folder under runs/)")
+    em.add_argument("--containers", metavar="A,B,...",
+                    help="containers you started (docker run), rank i the i-th: levels by docker update, "
+                         "their own limits restored at the end")
     em.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     em.set_defaults(func=cmd_emulate)
 

@@ -9,11 +9,18 @@ seconds. A schedule in epochs moves on only when the command's script uses :mod:
 which asks for its levels itself (``OMNILEARN_OUT`` and ``OMNILEARN_EMULATE_T0`` tell it the run
 folder and the schedule's start). The command's exit status is emulate's; cgroups are removed
 however it ends.
+
+With ``--containers A,B,...`` the targets are containers the user started (``docker run``), rank i
+the i-th name: each level is a ``docker update`` of theirs through the Docker backend
+(:class:`~omnilearn.emulator.backends.docker_user.UserContainers`), read back and audited the same
+way, and their own limits are given back when the command ends or is interrupted. Their CPU time is
+their cgroups' (or ``docker stats``), over the command's run.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import threading
@@ -23,7 +30,8 @@ from typing import Any
 
 from omnilearn import config
 from omnilearn.emulator.audit import read_audit
-from omnilearn.emulator.backends import select_backend
+from omnilearn.emulator.backends import Backend, select_backend
+from omnilearn.emulator.backends.docker_user import UserContainers
 from omnilearn.emulator.client import RequestWriter
 from omnilearn.emulator.levels import Allocation
 from omnilearn.emulator.plan import build_plan
@@ -31,6 +39,9 @@ from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import OUT_ENV, T0_ENV, JobSpec, new_job_id
+from omnilearn.launch.interrupts import Interrupts
+
+log = logging.getLogger("omnilearn.emulate")
 
 SCAN_S = 0.2
 TICK = os.sysconf("SC_CLK_TCK")
@@ -104,12 +115,43 @@ def busy_seconds(pid: int) -> float | None:
     return total / 1e9
 
 
-def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int, out: Path) -> int:
-    """Run ``argv`` under the levels; returns its exit status."""
+def container_names(text: str, workers: int | None) -> list[str]:
+    """``--containers A,B,...`` as a list, checked against ``--workers`` (when given)."""
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise UserError(f"--containers {text!r}: an empty name (give names separated by commas, e.g. c1,c2)")
+    dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if dup is not None:
+        raise UserError(f"--containers: {dup!r} is named twice (one container per rank)")
+    if workers is not None and workers != len(names):
+        raise UserError(f"--containers names {len(names)} containers but --workers is {workers}: "
+                        f"one container per rank")
+    return names
+
+
+def container_backend(job_id: str, targets: list[str], names: list[str]) -> UserContainers:
+    """The user's containers as the job's targets, through the local Docker daemon."""
+    from omnilearn.launch.docker.daemon import daemon_client
+
+    if len(names) != len(targets):  # ASP: the parameter server is a rank too
+        raise UserError(f"--containers names {len(names)} containers, the job has {len(targets)} ranks")
+    try:
+        client = daemon_client(timeout=30)
+    except UserError as e:
+        raise UserError(f"--containers: {e}") from None
+    return UserContainers.adopt(job_id, client, targets, names)
+
+
+def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int | None, out: Path,
+            containers: list[str] | None = None) -> int:
+    """Run ``argv`` under the levels; returns its exit status. ``containers``: the user's, one per rank
+    (``workers`` defaults to their count, else to 4)."""
     if not argv:
         raise UserError("omnilearn emulate: give a command after --, e.g. -- torchrun --nproc-per-node 4 train.py")
     if hl and schedule:
         raise UserError("omnilearn emulate: --hl and --schedule exclude each other")
+    if workers is None:
+        workers = len(containers) if containers else 4
     overrides: list[tuple[str, Any]] = [("workers", workers), ("emulation.backend", "auto")]
     overrides += [("emulation.hl", hl)] if hl else [("emulation.schedule", schedule or "demo")]
     cfg = config.build(None, overrides)
@@ -117,7 +159,8 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int,
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out}: exists and is not empty")
     job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="")
-    backend = select_backend("auto", job.job_id, list(plan.targets))
+    backend: Backend = (container_backend(job.job_id, list(plan.targets), containers) if containers
+                        else select_backend("auto", job.job_id, list(plan.targets)))
     job.backend = backend.name
     job.save()
     stop = threading.Event()
@@ -132,57 +175,70 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int,
 
     def apply(level: str, at: float | None) -> None:
         reqs = [w.submit(t, level, plan.allocation(level, t), at) for w, t in zip(writers, plan.targets, strict=True)]
-        for w, r in zip(writers, reqs, strict=True):
-            w.wait_applied(r, timeout=cfg.emulation.ack_timeout)
+        for w, r, t in zip(writers, reqs, plan.targets, strict=True):
+            decision = w.wait_applied(r, timeout=cfg.emulation.ack_timeout)
+            if decision is None or decision.get("status") != "applied":
+                log.warning("%s: level %s not applied (%s)", t, level,
+                            decision.get("detail") if decision else "no answer from the toggler")
 
-    try:
-        thread.start()
-        sched = plan.schedule
-        apply(sched.levels[0], 0.0)
-        pending = list(zip(sched.starts[1:], sched.levels[1:], strict=True)) if sched.unit == "seconds" else []
-        t0 = time.time()
-        env = {**os.environ, OUT_ENV: str(job.out_dir), T0_ENV: repr(t0)}
+    # Ctrl-C and SIGTERM are noted and acted on at the loop's pace: a second one cannot cut the
+    # teardown short, where the user's containers get their own limits back.
+    with Interrupts() as interrupts:
         try:
-            proc = subprocess.Popen(argv, env=env)
-        except OSError as e:
-            raise UserError(f"omnilearn emulate: cannot start {argv[0]!r}: {e.strerror}") from None
-        while proc.poll() is None:
-            for pid in descendants(proc.pid):
-                if pid not in placed:
-                    rank = rank_of(pid)
-                    if rank is not None and 0 <= rank < len(plan.targets):
-                        try:
-                            backend.add_process(plan.targets[rank], pid)
-                            placed[pid] = rank
-                        except (OSError, ValueError):
-                            continue  # exited meanwhile
-                if pid in placed:
-                    used[pid] = cpu_seconds(pid) or used.get(pid, 0.0)
-                    busy[pid] = busy_seconds(pid) or busy.get(pid, 0.0)
-            while pending and time.time() - t0 >= pending[0][0]:
-                apply(pending.pop(0)[1], None)
-            time.sleep(SCAN_S)
-        status = proc.returncode
-    except KeyboardInterrupt:
-        status = 130
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
+            thread.start()
+            sched = plan.schedule
+            apply(sched.levels[0], 0.0)
+            interrupts.check()
+            pending = list(zip(sched.starts[1:], sched.levels[1:], strict=True)) if sched.unit == "seconds" else []
+            t0 = time.time()
+            env = {**os.environ, OUT_ENV: str(job.out_dir), T0_ENV: repr(t0)}
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        stop.set()
-        thread.join(timeout=10)
-        backend.close()
-        toggler.close()
-        write_summary(job, t0, placed, used, busy)
+                proc = subprocess.Popen(argv, env=env)
+            except OSError as e:
+                raise UserError(f"omnilearn emulate: cannot start {argv[0]!r}: {e.strerror}") from None
+            while proc.poll() is None:
+                for pid in descendants(proc.pid) if not containers else ():
+                    if pid not in placed:
+                        rank = rank_of(pid)
+                        if rank is not None and 0 <= rank < len(plan.targets):
+                            try:
+                                backend.add_process(plan.targets[rank], pid)
+                                placed[pid] = rank
+                            except (OSError, ValueError):
+                                continue  # exited meanwhile
+                    if pid in placed:
+                        used[pid] = cpu_seconds(pid) or used.get(pid, 0.0)
+                        busy[pid] = busy_seconds(pid) or busy.get(pid, 0.0)
+                while pending and time.time() - t0 >= pending[0][0]:
+                    apply(pending.pop(0)[1], None)
+                interrupts.wait(SCAN_S)
+            status = proc.returncode
+        except KeyboardInterrupt:
+            status = 130
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            stop.set()
+            thread.join(timeout=10)
+            backend.close()  # the user's containers get their own limits back here
+            toggler.close()
+            seconds, busy_s = [0.0] * len(plan.targets), [0.0] * len(plan.targets)
+            for pid, rank in placed.items():
+                seconds[rank] += used.get(pid, 0.0)
+                busy_s[rank] += busy.get(pid, 0.0)
+            if isinstance(backend, UserContainers):
+                seconds = [backend.cpu_seconds(t) or 0.0 for t in plan.targets]
+            write_summary(job, t0, seconds, None if containers else busy_s, len(placed), containers)
     return status
 
 
-def write_summary(job: JobSpec, t0: float, placed: dict[int, int], used: dict[int, float],
-                  busy: dict[int, float]) -> None:
+def write_summary(job: JobSpec, t0: float, seconds: list[float], busy: list[float] | None, processes: int,
+                  containers: list[str] | None) -> None:
     """``summary.json``: each rank's applied allocations over time and the CPU time its processes used.
     A script using omnilearn.torch has written the run's summary there: these keys join it."""
     n = len(job.plan.targets)
@@ -192,20 +248,18 @@ def write_summary(job: JobSpec, t0: float, placed: dict[int, int], used: dict[in
             share = Allocation.from_dict(r.get("effective") or {}).share
             allocations[job.plan.targets.index(r["target"])].append(
                 {"t": round(max(r["time"] - t0, 0.0), 3), "cpus": share, "level": r.get("level")})
-    seconds, busy_s = [0.0] * n, [0.0] * n
-    for pid, rank in placed.items():
-        seconds[rank] += used.get(pid, 0.0)
-        busy_s[rank] += busy.get(pid, 0.0)
     summary = {"command": "emulate", "backend": job.backend, "schedule": job.plan.schedule.name,
                "targets": list(job.plan.targets), "allocations": allocations,
-               "cpu_seconds": [round(s, 3) for s in seconds], "busy_seconds": [round(s, 3) for s in busy_s],
-               "processes": len(placed)}
-    levels = job.plan.schedule.levels
-    if len(set(levels)) == 1 and min(busy_s) > 0:  # one level: its nominal ratio beside the measured one
+               "cpu_seconds": [round(s, 3) for s in seconds], "processes": processes}
+    if busy is not None:  # the ranks' own processes (not containers): their busy time
+        summary["busy_seconds"] = [round(s, 3) for s in busy]
+        levels = job.plan.schedule.levels
         shares = [job.plan.allocation(levels[0], t).share for t in job.plan.targets]
-        if all(shares):
-            summary["busy_ratio"] = {"measured": round(max(busy_s) / min(busy_s), 3),
+        if len(set(levels)) == 1 and min(busy) > 0 and all(shares):  # one level: nominal beside measured
+            summary["busy_ratio"] = {"measured": round(max(busy) / min(busy), 3),
                                      "nominal": round(max(shares) / min(shares), 3), "level": levels[0]}
+    if containers:
+        summary["containers"] = containers
     path = job.out_dir / "summary.json"
     if path.is_file():  # the script's own summary (omnilearn.torch): emulate's measurements join it
         summary = {**json.loads(path.read_text()), **summary}

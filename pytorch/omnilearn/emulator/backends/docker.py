@@ -107,6 +107,21 @@ def read_kernel(container_id: str, root: Path = CGROUP_ROOT) -> dict[str, str] |
     return out
 
 
+def cpu_usage_seconds(container_id: str, root: Path = CGROUP_ROOT) -> float | None:
+    """CPU time the container's processes have used so far (its cgroup's cpuacct.usage, or cpu.stat's
+    usage_usec on cgroup v2), None where its cgroup is not visible on this host."""
+    if (root / "cgroup.controllers").exists():
+        cpu = container_cgroup(container_id, "cpu", root)
+        for line in (try_read(cpu / "cpu.stat") or "").splitlines() if cpu else ():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec" and value.isdigit():
+                return int(value) / 1e6
+        return None
+    acct = container_cgroup(container_id, "cpuacct", root)
+    text = try_read(acct / "cpuacct.usage") if acct else None
+    return int(text) / 1e9 if text and text.isdigit() else None
+
+
 @dataclass
 class DockerBackend:
     """Applies allocations to this job's containers; ``clients`` maps a target to its host's daemon.
@@ -141,9 +156,13 @@ class DockerBackend:
             self.host_cpus[target] = int(self._client(target).info().get("NCPU", 1))
         return self.host_cpus[target]
 
+    def _update(self, target: str, container: Any, allocation: Allocation) -> None:
+        """The ``docker update`` that gives ``container`` ``allocation``."""
+        container.update(**update_kwargs(allocation, self._ncpus(target)))
+
     def apply(self, target: str, allocation: Allocation) -> Allocation:
         container = self.container(target)
-        container.update(**update_kwargs(allocation, self._ncpus(target)))
+        self._update(target, container, allocation)
         container.reload()
         kernel = read_kernel(container.id) if self._client(target) is self.default else None
         effective = effective_allocation(container.attrs, kernel)
