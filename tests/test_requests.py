@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from omnilearn.emulator.audit import read_audit, timeline
+from omnilearn.emulator.audit import read_audit, timeline, toggler_lock
 from omnilearn.emulator.client import RequestWriter
 from omnilearn.emulator.levels import Allocation
 from omnilearn.emulator.plan import EmulationPlan
@@ -23,7 +23,7 @@ from omnilearn.emulator.requests import (
     request_log,
 )
 from omnilearn.emulator.schedule import Schedule
-from omnilearn.emulator.toggler import Toggler, toggler_lock
+from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
 from omnilearn.files import read_lines
 
