@@ -7,6 +7,7 @@ attempts as the kernel would (an OSError), and reads back from the tree's files 
 from __future__ import annotations
 
 import errno
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,8 +23,10 @@ from omnilearn.emulator.levels import Allocation
 from omnilearn.emulator.retry import RETRY_FIRST_S, Backoff
 from omnilearn.emulator.toggler import Toggler
 from omnilearn.report.fidelity import change_outcomes
+from omnilearn.report.summary import summarize
 from test_backends import fake_v2
 from test_requests import HOST, HOST_MEMORY, PLAN
+from test_simulate import make_run
 
 HL4 = PLAN.allocation("HL4", "worker0")  # cpuset 0, 1 CPU: in force before each test's change
 HL2 = PLAN.allocation("HL2", "worker0")  # 0.5 CPU: the change asked for
@@ -207,3 +210,16 @@ def test_a_failure_that_cannot_pass_is_not_retried(cgroup_root: Path, logs: Path
     (rec,) = tog.poll_once()
     assert (rec["status"], rec["attempts"], rec["effective"]) == ("rejected", 1, HL4.to_dict())
     assert tog.poll_once() == [] and len(backend.attempts) == 1
+
+
+def test_summary_json_says_which_nominal_allocation_never_held(cgroup_root: Path, tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run")  # a finished run's folder; its toggler's audit is written here
+    backend = Rejecting(cgroup_root, reject=10**9)
+    tog = toggler(run / "logs", backend, Backoff(first_s=0.0, cap_s=0.0, max_retries=1))
+    RequestWriter(run / "logs", 0).submit("worker0", "HL2", HL2, epoch=1.0)
+    assert [r["status"] for r in tog.poll_once() + tog.poll_once()] == ["retrying", "rejected"]
+    summarize(run)
+    summary = json.loads((run / "summary.json").read_text())
+    changes = summary["allocation_changes"]
+    assert (changes["changes"], changes["retried"], changes["never_held"]) == (1, 1, 1)
+    assert changes["listed"][0]["nominal"] == HL2.to_dict() and changes["listed"][0]["in_force"] == HL4.to_dict()
