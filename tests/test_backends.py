@@ -228,6 +228,8 @@ def test_toggler_through_real_cgroups(v1: CgroupV1Backend, job: str, tmp_path: P
     assert rec["effective"] == {"cpuset": "1", "cpus": 0.5, "memory": None}
     assert (CGROUP_ROOT / "cpu/omnilearn" / job / "w1/cpu.cfs_quota_us").read_text().strip() == "50000"
     assert os.sched_getaffinity(child.pid) == {1}
+    # What is in force, read back without changing it: w0 was never given a level (its parent's CPUs, no quota).
+    assert (v1.current("w1"), v1.current("w0")) == (Allocation(cpuset="1", cpus=0.5), Allocation())
 
 
 @needs_v1
@@ -308,7 +310,7 @@ def test_v2_writes_the_unified_files(tmp_path: Path) -> None:
     assert (w1 / "cpu.max").read_text() == "150000 100000"
     assert (w1 / "cpuset.cpus").read_text() == ""
     assert (w1 / "memory.max").read_text() == "max"
-    assert eff == Allocation(cpus=1.5)
+    assert eff == Allocation(cpus=1.5) == b.current("w1")  # read back again, unchanged
     assert b.apply("w1", Allocation()) == Allocation()
     assert (w1 / "cpu.max").read_text() == "max 100000"
 
@@ -355,6 +357,7 @@ def test_affinity_pins_every_thread(spawn) -> None:
         tids = os.listdir(f"/proc/{child.pid}/task")
         assert len(tids) == 2
         assert all(os.sched_getaffinity(int(t)) == {0} for t in tids)
+        assert b.current("w0") == Allocation(cpuset="0") and b.current("w1") == Allocation()
         assert b.apply("w0", Allocation()) == Allocation()
         assert os.sched_getaffinity(child.pid) == set(os.sched_getaffinity(0))
     finally:
@@ -389,6 +392,7 @@ def test_null_backend_reports_the_request() -> None:
     b = NullBackend()
     b.add_process("w0", os.getpid())
     assert b.apply("w0", Allocation(cpuset="0", cpus=0.5)) == Allocation(cpuset="0", cpus=0.5)
+    assert b.current("w0") is None  # nothing is enforced, so nothing is read back
     b.close()
 
 

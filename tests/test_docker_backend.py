@@ -36,9 +36,13 @@ def test_effective_allocation_prefers_the_kernel() -> None:
 class FakeContainer:
     def __init__(self, name: str, job: str | None) -> None:
         self.name, self.labels, self.updated = name, ({"omnilearn.job": job} if job else {}), None
+        self.id, self.attrs = f"fake-{name}", {"HostConfig": {"CpuQuota": 50_000, "CpuPeriod": 100_000}}
 
     def update(self, **kwargs) -> None:
         self.updated = kwargs
+
+    def reload(self) -> None:
+        pass
 
 
 class FakeClient:
@@ -57,6 +61,14 @@ def test_backend_refuses_containers_of_other_jobs() -> None:
         with pytest.raises(ForeignContainer):
             backend.apply(name, Allocation(cpus=0.5))
         assert client.get(name).updated is None
+        with pytest.raises(ForeignContainer):  # nor read back: the toggler records "unknown"
+            backend.current(name)
+
+
+def test_backend_reads_back_what_is_in_force_without_changing_it() -> None:
+    client = FakeClient({"worker1": FakeContainer("worker1", "my-job")})
+    backend = DockerBackend("my-job", client, host_cpus={"worker1": 2})
+    assert backend.current("worker1") == Allocation(cpus=0.5) and client.get("worker1").updated is None
 
 
 def test_user_containers_keep_their_form_of_cpu_limit_and_get_it_back() -> None:

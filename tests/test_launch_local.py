@@ -45,6 +45,7 @@ def test_local_job_moves_batch_toward_the_faster_worker(tmp_path: Path) -> None:
     applied = read_audit(out / "logs")
     skew = {rec["target"]: rec["effective"]["cpus"] for rec in applied if rec["level"] == "SKEW"}
     assert skew == pytest.approx({"worker1": 0.15, "worker2": 0.3, "worker3": 1.2})
+    assert s["allocation_changes"] == {"changes": 6, "retried": 0, "never_held": 0, "listed": []}
     # Nothing of the job is left behind.
     job_id = json.loads((out / "job.json").read_text())["job_id"]
     for ctrl in ("cpu", "cpuset"):

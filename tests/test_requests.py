@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from omnilearn.emulator.audit import read_audit, timeline
+from omnilearn.emulator.audit import read_audit, timeline, toggler_lock
 from omnilearn.emulator.client import RequestWriter
 from omnilearn.emulator.levels import Allocation
 from omnilearn.emulator.plan import EmulationPlan
@@ -22,8 +22,9 @@ from omnilearn.emulator.requests import (
     parse_request,
     request_log,
 )
+from omnilearn.emulator.retry import Backoff
 from omnilearn.emulator.schedule import Schedule
-from omnilearn.emulator.toggler import Toggler, toggler_lock
+from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
 from omnilearn.files import read_lines
 
@@ -61,6 +62,9 @@ class RecordingBackend:
             raise self.fail
         self.applied.append((target, allocation))
         return allocation
+
+    def current(self, target: str) -> Allocation | None:
+        return None
 
     def close(self) -> None:
         pass
@@ -268,11 +272,11 @@ def test_refusals_apply_nothing_and_the_next_good_line_applies(tmp_path: Path, l
 
 def test_backend_failure_is_a_rejection_and_toggler_survives(tmp_path: Path) -> None:
     backend = RecordingBackend(fail=OSError(22, "Invalid argument"))
-    tog, _ = make(tmp_path, backend)
+    tog = Toggler(tmp_path, backend, PLAN, host=HOST, host_memory=HOST_MEMORY, retry=Backoff(max_retries=0))
     log = request_log(tmp_path, 0)
     append(log, req_line(0))
     (rec,) = tog.poll_once()
-    assert rec["status"] == "rejected" and rec["reason"] == "backend-failed"
+    assert rec["status"] == "rejected" and rec["reason"] == "backend-failed" and rec["attempts"] == 1
     assert "Invalid argument" in rec["detail"]
     backend.fail = None
     append(log, req_line(1))

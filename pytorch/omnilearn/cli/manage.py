@@ -66,8 +66,9 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     """The host-side toggler for a job whose containers were started by ``cluster up``."""
     import threading
 
+    from omnilearn.emulator.audit import toggler_lock
     from omnilearn.emulator.backends.docker import DockerBackend
-    from omnilearn.emulator.toggler import Toggler, toggler_lock
+    from omnilearn.emulator.toggler import Toggler
     from omnilearn.jobfile import JobSpec
     from omnilearn.launch.docker import swarm
 

@@ -1,7 +1,8 @@
 """The toggler's audit, ``toggler-audit.jsonl``: every decision on a request line, and the toggler's only state.
 
 A change is written ahead: an ``applying`` record before the backend is called, its outcome
-(``applied`` or ``rejected``) after. A restarted toggler rebuilds where each log stands from these
+(``applied`` or ``rejected``) after, and between them a ``retrying`` record for each failed attempt
+that will be made again (:mod:`.retry`). A restarted toggler rebuilds where each log stands from these
 records alone (:func:`recover`), completes a change it finds without outcome and resumes every log
 after the last line decided. Workers find the decision on their own line here, by its ``offset_end``.
 
@@ -9,11 +10,13 @@ The audit lives in the log folder, which local workers can write too (containers
 is opened without following links, every read of it is bounded against forged lines
 (:meth:`Audit.records` streams for the toggler, :func:`read_bounded_audit` for the workers and the
 reports), and a record is trusted for positions only: the toggler applies the plan's allocation,
-never one a record names.
+never one a record names. The toggler's lock (:func:`toggler_lock`) keeps the audit to one writer.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import stat
@@ -38,6 +41,11 @@ from omnilearn.files import iter_lines, read_jsonl
 
 FINAL_STATUSES = ("applied", "rejected", "refused", "malformed", "duplicate")
 """The audit's decisions on a line; "applying" is only the toggler's note that it is about to apply."""
+ACK_STATUSES = (*FINAL_STATUSES, "retrying")
+"""What answers a worker's request: a decision, or a failed attempt the toggler will make again
+(with the allocation in force meanwhile, :mod:`.retry`)."""
+MAX_ATTEMPTS_KEPT = 10**6
+"""A retrying record's ``attempts`` above this is not one the toggler wrote: ignored on recovery."""
 CLOSING = ("log-too-large", "too-many-refusals")
 """Refusals after which a log is no longer read."""
 
@@ -64,6 +72,8 @@ class LogState:
     closed: str | None = None  # the reason this log is no longer read
     file_refusal: str | None = None  # the file-level refusal last audited (once until it changes)
     pending: dict[str, Any] | None = None  # an applying record without outcome yet
+    attempts: int = 0  # backend calls made for the pending change
+    retry_at: float = 0.0  # time.monotonic() at which the pending change is tried again
 
 
 def new_record(lg: LogState | None, **fields: Any) -> dict[str, Any]:
@@ -133,7 +143,8 @@ def recover(records: Iterable[dict[str, Any]], logs: dict[str, LogState]) -> tup
     wrote; returns how many records there were and the stray log names already audited.
 
     Records are checked like any input: only the names in ``logs`` count, and a pending change is
-    left for the toggler to complete with the plan's allocation, never the record's. The state kept
+    left for the toggler to complete with the plan's allocation, never the record's (at once, counting
+    the attempts its ``retrying`` records name). The state kept
     is bounded (one LogState per rank, at most MAX_STRAY_REPORTS stray names) however long the audit.
     """
     count = 0
@@ -153,9 +164,14 @@ def recover(records: Iterable[dict[str, Any]], logs: dict[str, LogState]) -> tup
             lg.offset, lg.skipping = offset_end, record.get("unterminated") is True
         if status == "applying":
             lg.pending = record if type(offset_end) is int else None
+            lg.attempts = 0
         elif status in ("applied", "rejected") and lg.pending is not None \
                 and lg.pending.get("offset_end") == offset_end:
             lg.pending = None
+        elif status == "retrying" and lg.pending is not None and lg.pending.get("offset_end") == offset_end:
+            attempts = record.get("attempts")
+            if type(attempts) is int and 0 < attempts <= MAX_ATTEMPTS_KEPT:
+                lg.attempts = max(lg.attempts, attempts)
         if status in ("applying", "applied", "rejected") and type(seq) is int and seq <= MAX_SEQ:
             lg.last_seq = max(lg.last_seq, seq)
         if status in ("malformed", "refused", "duplicate") and offset_end is not None:
@@ -187,3 +203,25 @@ def read_audit(log_dir: Path, status: str | None = "applied") -> list[dict[str, 
 def timeline(log_dir: Path) -> list[tuple[float, str, Allocation]]:
     """(time, target, effective allocation) of every applied change, in the order applied."""
     return [(r["time"], r["target"], Allocation.from_dict(r["effective"])) for r in read_audit(log_dir)]
+
+
+@contextlib.contextmanager
+def toggler_lock(log_dir: Path) -> Iterator[None]:
+    """Hold ``toggler.lock`` in the log directory: one toggler per job, or changes would be applied twice."""
+    path = Path(log_dir) / "toggler.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # never through a symlink a worker may have put there
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise UserError(f"cannot open the toggler's lock {path}: {e.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another toggler is already running for {log_dir} (lock {path})") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

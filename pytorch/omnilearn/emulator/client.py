@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from omnilearn.emulator.audit import FINAL_STATUSES, read_bounded_audit
+from omnilearn.emulator.audit import ACK_STATUSES, read_bounded_audit
 from omnilearn.emulator.bounded_json import loads_bounded
 from omnilearn.emulator.levels import Allocation
 from omnilearn.emulator.plan import EmulationPlan
@@ -108,11 +108,13 @@ class RequestWriter:
         return req
 
     def wait_applied(self, req: CpuRequest, timeout: float, poll: float = 0.05) -> dict[str, Any] | None:
-        """The toggler's decision on ``req`` (status "applied", or why not), None on timeout.
+        """The toggler's latest answer on ``req`` (status "applied", "retrying", or why not), None on timeout.
 
-        Reads the audit incrementally and matches the decision by the offset of the request's line,
+        Reads the audit incrementally and matches the answer by the offset of the request's line,
         so a line someone else wrote with the same seq is never taken for this one. An applied
-        record carries the ``effective`` allocation the toggler read back from the kernel.
+        record carries the ``effective`` allocation the toggler read back from the kernel; a
+        retrying one (the backend failed, the toggler tries again) or a rejected one the allocation
+        in force, read back likewise (or null where it could not be read). ``timeout`` 0: look once.
         """
         deadline = time.monotonic() + timeout
         audit = audit_path(self.log_dir)
@@ -122,7 +124,7 @@ class RequestWriter:
                 records, self._audit_offset = read_bounded_audit(audit, self._audit_offset)
                 for record in records:
                     end = record.get("offset_end")
-                    if (record.get("file") == self.path.name and record.get("status") in FINAL_STATUSES
+                    if (record.get("file") == self.path.name and record.get("status") in ACK_STATUSES
                             and type(end) is int):
                         self._audit_seen[end] = record
                 found = self._audit_seen.get(offset_end) if offset_end is not None else None
@@ -153,9 +155,14 @@ class AllocationClient:
 
     def __post_init__(self) -> None:
         self._writer = RequestWriter(self.log_dir, self.rank)
+        self._retrying: tuple[CpuRequest, float] | None = None  # a change the toggler is still retrying
 
     def ensure(self, level: str, epoch: float) -> dict[str, Any] | None:
-        """Switch to ``level`` if it is not in force; returns the change event, or None."""
+        """Switch to ``level`` if it is not in force; returns the change event, or None.
+
+        While the toggler retries a change the backend rejected, the event's status is "retrying" and
+        its ``effective`` allocation the one in force, read back; :meth:`settle` tells the outcome later.
+        """
         if level == self.level:
             return None
         wanted = self.plan.allocation(level, self.target)
@@ -167,21 +174,51 @@ class AllocationClient:
             log.warning("rank %d: toggler did not confirm %s for %s within %.0f s; continuing with "
                         "the requested allocation", self.rank, level, self.target, self.ack_timeout)
             effective, status = wanted, "unconfirmed"
-        elif record.get("status") == "applied":
-            effective, status = Allocation.from_dict(record.get("effective") or {}), "applied"
         else:
-            # Refused (or not applied by the backend): the allocation in force stays.
-            log.warning("rank %d: request for %s %s: %s (%s)", self.rank, level, record.get("status"),
-                        record.get("reason"), record.get("detail"))
-            effective, status = self.allocation, "rejected"
+            effective, status = self._adopt(record)
+        self._retrying = (req, t0) if status == "retrying" else None
         previous = self.level
-        self.level, self.allocation = level, effective
+        self.level = level
+        return self._event(previous, epoch, wanted, effective, status, waited, record)
+
+    def settle(self, epoch: float) -> dict[str, Any] | None:
+        """The outcome of a change the toggler was still retrying when it answered (see :meth:`ensure`),
+        once it has one: the allocation now in force is adopted and the event returned (None until then).
+        Looks at the audit once, without waiting; nothing else changes, so it is no collective's business."""
+        if self._retrying is None or self.level is None:
+            return None
+        req, t0 = self._retrying
+        record = self._writer.wait_applied(req, timeout=0)
+        if record is None or record.get("status") == "retrying":
+            return None
+        self._retrying = None
+        effective, status = self._adopt(record)
+        wanted = self.plan.allocation(self.level, self.target)
+        return self._event(self.level, epoch, wanted, effective, status, time.time() - t0, record)
+
+    def _adopt(self, record: dict[str, Any]) -> tuple[Allocation, str]:
+        """The allocation a toggler's answer puts in force, and the answer's status."""
+        status = record.get("status")
+        in_force = record.get("effective")
+        if status == "applied":
+            return Allocation.from_dict(in_force or {}), "applied"
+        # Refused, or not (yet) applied by the backend: the allocation in force stays, as read back if it was.
+        log.warning("rank %d: request for %s %s: %s (%s)", self.rank, record.get("level"), status,
+                    record.get("reason"), record.get("detail"))
+        read_back = Allocation.from_dict(in_force) if isinstance(in_force, dict) else self.allocation
+        return read_back, "retrying" if status == "retrying" else "rejected"
+
+    def _event(self, previous: str | None, epoch: float, wanted: Allocation, effective: Allocation, status: str,
+               waited: float, record: dict[str, Any] | None) -> dict[str, Any]:
+        self.allocation = effective
         self.threads = effective.threads()
         torch.set_num_threads(self.threads)
+        attempts = record.get("attempts") if record is not None else None
         return {
-            "from_level": previous, "level": level, "epoch": epoch, "target": self.target,
+            "from_level": previous, "level": self.level, "epoch": epoch, "target": self.target,
             "requested": wanted.to_dict(), "effective": effective.to_dict(), "status": status,
             "threads": self.threads, "ack_s": round(waited, 3),
+            "retries": attempts - 1 if type(attempts) is int and attempts > 0 else 0,
             # the level's link as the toggler read it back, and a stall the level began with
             **{k: record[k] for k in ("link", "effective_link", "stall_s") if record is not None and k in record},
         }

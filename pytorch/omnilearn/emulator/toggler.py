@@ -16,20 +16,22 @@ Every decision is appended to ``toggler-audit.jsonl`` (:mod:`.audit`), a change 
 state: a restarted toggler reads it, completes a change it finds without outcome (allocations are
 absolute, so applying one again is safe) and resumes every log where the last one stopped. Nothing
 is lost, nothing is applied twice.
+
+A change the kernel or Docker rejects is tried again with exponential backoff (:mod:`.retry`) while
+the other logs are served; meanwhile its ``retrying`` records carry the allocation in force, read
+back from the backend, and a newer request of the same rank replaces it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
 import stat
 import threading
+import time
 import weakref
-from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
@@ -55,7 +57,7 @@ from omnilearn.emulator.requests import (
     parse_request,
     request_name,
 )
-from omnilearn.errors import UserError
+from omnilearn.emulator.retry import Backoff, in_force, retriable
 
 log = logging.getLogger("omnilearn.toggler")
 
@@ -78,6 +80,7 @@ class Toggler:
         host_memory: int | None = None,
         console: Printer | None = None,
         links: LinkApplier | None = None,
+        retry: Backoff | None = None,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.backend = backend
@@ -86,6 +89,7 @@ class Toggler:
         self.links = links
         self.host = HostLimits.of(host, host_memory)
         self.console = console
+        self.retry = retry or Backoff()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._dir_fd = os.open(self.log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._finalizer = weakref.finalize(self, os.close, self._dir_fd)
@@ -139,7 +143,7 @@ class Toggler:
         written: list[dict[str, Any]] = []
         try:
             for lg in self._logs:
-                if lg.closed is None:
+                if lg.closed is None or lg.pending is not None:
                     try:
                         self._poll_log(lg, written)
                     except AuditUnavailable:
@@ -163,7 +167,8 @@ class Toggler:
         self.poll_once()
 
     def _poll_log(self, lg: LogState, written: list[dict[str, Any]]) -> None:
-        if lg.pending is not None:  # a change was begun and not finished (a crash, an interrupt)
+        # A change begun and not finished (a crash, an interrupt), or one to try again when its wait is over.
+        if lg.pending is not None and time.monotonic() >= lg.retry_at:
             written.append(self._complete(lg, lg.pending))
         self._close_if_flooded(lg, written)
         if lg.closed is not None:
@@ -204,7 +209,7 @@ class Toggler:
             pos = end + 1
             if line.strip():
                 handled += 1
-                decision = self._handle(lg, line, offset_end)
+                decision = self._handle(lg, line, offset_end, written)
                 if decision is not None:
                     written.append(decision)
             lg.offset = offset_end
@@ -272,19 +277,20 @@ class Toggler:
 
     # ------------------------------------------------------------ decisions
 
-    def _handle(self, lg: LogState, line: bytes, offset_end: int) -> dict[str, Any] | None:
+    def _handle(self, lg: LogState, line: bytes, offset_end: int,
+                written: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Decide on one complete line of ``lg``: refuse it, or apply the plan's allocation."""
         try:
-            return self._decide(lg, line, offset_end)
+            return self._decide(lg, line, offset_end, written)
         except AuditUnavailable:
             raise
         except Exception as e:  # noqa: BLE001 - a bug must not stop every rank's changes; it is audited
             log.exception("toggler: internal error on %s up to byte %d", lg.name, offset_end)
-            if lg.pending is not None:
+            if lg.pending is not None and lg.pending.get("offset_end") == offset_end:
                 return None  # the change was begun (write-ahead): the next poll completes it
             return self._refuse(lg, offset_end, "refused", "internal-error", echo(f"{type(e).__name__}: {e}"))
 
-    def _decide(self, lg: LogState, line: bytes, offset_end: int) -> dict[str, Any]:
+    def _decide(self, lg: LogState, line: bytes, offset_end: int, written: list[dict[str, Any]]) -> dict[str, Any]:
         req = parse_request(line, self.host)
         if isinstance(req, Refusal):
             return self._refuse(lg, offset_end, "malformed", req.reason, req.detail)
@@ -321,42 +327,69 @@ class Toggler:
         if req.seq > lg.last_seq + 1:
             note = f"seq {req.seq} after {lg.last_seq}: {req.seq - lg.last_seq - 1} seq(s) skipped"
             log.warning("toggler: %s: %s", lg.name, note)
+        if lg.pending is not None:  # a change still being retried: this newer one replaces it
+            written.append(self._give_up(lg, "superseded", f"seq {req.seq} ({echo(req.level)}) replaced it"))
         applying = new_record(lg, status="applying", offset_end=offset_end, seq=req.seq, level=req.level,
                               epoch=req.epoch, detail=note, requested=planned.to_dict())
         self._write(applying)  # write-ahead: a crash from here on is completed by the next toggler
-        lg.pending, lg.offset, lg.last_seq = applying, offset_end, req.seq
+        lg.pending, lg.offset, lg.last_seq, lg.attempts = applying, offset_end, req.seq, 0
         return self._complete(lg, applying)
 
-    def _complete(self, lg: LogState, applying: dict[str, Any]) -> dict[str, Any]:
-        """Apply the plan's allocation that an applying record names, and audit the outcome."""
+    def _outcome(self, lg: LogState, applying: dict[str, Any]) -> tuple[dict[str, Any], str | None, Allocation | None]:
+        """The outcome record of an applying record (whose positions only are trusted), its level if the
+        plan has it, and the plan's allocation for it."""
         level, seq, epoch = applying.get("level"), applying.get("seq"), applying.get("epoch")
         known = level if isinstance(level, str) and level in self._allocations else None
+        planned = self._allocations[known].get(lg.target) if known is not None else None
         outcome = new_record(lg, offset_end=applying.get("offset_end"), seq=seq if type(seq) is int else None,
                              level=known if known is not None else echo(level),
                              epoch=epoch if type(epoch) in (int, float) else None,
-                             detail=_plain(applying.get("detail")))
-        planned = self._allocations[known].get(lg.target) if known is not None else None
+                             detail=_plain(applying.get("detail")), attempts=lg.attempts,
+                             requested=planned.to_dict() if planned is not None else None)
+        return outcome, known, planned
+
+    def _complete(self, lg: LogState, applying: dict[str, Any]) -> dict[str, Any]:
+        """Apply the plan's allocation that an applying record names, and audit the outcome: applied,
+        rejected, or retrying (a failure that may pass: tried again after a wait, :mod:`.retry`)."""
+        outcome, known, planned = self._outcome(lg, applying)
         effective = None
         if planned is None:  # an applying record this toggler never wrote (a worker can write the audit)
             outcome.update(status="rejected", reason="not-in-plan",
-                           detail=f"level {echo(level)} is not in this job's plan for {lg.target}")
+                           detail=f"level {outcome['level']} is not in this job's plan for {lg.target}")
         else:
-            outcome["requested"] = planned.to_dict()
+            lg.attempts = outcome["attempts"] = lg.attempts + 1
             try:
                 effective = self.backend.apply(lg.target, planned)
                 extras = self._link_and_stall(lg.target, known)
             except Exception as e:  # noqa: BLE001 - any backend failure (a vanished container too) is one rejection
-                log.warning("toggler: %s: %s backend failed to apply seq %s to %s: %s",
-                            lg.name, self.backend.name, seq, lg.target, e)
-                outcome.update(status="rejected", reason="backend-failed",
-                               detail=echo(f"backend {self.backend.name}: {type(e).__name__}: {e}"))
+                effective, wait = None, self.retry.delay(lg.attempts) if retriable(e) else None
+                log.warning("toggler: %s: %s backend failed to apply seq %s to %s (attempt %d%s): %s", lg.name,
+                            self.backend.name, outcome["seq"], lg.target, lg.attempts,
+                            "" if wait is None else f", again in {wait:g} s", e)
+                outcome.update(status="rejected" if wait is None else "retrying", reason="backend-failed",
+                               detail=echo(f"backend {self.backend.name}: {type(e).__name__}: {e}"),
+                               effective=in_force(self.backend, lg.target))
+                if wait is not None:  # the change stays pending, tried again once the wait is over
+                    outcome["retry_in_s"], lg.retry_at = wait, time.monotonic() + wait
+                    return self._write(outcome)
             else:
                 outcome.update(status="applied", effective=effective.to_dict(), **extras)
         self._write(outcome)
-        lg.pending = None
+        lg.pending, lg.attempts = None, 0
         if effective is not None and self.console is not None:
             at = f" at epoch {outcome['epoch']:g}" if outcome["epoch"] is not None else ""
             self.console.print(f"toggler: {lg.target} -> {known} ({effective.describe()}){at}", markup=False)
+        return outcome
+
+    def _give_up(self, lg: LogState, reason: str, detail: str) -> dict[str, Any]:
+        """Reject the change ``lg`` is retrying, with the allocation in force, without another attempt."""
+        assert lg.pending is not None
+        outcome, _, _ = self._outcome(lg, lg.pending)
+        outcome.update(status="rejected", reason=reason, detail=detail, effective=in_force(self.backend, lg.target))
+        log.warning("toggler: %s: seq %s to %s given up after %d attempt(s): %s", lg.name, outcome["seq"],
+                    lg.target, lg.attempts, detail)
+        self._write(outcome)
+        lg.pending, lg.attempts = None, 0
         return outcome
 
     def _link_and_stall(self, target: str, level: str) -> dict[str, Any]:
@@ -410,25 +443,3 @@ def _plain(value: Any) -> str | None:
     """A note of our own from the audit, or None for anything that is not short printable ASCII."""
     ok = isinstance(value, str) and len(value) <= 2 * MAX_ECHO_CHARS and value.isascii() and value.isprintable()
     return value if ok else None
-
-
-@contextlib.contextmanager
-def toggler_lock(log_dir: Path) -> Iterator[None]:
-    """Hold ``toggler.lock`` in the log directory: one toggler per job, or changes would be applied twice."""
-    path = Path(log_dir) / "toggler.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:  # never through a symlink a worker may have put there
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise UserError(f"cannot open the toggler's lock {path}: {e.strerror}") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"another toggler is already running for {log_dir} (lock {path})") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)

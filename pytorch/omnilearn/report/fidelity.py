@@ -96,6 +96,34 @@ def level_fidelity(speeds: dict[str, dict[str, Any]], out_dir: Path, plan: Emula
     return out
 
 
+MAX_LISTED_CHANGES = 64  # changes listed one by one in summary.json (the counts cover them all)
+
+
+def change_outcomes(log_dir: Path) -> dict[str, Any]:
+    """How the run's allocation changes ended, from the toggler's audit (``summary.json``'s
+    ``allocation_changes``): ``changes`` begun, ``retried`` (the backend failed at least once),
+    ``never_held`` (the nominal allocation never took: rejected, superseded by the next request, or
+    still being retried when the run ended), and ``listed``, the first MAX_LISTED_CHANGES of those
+    retried or never held, each with its ``nominal`` allocation (the plan's), the one ``in_force``
+    (read back by the toggler from the kernel or Docker at its last record), its ``retries`` and its
+    last ``status`` (applied, rejected, retrying; applying: never tried, the toggler stopped first).
+    """
+    last: dict[tuple[Any, int], dict[str, Any]] = {}
+    for r in read_audit(log_dir, status=None):
+        if r.get("status") in ("applying", "retrying", "applied", "rejected") and type(r.get("offset_end")) is int:
+            last[(r.get("file"), r["offset_end"])] = r
+    entries = []
+    for r in last.values():
+        attempts = r.get("attempts") if type(r.get("attempts")) is int else 0
+        entries.append({"target": r.get("target"), "level": r.get("level"), "epoch": r.get("epoch"),
+                        "seq": r.get("seq"), "status": r.get("status"), "reason": r.get("reason"),
+                        "held": r.get("status") == "applied", "retries": max(attempts - 1, 0),
+                        "nominal": r.get("requested"), "in_force": r.get("effective")})
+    notable = [e for e in entries if e["retries"] or not e["held"]]
+    return {"changes": len(entries), "retried": sum(1 for e in entries if e["retries"]),
+            "never_held": sum(1 for e in entries if not e["held"]), "listed": notable[:MAX_LISTED_CHANGES]}
+
+
 def allreduce_ms(steps: list[list[dict[str, Any]]]) -> float | None:
     """The all-reduce's own cost per step (BSP): the sync time of the rank that waited least (the last
     to arrive), median over steps. A slow link shows here; balancing compute cannot remove it."""

@@ -11,7 +11,7 @@ from omnilearn.control.policies import KNOWS
 from omnilearn.files import read_records, write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, read_rank, restarts_path
-from omnilearn.report.fidelity import allreduce_ms, level_fidelity
+from omnilearn.report.fidelity import allreduce_ms, change_outcomes, level_fidelity
 from omnilearn.report.targets import target_report
 
 FINAL_WINDOW = 8  # steps per worker behind the "final" compute time (at the final batch size)
@@ -234,6 +234,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "batch_changes": sum(1 for e in _by_kind(r0, "batch_change") if e.get("reason") != "initial"),
         "settle": settle(steps, hl_events, _by_kind(r0, "batch_change")),
         "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan),
+        "allocation_changes": change_outcomes(out_dir / "logs"),
         "schedule": job.plan.schedule.name,
         "allreduce_ms": allreduce_ms(steps),
         "links": links_at(job, end0.get("level")),
@@ -329,8 +330,8 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "time_budget_s": cfg.train.time_budget_s,
         "batch_sizes": batches,
         "allocations": [s[-1].get("cpus") if s else None for s in steps],
-        "server_allocation": next((e["effective"].get("cpus") for e in reversed(_by_kind(server, "hl_change"))),
-                                  None),
+        "server_allocation": next((e["effective"].get("cpus") for e in reversed(server)
+                                   if e.get("kind") in ("hl_change", "hl_outcome")), None),
         "threads": [s[-1].get("threads") if s else None for s in steps],
         "compute_ms": [round(c * 1e3, 2) if c else None for c in compute],
         "sync_ms": [round(c, 2) if c is not None else None for c in comm],
@@ -341,6 +342,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "batch_changes": sum(1 for e in _by_kind(server, "batch_change") if e.get("reason") != "initial"),
         "settle": None,  # BSP only: ASP workers step alone, there is no common step to measure balance on
         "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan),
+        "allocation_changes": change_outcomes(out_dir / "logs"),
         "schedule": job.plan.schedule.name,
         "links": links_at(job, end.get("level")),
         "updates": [sum(1 for u in updates if u["worker"] == w) for w in range(1, cfg.workers + 1)],

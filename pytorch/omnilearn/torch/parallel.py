@@ -121,6 +121,9 @@ class HeteroDataParallel(torch.nn.Module):
                 ctl.initial(shares)
             elif ctl.reallocate(shares) is not None:
                 self.metrics.write("batch_change", step=self.steps_done, batch=list(ctl.batch), reason="allocation")
+        late = self.levels.outcome(position)  # a retried change's outcome: this rank's threads only
+        if late is not None:
+            self.metrics.write("hl_outcome", step=self.steps_done, **late)
         assert self.sampler is not None
         self.sizes = self.sampler.step_sizes(step, self.controller.batch)
         self.grads.zero()

@@ -120,6 +120,13 @@ class Levels:
         return {"from_level": previous, "level": level, "epoch": epoch_position, "target": self.target,
                 "status": "applied by omnilearn emulate", "clock_s": round(clock, 3)}
 
+    def outcome(self, epoch_position: float) -> dict[str, Any] | None:
+        """The outcome of a change the toggler was still retrying, once it has one (else None)."""
+        late = self.client.settle(epoch_position) if self.client is not None else None
+        if late is not None and self.client is not None:
+            self.cpus, self.threads = self.client.allocation.share, self.client.threads
+        return late
+
     def shares(self) -> list[float | None]:
         """Every rank's allocated CPUs at the level in force (for the policies named for them)."""
         if self.level is None:

@@ -131,7 +131,10 @@ def run_worker(job: JobSpec) -> None:
         event = client.ensure(control["level"], control["epoch"])
         if event is not None:
             metrics.write("hl_change", step=step, elapsed_s=control["elapsed"], **event)
-        if memory_model is not None and (event is not None or max_batch is None):
+        late = client.settle(control["epoch"])  # a retried change's outcome
+        if late is not None:
+            metrics.write("hl_outcome", step=step, elapsed_s=control["elapsed"], **late)
+        if memory_model is not None and (event is not None or late is not None or max_batch is None):
             max_batch = memory_model.max_batch_now(torch.device("cpu"))  # the level may change the limit
 
     follow({"level": job.plan.schedule.level_at(0), "epoch": 0.0, "elapsed": 0.0}, 0)

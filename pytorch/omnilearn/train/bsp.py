@@ -140,6 +140,9 @@ class BSPTrainer:
     def change_level(self, level: str, epoch: float, step: int) -> None:
         event = self.client.ensure(level, epoch)
         if event is None:
+            late = self.client.settle(epoch)  # a retried change's outcome: this rank's threads only
+            if late is not None:
+                self.metrics.write("hl_outcome", step=step, **late)
             return
         self.metrics.write("hl_change", step=step, **event)
         shares = self.controller.allocations(lambda: self.shares(level))

@@ -384,6 +384,9 @@ class ParameterServer:
                 event = client.ensure(level, epoch)
                 if event is not None:
                     self.metrics.write("hl_change", version=self.version, elapsed_s=self.elapsed(), **event)
+            late = client.settle(epoch)  # a retried change's outcome
+            if late is not None:
+                self.metrics.write("hl_outcome", version=self.version, elapsed_s=self.elapsed(), **late)
             if epoch >= next_snapshot and not self.stopping:
                 self.snapshot()
                 while next_snapshot <= epoch:

@@ -2,7 +2,8 @@
 
 Every backend returns the *effective* allocation it reads back after applying (from the cgroup
 files, sched_getaffinity or Docker), so the toggler's audit records what the kernel enforces, not
-what was asked. Every backend can also pause a target for a while (a trace's stalls, :mod:`.pauses`).
+what was asked; ``current`` reads the allocation in force without changing it (what the toggler
+records while a change fails). Every backend can also pause a target for a while (a trace's stalls, :mod:`.pauses`).
 A job with links has a :class:`LinkApplier` beside its backend: the workers' network namespaces
 (:mod:`omnilearn.emulator.netns`) or the containers' veths (:mod:`.docker_net`). Modules:
 :mod:`.cgroupfs` (the cgroup files), :mod:`.cgroup`, :mod:`.affinity`, :mod:`.docker`.
@@ -32,6 +33,10 @@ class Backend(Protocol):
     def apply(self, target: str, allocation: Allocation) -> Allocation:
         """Enforce ``allocation`` on ``target``; returns the allocation read back from the kernel."""
 
+    def current(self, target: str) -> Allocation | None:
+        """The allocation in force on ``target``, read back from the kernel or Docker without changing it
+        (None: nothing to read); what the audit records while a change fails."""
+
     def stall(self, target: str, seconds: float) -> None:
         """Pause ``target`` for ``seconds`` from now; returns at once (a timer resumes it, and ``close``)."""
 
@@ -60,6 +65,9 @@ class NullBackend:
 
     def apply(self, target: str, allocation: Allocation) -> Allocation:
         return allocation
+
+    def current(self, target: str) -> Allocation | None:
+        return None  # nothing is enforced, so nothing can be read back
 
     def stall(self, target: str, seconds: float) -> None:
         pass

@@ -117,15 +117,26 @@ class AffinityBackend:
         for p in procs:
             p.set_affinity(cpus)
         self._ensure_thread(target)
-        cpuset = allocation.cpuset  # nothing to read back before a process is added
+        cpuset = self._affinity(procs, allocation.cpuset)
+        return Allocation(cpuset=cpuset, cpus=self._achieved(target, allocation, bool(procs)), memory=None)
+
+    def current(self, target: str) -> Allocation:
+        """The mask of the target's first live process and the duty cycle achieved since the last apply."""
+        with self._lock:
+            t = self._targets.get(target, _Target())
+            procs, allocation, ran, wall = list(t.procs), t.allocation, t.ran_s, t.wall_s
+        cpus = round(allocation.threads() * ran / wall, 4) if wall > 0 else allocation.cpus
+        return Allocation(cpuset=self._affinity(procs, allocation.cpuset), cpus=cpus, memory=None)
+
+    def _affinity(self, procs: list[_Proc], requested: str | None) -> str | None:
+        """The cpuset read back from the first live process (``requested`` before any process is added)."""
         for p in procs:
             try:
                 kernel = format_cpuset(os.sched_getaffinity(p.pid))
             except ProcessLookupError:
                 continue
-            cpuset = effective_cpuset(kernel, allocation.cpuset, format_cpuset(self._host))
-            break
-        return Allocation(cpuset=cpuset, cpus=self._achieved(target, allocation, bool(procs)), memory=None)
+            return effective_cpuset(kernel, requested, format_cpuset(self._host))
+        return requested
 
     def _achieved(self, target: str, allocation: Allocation, throttled: bool) -> float | None:
         """The quota the throttle achieves over its first periods: threads x time let run / wall time."""

@@ -136,6 +136,10 @@ class CgroupV1Backend(_CgroupBackend):
                    "-1" if allocation.memory is None else str(allocation.memory))
         return self._read_back(target, allocation, full)
 
+    def current(self, target: str) -> Allocation:
+        self._known(target)
+        return self._read_back(target, Allocation(), read(self._dir("cpuset") / "cpuset.cpus"))
+
     def _enable_memory(self) -> None:
         if not (self.root / "memory").is_dir():
             raise UserError(f"a memory limit needs the v1 memory controller at {self.root / 'memory'}")
@@ -243,6 +247,10 @@ class CgroupV2Backend(_CgroupBackend):
         if "memory" in self.controllers:
             write(d / "memory.max", "max" if allocation.memory is None else str(allocation.memory))
         return self._read_back(target, allocation)
+
+    def current(self, target: str) -> Allocation:
+        self._known(target)
+        return self._read_back(target, Allocation())
 
     def _read_back(self, target: str, requested: Allocation) -> Allocation:
         d = self._dir(target)

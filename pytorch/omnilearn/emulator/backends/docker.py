@@ -173,6 +173,12 @@ class DockerBackend:
                                f"{effective.cpuset}")
         return effective
 
+    def current(self, target: str) -> Allocation:
+        container = self.container(target)
+        container.reload()
+        kernel = read_kernel(container.id) if self._client(target) is self.default else None
+        return effective_allocation(container.attrs, kernel)
+
     def stall(self, target: str, seconds: float) -> None:
         """Pause the container (its cgroup freezer) for ``seconds``."""
         container = self.container(target)

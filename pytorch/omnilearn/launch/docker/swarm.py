@@ -26,6 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from omnilearn.config import DockerConfig
+from omnilearn.emulator.audit import toggler_lock
 from omnilearn.emulator.backends.docker import (
     LABEL_JOB,
     LABEL_RANK,
@@ -35,7 +36,7 @@ from omnilearn.emulator.backends.docker import (
     run_kwargs,
 )
 from omnilearn.emulator.backends.docker_net import ContainerLinks
-from omnilearn.emulator.toggler import Toggler, toggler_lock
+from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic, write_in
 from omnilearn.jobfile import JOB_FILE, JobSpec
