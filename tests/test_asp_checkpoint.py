@@ -150,6 +150,7 @@ def _job(out: Path, *extra: str) -> list[str]:
             *extra]
 
 
+@pytest.mark.slow
 def test_a_stopped_asp_job_resumes_from_its_checkpoint_and_completes_the_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen(_job(out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -8,6 +8,10 @@ where its metrics file stood (:class:`MetricsOffset`). The model, optimizer and 
 their own. :func:`save` writes them together as one file, atomically (temporary file, fsync,
 rename): a kill at any moment leaves the previous checkpoint whole and loadable.
 
+Two writers use them: :class:`BSPCheckpoint` (rank 0 of a BSP job, every rank's small state
+gathered to it) and :class:`ASPCheckpoint` (the parameter server, with :class:`ServerProgress`; its
+workers go on from what the server tells them, and cut their metrics with :func:`cut_worker_metrics`).
+
 A checkpoint records a hash of the config's training-relevant parts (:func:`config_hash`), and
 :func:`load` refuses one made under another config.
 """
