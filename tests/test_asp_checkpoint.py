@@ -119,6 +119,24 @@ def test_resume_refuses_an_asp_checkpoint_of_another_config(tmp_path: Path) -> N
         resume_config(parse(["run", "--resume", str(out), "--set", "train.lr=0.5"]))
 
 
+class _Planted:
+    """What a compromised server container could write as its checkpoint: unpickling it makes a folder."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return os.mkdir, (str(self.marker),)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unrun(tmp_path: Path) -> None:
+    path, marker = tmp_path / "checkpoint.pt", tmp_path / "ran"
+    torch.save({"format": checkpoint.FORMAT, "progress": _Planted(marker)}, path)
+    with pytest.raises(UserError, match="cannot be read"):
+        checkpoint.load(path, _cfg())
+    assert not marker.exists()
+
+
 def test_index_stream_skip_is_take_without_the_indices() -> None:
     for n in (0, 3, 10, 17, 20, 35):
         whole, skipped = IndexStream(10, seed=4, rank=2), IndexStream(10, seed=4, rank=2)

@@ -83,8 +83,8 @@ def load(path: Path, cfg: JobConfig) -> dict[str, Any]:
     """The checkpoint at ``path``; a UserError when it is missing, unreadable or of another config."""
     if not path.is_file():
         raise UserError(f"no checkpoint {path} to resume from")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+    try:  # tensors and plain containers only: a file a container could write never runs code here
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - whatever torch finds wrong, the file cannot be used
         raise UserError(f"checkpoint {path} cannot be read: {e}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -168,18 +168,22 @@ def _copy(value: Any) -> Any:
 
 
 class RngState:
-    """Python's, NumPy's and torch's global generators, and the generators a trainer owns."""
+    """Python's, NumPy's and torch's global generators, and the generators a trainer owns (NumPy's
+    key as a tensor: a checkpoint holds tensors and plain containers only)."""
 
     def __init__(self, **generators: torch.Generator) -> None:
         self.generators = generators
 
     def state_dict(self) -> dict[str, Any]:
-        return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        numpy_state = (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+        return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(),
                 **{f"gen.{k}": g.get_state() for k, g in self.generators.items()}}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         random.setstate(d["python"])
-        np.random.set_state(d["numpy"])
+        name, keys, pos, has_gauss, gauss = d["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
         torch.set_rng_state(d["torch"])
         for k, g in self.generators.items():
             g.set_state(d[f"gen.{k}"])
