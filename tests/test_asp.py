@@ -371,8 +371,8 @@ def test_a_killed_asp_worker_stops_the_job_with_its_rank_and_a_checkpoint(tmp_pa
     assert proc.returncode == 1, output
     assert "ASP worker rank 2 (aspworker3) died: SIGKILL" in output
     assert time.time() - t0 < 15
-    checkpoint = torch.load(out / "snapshots" / "checkpoint.pt", weights_only=True)
-    assert checkpoint["version"] >= 6 and set(checkpoint) >= {"model", "optimizer", "samples", "batch"}
+    saved = torch.load(out / "snapshots" / "checkpoint.pt", weights_only=True)
+    assert saved["progress"]["version"] >= 6 and set(saved) >= {"model", "optimizer", "controller", "progress"}
     fault = [r for r in read_jsonl(out / "metrics" / "rank-0.jsonl") if r["kind"] == "fault"]
     assert fault and fault[-1]["checkpoint"] == str(out / "snapshots" / "checkpoint.pt")
     _assert_cleaned_up(out)

@@ -218,8 +218,9 @@ class CheckpointConfig:
     """Checkpoints a stopped or failed run resumes from (``omnilearn run --resume OUT``)."""
 
     every: int | str | None = None
-    """Save every N epochs (an integer), or every N seconds of training (``"30s"``), and at the end;
-    null: no checkpoints (an ASP server still saves one when it stops on a fault)."""
+    """Save every N epochs (an integer), or every N seconds of training (``"30s"``), and at the end
+    (ASP: epochs of the server's applied samples, seconds of its clock); null: no checkpoints (an
+    ASP server still saves one when it stops on a fault or SIGTERM)."""
 
     def interval(self) -> tuple[str, float] | None:
         """``("epochs", n)``, ``("seconds", s)`` or None; the value is checked by the job's validation."""

@@ -264,15 +264,16 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def update_rates(updates: list[dict[str, Any]], workers: int, t_from: float, t_to: float) -> list[float]:
-    """Updates per second each worker (1..N) got applied at the server between two times.
+    """Updates per second each worker (1..N) got applied at the server between two times of the server's
+    training clock (``elapsed_s``: a resumed run's clock goes on from its checkpoint's, pauses excluded).
 
     Measured between a worker's first and last update inside the window (``(n - 1) / span``), so a
     window edge falling mid-step does not count a fraction of a step as a whole one.
     """
     times: list[list[float]] = [[] for _ in range(workers)]
     for u in updates:
-        if t_from <= u["time"] <= t_to:
-            times[u["worker"] - 1].append(u["time"])
+        if t_from <= u["elapsed_s"] <= t_to:
+            times[u["worker"] - 1].append(u["elapsed_s"])
     return [(len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) >= 2 and ts[-1] > ts[0] else 0.0 for ts in times]
 
 
@@ -291,7 +292,6 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
     if end is None or missing:
         ranks = ([0] if end is None else []) + missing
         raise RuntimeError(f"run in {out_dir} did not finish: no end record for ranks {ranks}")
-    start = _by_kind(server, "train_start")[-1]["time"]
     updates = _by_kind(server, "update")
     steps = [_by_kind(recs, "step") for recs in workers]
     evals = read_records(eval_path(out_dir))
@@ -306,10 +306,10 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
     known = [c for c in compute if c]
     ideal = (sum(b / c for b, c in zip(last, compute, strict=True))
              if known and len(known) == len(compute) else None)
-    t_done = start + end["done_time_s"]
-    t_from = t_done - RATE_WINDOW * end["done_time_s"]
+    t_done = end["done_time_s"]  # on the server's training clock, like train_time_s
+    t_from = t_done - RATE_WINDOW * t_done
     rates = update_rates(updates, cfg.workers, t_from, t_done)
-    rates_run = update_rates(updates, cfg.workers, start, start + end["wall_time_s"])
+    rates_run = update_rates(updates, cfg.workers, 0.0, end["train_time_s"])
     staleness = [float(u["staleness"]) for u in updates]
     per_worker = [[float(u["staleness"]) for u in updates if u["worker"] == w] for w in range(1, cfg.workers + 1)]
     wall = end["wall_time_s"]
@@ -320,7 +320,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "samples": end["samples"],
         "wall_time_s": round(wall, 3),
         "train_time_s": round(end["train_time_s"], 3),
-        "samples_per_s": round(end["samples"] / wall, 3),
+        "samples_per_s": round(end["samples"] / end["train_time_s"], 3),
         "final_accuracy": evals[-1]["accuracy"] if evals else None,
         "final_loss": evals[-1]["loss"] if evals else None,
         "final_perplexity": evals[-1].get("perplexity") if evals else None,
@@ -337,7 +337,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "sync_ms": [round(c, 2) if c is not None else None for c in comm],
         "imbalance": round(max(known) / min(known) - 1, 4) if known else None,
         "ideal_samples_per_s": round(ideal, 3) if ideal else None,
-        "hl_changes": [{"time": round(e["time"] - start, 3), "epoch": e["epoch"], "level": e["level"]}
+        "hl_changes": [{"time": round(e["elapsed_s"], 3), "epoch": e["epoch"], "level": e["level"]}
                        for e in _by_kind(server, "hl_change")],
         "batch_changes": sum(1 for e in _by_kind(server, "batch_change") if e.get("reason") != "initial"),
         "settle": None,  # BSP only: ASP workers step alone, there is no common step to measure balance on
@@ -348,7 +348,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "updates": [sum(1 for u in updates if u["worker"] == w) for w in range(1, cfg.workers + 1)],
         "update_rates": [round(r, 4) for r in rates],
         "update_rate_spread": round(max(rates) / min(rates), 4) if min(rates) > 0 else None,
-        "update_rate_window_s": [round(t_from - start, 3), round(t_done - start, 3)],
+        "update_rate_window_s": [round(t_from, 3), round(t_done, 3)],
         "update_rates_run": [round(r, 4) for r in rates_run],
         "staleness_mean": round(statistics.fmean(staleness), 4) if staleness else None,
         "staleness_p95": _percentile(staleness, 95),

@@ -20,6 +20,10 @@ Data: each worker streams the whole training set, pass after pass, each pass in 
 by ``(seed, rank, pass)``; a batch that runs past the end of a pass continues into the next. An epoch
 is the server's count of applied samples divided by the training-set size.
 
+Resume: a worker of a resumed job learns from the server's ``hello`` reply how many of its pushes
+the server's checkpoint holds and how many samples they took; it cuts its metrics file back to them
+and goes on in its stream from there (its augmentation generator reseeded from that point).
+
 Evaluation must not take CPU from the emulated training: the server saves snapshots of its model at
 fixed epoch intervals (``asp.eval_interval``) and at the end, and :func:`~omnilearn.train.evaluate.evaluate_snapshots` scores
 every one on the held-out split after the job, outside the emulated allocations
@@ -41,6 +45,7 @@ from omnilearn.emulator.plan import SERVER_TARGET
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.train import asp_rpc, memory
+from omnilearn.train.checkpoint import cut_worker_metrics
 from omnilearn.train.distributed import GradBuffer, env_int, flat_state
 from omnilearn.train.models import count_parameters
 from omnilearn.train.workload import Workload, gather
@@ -82,6 +87,15 @@ class IndexStream:
             count -= n
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.long)
 
+    def skip(self, count: int) -> None:
+        """Move on ``count`` indices, as :meth:`take` would, without gathering them."""
+        passes, pos = divmod(self.passes * self.size + self._pos + count, self.size)
+        if pos == 0 and passes > 0:  # at the end of a pass, as take leaves it
+            passes, pos = passes - 1, self.size
+        if passes != self.passes:
+            self._perm = self._permutation(passes)
+        self.passes, self._pos = passes, pos
+
 
 def _call(fn: Any, args: tuple, timeout: float) -> Any:
     """``rpc_sync`` to the server, sent again after a timeout (the server drops a repeated push)."""
@@ -116,33 +130,46 @@ def run_worker(job: JobSpec) -> None:
     grads = GradBuffer(list(model.parameters()), extra=state.numel() - n_params)  # gradient, then BN change
     target = job.plan.target(rank)
     client = AllocationClient(job.plan, job.log_dir, rank, target, cfg.emulation.ack_timeout)
-    metrics = MetricsWriter(metrics_path(job.out_dir, rank))
     stream = IndexStream(len(train), t_cfg.seed, rank)
     augment = torch.Generator().manual_seed(t_cfg.seed * 1000 + rank)
     timeout = cfg.asp.worker_timeout_s
-    metrics.write("start", rank=rank, world=world, target=target, role="worker", params=count_parameters(model),
-                  train_samples=len(train), test_samples=len(test), policy=c_cfg.policy)
     memory_model = probe_memory(cfg, model, work, grads) if c_cfg.memory_bounds else None
     max_batch: int | None = None
+    metrics: MetricsWriter | None = None  # opened after the hello: a resumed worker cuts its file first
 
-    def follow(control: dict[str, Any], step: int) -> None:
+    def follow(control: dict[str, Any], step: int) -> dict[str, Any] | None:
         """Adopt the level the server's epoch (or clock) implies for this worker's own target."""
         nonlocal max_batch
         event = client.ensure(control["level"], control["epoch"])
         if event is not None:
-            metrics.write("hl_change", step=step, elapsed_s=control["elapsed"], **event)
+            event = {"step": step, "elapsed_s": control["elapsed"], "time": time.time(), **event}
+            if metrics is not None:
+                metrics.write("hl_change", **event)
         late = client.settle(control["epoch"])  # a retried change's outcome
-        if late is not None:
+        if late is not None and metrics is not None:
             metrics.write("hl_outcome", step=step, elapsed_s=control["elapsed"], **late)
         if memory_model is not None and (event is not None or late is not None or max_batch is None):
             max_batch = memory_model.max_batch_now(torch.device("cpu"))  # the level may change the limit
+        return event
 
-    follow({"level": job.plan.schedule.level_at(0), "epoch": 0.0, "elapsed": 0.0}, 0)
+    first = follow({"level": job.plan.schedule.level_at(0), "epoch": 0.0, "elapsed": 0.0}, 0)
     rpc.init_rpc(target, rank=rank, world_size=world, rpc_backend_options=asp_rpc.rpc_options(timeout, cfg.workers))
     control = rpc.rpc_sync(SERVER_TARGET, asp_rpc.rpc_hello, args=(rank, timeout, max_batch), timeout=2 * timeout)
     t_start = time.time()
     batch = control["batch"]
-    step = seq = samples = 0
+    step = seq = control["pushes"]  # a resumed worker goes on after its pushes the server's checkpoint holds
+    samples = control["samples"]
+    if job.resume:
+        cut_worker_metrics(metrics_path(job.out_dir, rank), seq)
+    if seq:
+        stream.skip(samples)
+        mixed = np.random.SeedSequence([t_cfg.seed, rank, seq]).generate_state(1, dtype=np.uint64)[0]
+        augment.manual_seed(int(mixed) & ((1 << 63) - 1))
+    metrics = MetricsWriter(metrics_path(job.out_dir, rank))
+    metrics.write("start", rank=rank, world=world, target=target, role="worker", params=count_parameters(model),
+                  train_samples=len(train), test_samples=len(test), policy=c_cfg.policy, pushes=seq, samples=samples)
+    if first is not None:
+        metrics.write("hl_change", **first)
     while not control["stop"]:
         follow(control, step)
         t0 = time.perf_counter()

@@ -89,7 +89,12 @@ def run_server(job: JobSpec) -> None:
                   train_samples=len(train), test_samples=len(test), target_samples=server.target_samples,
                   policy=cfg.control.policy, lr_reference_batch=server.b_ref,
                   staleness_damping=cfg.asp.staleness_damping, workers=cfg.workers)
-    metrics.write("batch_change", version=0, epoch=0.0, batch=list(server.controller.batch), reason="initial")
+    if server.checkpoint.resumed:
+        metrics.write("resume", version=server.version, samples=server.samples, epoch=server.epoch,
+                      clock=server.clock, level=server.level, pushes=list(server.last_seq),
+                      checkpoint_saved=server.checkpoint.state["saved"])
+    metrics.write("batch_change", version=server.version, epoch=server.epoch, batch=list(server.controller.batch),
+                  reason="resumed" if server.checkpoint.resumed else "initial")
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     client = AllocationClient(job.plan, job.log_dir, 0, SERVER_TARGET, cfg.emulation.ack_timeout)
     try:
@@ -109,12 +114,14 @@ def run_server(job: JobSpec) -> None:
             os._exit(UserError.exit_status)
         if not isinstance(e, (WorkerTimeout, Terminated, KeyboardInterrupt, UserError)):
             traceback.print_exc()
-        path = server.save_checkpoint()
+        path = server.checkpoint.path
         reason = str(e) if isinstance(e, (WorkerTimeout, UserError)) else (
             "stopped by the launcher" if isinstance(e, (Terminated, KeyboardInterrupt))
             else f"parameter server failed: {type(e).__name__}: {e}")
+        # Before the save: a resumed run keeps the records its checkpoint saw, this one included.
         metrics.write("fault", message=reason, checkpoint=str(path), version=server.version,
                       samples=server.samples, epoch=server.epoch)
+        server.checkpoint.save("stopped")
         metrics.close()
         print(f"omnilearn: error: {reason}; job stopped, server checkpoint saved to {path}", file=sys.stderr,
               flush=True)
@@ -122,8 +129,11 @@ def run_server(job: JobSpec) -> None:
         os._exit(143 if isinstance(e, Terminated) else UserError.exit_status if isinstance(e, UserError) else 1)
     signal.signal(signal.SIGTERM, previous)
     assert server.t_start is not None and server.t_done is not None and server.t_end is not None
-    wall = server.t_end - server.t_start  # until the last worker stopped: every gradient applied
-    metrics.write("end", wall_time_s=wall, train_time_s=wall, done_time_s=server.t_done - server.t_start,
+    # Until the last worker stopped (every gradient applied): since the run first started (a resumed
+    # run's pause included), and on the training clock, which goes on from the checkpoint's.
+    assert server.started is not None
+    metrics.write("end", wall_time_s=server.t_end - server.started, train_time_s=server.elapsed(server.t_end),
+                  done_time_s=server.elapsed(server.t_done),
                   samples=server.samples, target_samples=server.target_samples, updates=list(server.updates),
                   version=server.version, duplicates=server.duplicates, batch=list(server.controller.batch),
                   level=server.level, epoch=server.epoch)

@@ -8,6 +8,10 @@ where its metrics file stood (:class:`MetricsOffset`). The model, optimizer and 
 their own. :func:`save` writes them together as one file, atomically (temporary file, fsync,
 rename): a kill at any moment leaves the previous checkpoint whole and loadable.
 
+Two writers use them: :class:`BSPCheckpoint` (rank 0 of a BSP job, every rank's small state
+gathered to it) and :class:`ASPCheckpoint` (the parameter server, with :class:`ServerProgress`; its
+workers go on from what the server tells them, and cut their metrics with :func:`cut_worker_metrics`).
+
 A checkpoint records a hash of the config's training-relevant parts (:func:`config_hash`), and
 :func:`load` refuses one made under another config.
 """
@@ -57,20 +61,30 @@ def config_hash(cfg: JobConfig) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def save(path: Path, state: dict[str, Any], cfg: JobConfig) -> None:
-    """Write ``state`` (with the config's hash and the time) as ``path``, atomically."""
+def encode(state: dict[str, Any], cfg: JobConfig) -> bytes:
+    """``state`` with the config's hash and the time, serialised: a copy that live tensors may change after."""
     buffer = io.BytesIO()
     torch.save({"format": FORMAT, "config_hash": config_hash(cfg), "saved": time.time(), **state}, buffer)
+    return buffer.getvalue()
+
+
+def write(path: Path, data: bytes) -> None:
+    """Write an encoded checkpoint as ``path``, atomically (temporary file, fsync, rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, buffer.getvalue())
+    write_atomic(path, data)
+
+
+def save(path: Path, state: dict[str, Any], cfg: JobConfig) -> None:
+    """Write ``state`` (with the config's hash and the time) as ``path``, atomically."""
+    write(path, encode(state, cfg))
 
 
 def load(path: Path, cfg: JobConfig) -> dict[str, Any]:
     """The checkpoint at ``path``; a UserError when it is missing, unreadable or of another config."""
     if not path.is_file():
         raise UserError(f"no checkpoint {path} to resume from")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+    try:  # tensors and plain containers only: a file a container could write never runs code here
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - whatever torch finds wrong, the file cannot be used
         raise UserError(f"checkpoint {path} cannot be read: {e}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -154,18 +168,22 @@ def _copy(value: Any) -> Any:
 
 
 class RngState:
-    """Python's, NumPy's and torch's global generators, and the generators a trainer owns."""
+    """Python's, NumPy's and torch's global generators, and the generators a trainer owns (NumPy's
+    key as a tensor: a checkpoint holds tensors and plain containers only)."""
 
     def __init__(self, **generators: torch.Generator) -> None:
         self.generators = generators
 
     def state_dict(self) -> dict[str, Any]:
-        return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        numpy_state = (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+        return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(),
                 **{f"gen.{k}": g.get_state() for k, g in self.generators.items()}}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         random.setstate(d["python"])
-        np.random.set_state(d["numpy"])
+        name, keys, pos, has_gauss, gauss = d["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
         torch.set_rng_state(d["torch"])
         for k, g in self.generators.items():
             g.set_state(d[f"gen.{k}"])
@@ -310,3 +328,115 @@ class BSPCheckpoint:
         save(self.path, {**shared, "ranks": ranks}, self.t.cfg)
         self.t.metrics.write("checkpoint", step=steps, epoch=epoch, step_in_epoch=step, samples=samples,
                              clock=clock, save_s=round(time.perf_counter() - t0, 3))
+
+
+# ------------------------------------------------------------------------------------ ASP
+
+
+class ServerProgress:
+    """The parameter server's counters: gradients applied (``version``), samples, each worker's pushes
+    applied (``last_seq``, ``updates``) and the samples they held (where its data stream stands),
+    duplicates, the last epoch the ``paper`` policy decided at, the level, the evaluation snapshots
+    taken and the epoch of the next, the run's first start, and the server's training clock (the
+    schedule's seconds and the time budget go on from it)."""
+
+    FIELDS = ("version", "samples", "last_seq", "updates", "worker_samples", "duplicates", "decided_epoch",
+              "level", "snapshots", "next_snapshot", "started")
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self.server
+        return {**{k: _copy(getattr(s, k)) for k in self.FIELDS}, "clock": s.elapsed()}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        s = self.server
+        assert len(d["last_seq"]) == s.workers, (d["last_seq"], s.workers)
+        for k in self.FIELDS:
+            setattr(s, k, _copy(d[k]))
+        s.clock = d["clock"]
+
+
+class ASPCheckpoint:
+    """The parameter server's checkpoints: model (parameters and BatchNorm statistics), optimizer,
+    controller, progress, save schedule, generators and where the server's metrics file stood. The
+    learning rate follows from the progress (its milestones are epochs of applied samples); each
+    worker's data position and push count come back to it in the reply to its ``hello``.
+
+    Saved on ``checkpoint.every`` (epochs of applied samples, or seconds of the server's clock), at
+    the end, and whenever the server stops early (SIGTERM, a silent worker, a fault) whatever
+    ``every`` says. The state is copied under the server's lock: pushes wait for the copy, not the write.
+    """
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        out = Path(server.job.out_dir)
+        self.path = checkpoint_path(out, "asp")
+        self.schedule = CheckpointSchedule(server.cfg.checkpoint.interval())
+        self.metrics = MetricsOffset(out / "metrics" / "rank-0.jsonl")
+        self.resuming = bool(getattr(server.job, "resume", False))
+        self.last_epoch = 0.0
+        self.state: dict[str, Any] | None = None
+        if self.resuming:  # the metrics cut before the server writes its first record
+            self.state = load(self.path, server.cfg) if self.path.is_file() else None
+            self.metrics.load_state_dict(self.state["metrics"] if self.state else {"size": 0})
+        self.resumed = self.state is not None
+
+    def _objects(self) -> dict[str, Any]:
+        s = self.server
+        return {"model": s.model, "optimizer": s.optimizer, "controller": ControllerState(s.controller),
+                "progress": ServerProgress(s), "schedule": self.schedule, "rng": RngState(), "metrics": self.metrics}
+
+    def restore(self) -> None:
+        """Load the checkpoint into the server (before the workers register); snapshots taken after it
+        (or all, for a restart before the first checkpoint) are removed: the resumed run takes them again."""
+        if not self.resuming:
+            return
+        if self.state is not None:
+            for name, obj in self._objects().items():
+                if name != "metrics":  # cut at construction
+                    obj.load_state_dict(self.state[name])
+            self.last_epoch = self.server.epoch
+        for f in self.path.parent.glob("snapshot-*.pt"):
+            index = f.stem.removeprefix("snapshot-")
+            if not index.isdigit() or int(index) >= self.server.snapshots:
+                f.unlink()
+
+    def due(self) -> bool:
+        s = self.server
+        return self.schedule.due_epoch(s.epoch, self.last_epoch) or self.schedule.due_clock(s.elapsed())
+
+    def save(self, reason: str) -> Path:
+        """Write the checkpoint now (``reason``: every, end, or why the server stopped)."""
+        s = self.server
+        t0 = time.perf_counter()
+        with s.lock:
+            clock, self.last_epoch = s.elapsed(), s.epoch
+            self.schedule.saved(clock)
+            state = {name: obj.state_dict() for name, obj in self._objects().items()}
+            data = encode(state, s.cfg)
+            copied = time.perf_counter() - t0
+            version, samples, epoch = s.version, s.samples, s.epoch
+        write(self.path, data)
+        s.metrics.write("checkpoint", reason=reason, version=version, samples=samples, epoch=epoch, clock=clock,
+                        bytes=len(data), locked_s=round(copied, 4), save_s=round(time.perf_counter() - t0, 4))
+        return self.path
+
+
+def cut_worker_metrics(path: Path, pushes: int) -> None:
+    """Cut an ASP worker's metrics file before its first ``step`` record past push ``pushes`` (the
+    pushes the server's checkpoint holds): the resumed worker makes those steps again."""
+    if not Path(path).exists():
+        return
+    offset = 0
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:  # a line cut short by the stop: nothing after it is kept
+                break
+            if record.get("kind") == "step" and record.get("seq", 0) > pushes:
+                break
+            offset += len(line)
+    MetricsOffset(path).load_state_dict({"size": offset})

@@ -52,6 +52,13 @@ training when that is known at registration.
 when ``train.time_budget_s`` seconds have passed since the workers started: every later pull or push is answered with ``stop`` (a gradient already computed is still applied).
 A watchdog stops the job, with ``OUT/snapshots/checkpoint.pt`` saved, when a worker has not called for
 ``asp.worker_timeout_s``; SIGTERM (the launcher stopping the job) also saves the checkpoint.
+
+**Checkpoints and resume.** The server also checkpoints on ``checkpoint.every`` and at the end
+(:class:`~omnilearn.train.checkpoint.ASPCheckpoint`). A resumed job (``omnilearn run --resume``, or a
+restart) loads it before the workers register: the version, samples, clock, level and controller go
+on, and each worker's ``hello`` reply tells it how many of its pushes were applied and how many
+samples they held, so it goes on from there in its own data stream (a push computed but never
+applied is computed again).
 """
 
 from __future__ import annotations
@@ -73,14 +80,13 @@ from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter
+from omnilearn.train.checkpoint import ASPCheckpoint
 from omnilearn.train.distributed import GradBuffer, flat_state
 from omnilearn.train.evaluate import SNAPSHOT_DIR
 from omnilearn.train.memory import enforce_bounds
 from omnilearn.train.workload import make_optimizer
 
 log = logging.getLogger("omnilearn.server")
-
-CHECKPOINT = "checkpoint.pt"
 
 
 class WorkerTimeout(Exception):
@@ -139,6 +145,8 @@ class ParameterServer:
         self.ready = threading.Condition(self.lock)
         self.version = 0
         self.samples = 0
+        self.clock = 0.0  # training seconds before this start (a resumed run's clock goes on)
+        self.started: float | None = None  # when the run first started training
         self.t_start: float | None = None
         self.t_done: float | None = None  # when the applied samples reached the target
         self.t_end: float | None = None  # when the last worker was told to stop
@@ -147,10 +155,15 @@ class ParameterServer:
         self.stopped = [False] * self.workers
         self.last_seq = [0] * self.workers
         self.updates = [0] * self.workers
+        self.worker_samples = [0] * self.workers  # samples of each worker's applied pushes
         self.last_contact = [time.time()] * self.workers
         self.replies: list[dict[str, Any] | None] = [None] * self.workers
         self.decided_epoch = 0  # paper: the last whole epoch a decision was taken at
         self.duplicates = 0
+        self.snapshots = 0
+        self.next_snapshot = cfg.asp.eval_interval
+        self.checkpoint = ASPCheckpoint(self)  # a resumed run: its metrics are cut back first
+        self.checkpoint.restore()
 
     # ------------------------------------------------------------------ state
 
@@ -162,7 +175,8 @@ class ParameterServer:
         return self.samples / self.train_size
 
     def elapsed(self, now: float | None = None) -> float:
-        return 0.0 if self.t_start is None else (now or time.time()) - self.t_start
+        """The server's training clock: seconds since training started, those of earlier attempts included."""
+        return self.clock if self.t_start is None else (now or time.time()) - self.t_start
 
     def base_lr(self) -> float:
         t = self.cfg.train
@@ -191,7 +205,8 @@ class ParameterServer:
             if not self.ready.wait_for(lambda: self.t_start is not None, timeout=timeout):
                 raise RuntimeError(f"the parameter server did not start within {timeout:.0f} s")
             self.last_contact[i] = time.time()
-            return self._control(i)
+            # Where a resumed worker goes on: its pushes applied and the samples they held.
+            return {**self._control(i), "pushes": self.last_seq[i], "samples": self.worker_samples[i]}
 
     def pull(self, rank: int) -> tuple[torch.Tensor | None, dict[str, Any]]:
         i = self._index(rank)
@@ -237,6 +252,7 @@ class ParameterServer:
                 counter += 1
             self.version += 1
             self.samples += batch
+            self.worker_samples[i] += batch
             self.updates[i] += 1
             self.last_seq[i] = seq
             self.metrics.write("update", worker=rank, seq=seq, version=self.version, grad_version=version,
@@ -325,24 +341,12 @@ class ParameterServer:
         with self.lock:
             snap = {"state": self.state.clone(), "n_params": self.n_params, "version": self.version,
                     "samples": self.samples, "epoch": self.epoch, "elapsed_s": self.elapsed(), "final": final}
-        folder = self.job.out_dir / SNAPSHOT_DIR
-        folder.mkdir(exist_ok=True)
-        path = folder / f"snapshot-{len(list(folder.glob('snapshot-*.pt'))):03d}.pt"
+            path = self.job.out_dir / SNAPSHOT_DIR / f"snapshot-{self.snapshots:03d}.pt"
+            self.snapshots += 1
+        path.parent.mkdir(exist_ok=True)
         _save_atomic(snap, path)
         self.metrics.write("snapshot", file=path.name, version=snap["version"], epoch=snap["epoch"],
                            samples=snap["samples"], elapsed_s=snap["elapsed_s"], final=final)
-        return path
-
-    def save_checkpoint(self) -> Path:
-        """``OUT/snapshots/checkpoint.pt``: everything needed to resume the server (model, optimizer, progress),
-        in the one folder the server's container may write."""
-        path = self.job.out_dir / SNAPSHOT_DIR / CHECKPOINT
-        path.parent.mkdir(exist_ok=True)
-        with self.lock:
-            _save_atomic({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                          "version": self.version, "samples": self.samples, "epoch": self.epoch,
-                          "batch": list(self.controller.batch), "updates": list(self.updates),
-                          "last_seq": list(self.last_seq), "level": self.level}, path)
         return path
 
     # ------------------------------------------------------------------ main loop
@@ -360,13 +364,14 @@ class ParameterServer:
             self.apply_memory_bounds()
             if self.fault is not None:
                 raise self.fault  # before training: the workers wait in hello, the launcher stops them
-            self.t_start = time.time()
-            self.last_contact = [self.t_start] * self.workers
+            self.t_start = time.time() - self.clock
+            self.started = self.started or self.t_start
+            self.last_contact = [time.time()] * self.workers
             self.ready.notify_all()
         self.metrics.write("train_start", batch=list(self.controller.batch), level=self.level,
-                           target_samples=self.target_samples)
+                           target_samples=self.target_samples, clock=self.clock, version=self.version,
+                           samples=self.samples)
         interval = self.cfg.asp.eval_interval
-        next_snapshot = interval
         while True:
             with self.lock:
                 self.advance()
@@ -387,13 +392,17 @@ class ParameterServer:
             late = client.settle(epoch)  # a retried change's outcome
             if late is not None:
                 self.metrics.write("hl_outcome", version=self.version, elapsed_s=self.elapsed(), **late)
-            if epoch >= next_snapshot and not self.stopping:
+            if epoch >= self.next_snapshot and not self.stopping:
                 self.snapshot()
-                while next_snapshot <= epoch:
-                    next_snapshot += interval
+                while self.next_snapshot <= epoch:
+                    self.next_snapshot += interval
+            if not self.stopping and self.checkpoint.due():
+                self.checkpoint.save("every")
             time.sleep(poll)
         self.t_end = time.time()
         self.snapshot(final=True)
+        if self.checkpoint.schedule.enabled:
+            self.checkpoint.save("end")
 
     def _describe(self, indices: list[int], what: str) -> str:
         names = ", ".join(f"rank {i + 1} ({self.worker_targets[i]})" for i in indices)
