@@ -25,18 +25,9 @@ from omnilearn.train import checkpoint
 from omnilearn.train.asp import IndexStream
 from omnilearn.train.checkpoint import cut_worker_metrics
 from omnilearn.train.parameter_server import LockedWriter, ParameterServer
+from test_asp import TinyBN
 
 # ---------------------------------------------------------------------------------------- in process
-
-
-class TinyBN(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = torch.nn.Linear(3, 2)
-        self.bn = torch.nn.BatchNorm1d(2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.bn(self.fc(x))
 
 
 def _cfg(*sets: tuple[str, Any]) -> config.JobConfig:
