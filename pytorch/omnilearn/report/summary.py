@@ -59,8 +59,9 @@ def metric_of(evals: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def lower_is_better(summary: dict[str, Any]) -> bool:
-    """Whether the metric :func:`main_metric` names improves downwards (perplexity, or a workload's that says so)."""
-    return main_metric(summary) == "perplexity" or bool(summary.get("metric_lower_is_better"))
+    """Whether the workload says its metric improves downwards (perplexity is known to by name:
+    :func:`~omnilearn.report.targets.higher_is_better`)."""
+    return bool(summary.get("metric_lower_is_better"))
 
 
 def describe(job: JobSpec) -> dict[str, Any]:
