@@ -42,3 +42,16 @@ def job_id_of(out: Path, timeout: float = 60) -> str:
             return json.loads((out / "job.json").read_text())["job_id"]
         time.sleep(0.2)
     raise AssertionError(f"no {out / 'job.json'}")
+
+
+def live_workers(out: Path) -> dict[int, int]:
+    """rank -> pid of the run's worker processes that are alive now, from the run's own pid file
+    (``pids.json``; a pid reused by another process, or a zombie, does not count)."""
+    from omnilearn.launch import pidfile
+
+    path = out / "pids.json"
+    if not path.is_file():
+        return {}
+    workers = json.loads(path.read_text()).get("workers", [])
+    return {w["rank"]: w["pid"] for w in workers
+            if pidfile.same_process(w["pid"], w["start"]) and pidfile._state(w["pid"]) not in (None, "Z")}

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from jobs import live_workers
 from omnilearn import config
 from omnilearn.emulator.plan import SERVER_TARGET, build_plan
 from omnilearn.errors import UserError
@@ -346,11 +347,9 @@ def _start(tmp_path: Path, timeout: float) -> tuple[subprocess.Popen, Path]:
 
 
 def _pid_of_rank(out: Path, rank: int) -> int:
-    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-            and str(out / "job.json") in Path(p, "cmdline").read_bytes().decode(errors="replace")
-            and f"RANK={rank}" in Path(p, "environ").read_bytes().decode(errors="replace").split("\0")]
-    assert len(pids) == 1, pids
-    return pids[0]
+    pids = live_workers(out)
+    assert rank in pids, pids
+    return pids[rank]
 
 
 def _assert_cleaned_up(out: Path) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from jobs import live_workers
 from omnilearn import config
 from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
@@ -157,10 +158,7 @@ def test_a_killed_bsp_worker_restarts_from_the_checkpoint_and_sees_the_same_samp
     while time.time() < deadline and not (metrics.exists() and '"epoch":1' in metrics.read_text()):
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
         time.sleep(0.05)
-    victim = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-              and str(out / "job.json") in Path(p, "cmdline").read_bytes().decode(errors="replace")
-              and "RANK=1" in Path(p, "environ").read_bytes().decode(errors="replace").split("\0")]
-    assert len(victim) == 1
+    victim = [live_workers(out)[1]]
     os.kill(victim[0], signal.SIGKILL)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs import live_workers
 from omnilearn.launch import pidfile
 from omnilearn.launch.watch import describe_status
 
@@ -33,19 +34,7 @@ def _wait_for_step(proc: subprocess.Popen, out: Path, rank: int = 0, timeout: fl
 
 def _workers(out: Path) -> dict[int, int]:
     """rank -> pid of the job's live worker processes (zombies excluded)."""
-    found = {}
-    for p in Path("/proc").iterdir():
-        try:
-            if not p.name.isdigit() or str(out / "job.json") not in (p / "cmdline").read_bytes().decode(errors="replace"):
-                continue
-            if pidfile._state(int(p.name)) in (None, "Z"):
-                continue
-            env = (p / "environ").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        rank = next(int(v.removeprefix("RANK=")) for v in env if v.startswith("RANK="))
-        found[rank] = int(p.name)
-    return found
+    return live_workers(out)
 
 
 def _cgroups(job_id: str) -> list[Path]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs import write_skew_job
+from jobs import live_workers, write_skew_job
 from omnilearn.emulator.audit import read_audit
 
 
@@ -70,8 +70,7 @@ def test_ctrl_c_stops_workers_and_removes_cgroups(tmp_path: Path) -> None:
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.2)
     job = json.loads((out / "job.json").read_text())
-    worker_pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                   and str(out / "job.json") in Path(p, "cmdline").read_bytes().decode(errors="replace")]
+    worker_pids = list(live_workers(out).values())
     assert len(worker_pids) == 2
     proc.send_signal(signal.SIGINT)
     try:
@@ -105,10 +104,7 @@ def test_a_killed_worker_stops_the_job_with_its_rank(tmp_path: Path) -> None:
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.2)
     job = json.loads((out / "job.json").read_text())
-    victim = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-              and str(out / "job.json") in Path(p, "cmdline").read_bytes().decode(errors="replace")
-              and "RANK=1" in Path(p, "environ").read_bytes().decode(errors="replace").split("\0")]
-    assert len(victim) == 1
+    victim = [live_workers(out)[1]]
     t0 = time.time()
     os.kill(victim[0], signal.SIGKILL)
     output, _ = proc.communicate(timeout=60)
@@ -128,3 +124,13 @@ def test_first_failure_names_the_cause_not_its_consequences() -> None:
     assert first_failure({0: (5.0, 1), 2: (5.0, 2)}) == 2  # a user error explains the others
     assert first_failure({0: (4.0, 1), 1: (5.0, -9)}) == 0  # but an earlier failure came first
     assert first_failure({2: (5.0, 1), 1: (5.0, 1)}) == 1
+
+
+def test_a_forked_worker_reports_to_its_log_and_exits_with_the_workers_status(tmp_path: Path) -> None:
+    from omnilearn.launch.forked import ForkedWorker
+
+    log = tmp_path / "worker-0.out"
+    log.write_text("")
+    proc = ForkedWorker(["worker", "--job", str(tmp_path / "missing.json")], {"PATH": os.environ["PATH"]}, log)
+    assert proc.wait(timeout=60) == 2  # the worker's user error, as `omnilearn worker` exits with it
+    assert f"--job {tmp_path / 'missing.json'}: job file not found" in log.read_text()

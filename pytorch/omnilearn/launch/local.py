@@ -29,6 +29,7 @@ from omnilearn.errors import UserError
 from omnilearn.files import create_in
 from omnilearn.jobfile import JobSpec
 from omnilearn.launch.failures import WorkerFailed, first_failure, last_error, tail
+from omnilearn.launch.forked import ForkedWorker
 from omnilearn.launch.interrupts import Interrupts
 from omnilearn.launch.pidfile import JobRecord
 from omnilearn.launch.progress import progress_for
@@ -54,7 +55,7 @@ def worker_env(rank: int, world: int, port: int) -> dict[str, str]:
     return env
 
 
-def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+def stop_processes(procs: list[subprocess.Popen | ForkedWorker], grace: float = 5.0) -> None:
     for p in procs:
         if p.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -81,7 +82,7 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
     stop = threading.Event()
     toggler_thread: TogglerWatchdog | None = None
     net: JobNetwork | None = None
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen | ForkedWorker] = []
     logs: list[Path] = []
     world = len(job.plan.targets)  # one process per target: BSP workers; ASP server (rank 0) + workers
     port = free_port()
@@ -92,17 +93,22 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
         toggler_thread = TogglerWatchdog(lambda: Toggler(job.log_dir, backend, job.plan, links=net), stop)
         with Interrupts() as interrupts:
             toggler_thread.start()
+            fork = net is None and not limits_memory  # see omnilearn.launch.forked for when it cannot
             for rank in range(world):
                 log_path = job.log_dir / f"worker-{rank}.out"
                 logs.append(log_path)
-                argv = [sys.executable, "-m", "omnilearn", "worker", "--job", str(job_file)]
+                args = ["worker", "--job", str(job_file)]
                 env = worker_env(rank, world, port)
-                if net is not None:
-                    argv, env = net.command(rank, argv), {**env, **net.env(rank)}
                 with os.fdopen(create_in(job.log_dir, log_path.name), "w") as out:
-                    proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True,  # Ctrl-C reaches the launcher, which stops workers
-                                            preexec_fn=die_with_parent)  # and they die with it, even by SIGKILL
+                    if fork:
+                        proc: subprocess.Popen | ForkedWorker = ForkedWorker(args, env, log_path)
+                    else:
+                        argv = [sys.executable, "-m", "omnilearn", *args]
+                        if net is not None:
+                            argv, env = net.command(rank, argv), {**env, **net.env(rank)}
+                        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                start_new_session=True,  # Ctrl-C reaches the launcher only
+                                                preexec_fn=die_with_parent)  # they die with it, even by SIGKILL
                 procs.append(proc)
                 record.add(rank, proc.pid)
                 backend.add_process(job.plan.targets[rank], proc.pid)
