@@ -20,6 +20,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from omnilearn.emulator.plan import build_plan
     from omnilearn.launch.failures import WorkerFailed
+    from omnilearn.launch.forked import forks, warm
     from omnilearn.launch.job import check_launcher, run_job, with_policy
     from omnilearn.launch.runfolder import prepare_out
     from omnilearn.report.plot import plot_compare
@@ -34,6 +35,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     policies = compare_policies(args.compare) if args.compare else [cfg.control.policy]
     plan = build_plan(cfg)  # every table, schedule and cpuset check happens here, before anything starts
     check_launcher(cfg, plan)
+    if cfg.emulation.backend != "docker" and forks(plan):
+        warm()  # the workers' fork server imports torch while the preflight runs
     facts = preflight(cfg)  # data present (or downloaded once), model builds, batch fits the data
     if not args.resume:
         out = prepare_out(args.out, args.force)  # a new or replaceable folder, marked as a run's
@@ -166,4 +169,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(status)
     log.info("job %s: rank %s finished after %.1f s", job.job_id, os.environ.get("RANK"), time.time() - started)
-    return 0
+    # Everything is saved and the process group is gone: leave without the interpreter's teardown, which
+    # would run at the worker's CPU allocation (seconds at a fraction of a CPU) while the launcher waits.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

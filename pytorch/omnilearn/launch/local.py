@@ -29,7 +29,7 @@ from omnilearn.errors import UserError
 from omnilearn.files import create_in
 from omnilearn.jobfile import JobSpec
 from omnilearn.launch.failures import WorkerFailed, first_failure, last_error, tail
-from omnilearn.launch.forked import ForkedWorker
+from omnilearn.launch.forked import ForkedWorker, forks
 from omnilearn.launch.interrupts import Interrupts
 from omnilearn.launch.pidfile import JobRecord
 from omnilearn.launch.progress import progress_for
@@ -93,7 +93,7 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
         toggler_thread = TogglerWatchdog(lambda: Toggler(job.log_dir, backend, job.plan, links=net), stop)
         with Interrupts() as interrupts:
             toggler_thread.start()
-            fork = net is None and not limits_memory  # see omnilearn.launch.forked for when it cannot
+            fork = forks(job.plan)
             for rank in range(world):
                 log_path = job.log_dir / f"worker-{rank}.out"
                 logs.append(log_path)
