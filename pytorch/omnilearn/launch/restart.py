@@ -51,7 +51,7 @@ def run_with_restarts(job: JobSpec, run_once: Callable[[JobSpec], None], console
             run_once(job)
             return
         except WorkerFailed as e:
-            if attempt >= limit:
+            if attempt >= limit or not e.restartable:
                 raise
             attempt += 1
             cause = str(e).split(";")[0].splitlines()[0]

@@ -42,6 +42,7 @@ from omnilearn.files import write_atomic, write_in
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.launch.docker.daemon import daemon_client
 from omnilearn.launch.docker.faults import (
+    DaemonWatch,
     daemon_address,
     daemon_errors,
     daemon_lost,
@@ -57,6 +58,7 @@ from omnilearn.launch.docker.mounts import (
     prepare_run_folder,
     workload_env,
 )
+from omnilearn.launch.docker.reaper import Reaper
 from omnilearn.launch.docker.requirements import with_requirements
 from omnilearn.launch.failures import WorkerFailed, first_failure
 from omnilearn.launch.interrupts import Interrupts
@@ -323,24 +325,29 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
     stop = threading.Event()
     thread: threading.Thread | None = None
     state: ClusterState | None = None
+    watch: DaemonWatch | None = None
+    reaper = Reaper(job.job_id, job.config.docker.hosts, job.config.docker.stop_timeout, job.log_dir / "reaper.log")
     try:
         with toggler_lock(job.log_dir):
             toggler = Toggler(job.log_dir, backend, job.plan, links=links)
             thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
             thread.start()
             state = up(job, console)  # Ctrl-C here interrupts the image build or the SDK call at once
+            watch = DaemonWatch([default, *{id(c): c for c in remote.values()}.values()], job.job_id, job.out_dir)
             with Interrupts() as interrupts, (progress_for(job, label, console)
                                               if show_progress else contextlib.nullcontext()) as progress:
                 if progress:
                     progress.set_epochs(job.config.train.epochs)
                 while True:
+                    watch.check()
                     try:
                         states = _container_states(default, remote, state)
                     except daemon_errors() as e:
-                        raise daemon_lost(e) from None
+                        raise daemon_lost(e, job.out_dir) from None
                     failed = {job.plan.targets.index(t): (when, code) for t, (s, code, when) in states.items()
                               if s in ("exited", "dead", "vanished") and code != 0}
                     if failed:
+                        _check_daemon(default, watch)  # a daemon going down stops the containers first
                         gone = [t for t, (s, _, _) in states.items() if s == "vanished"]  # the cause, not its peers'
                         if gone:
                             raise vanished(gone[0], job.plan.targets.index(gone[0]))
@@ -362,6 +369,8 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
             thread.join(timeout=10)
     finally:
         stop.set()
+        if watch is not None:
+            watch.close()
         if thread is not None and thread.is_alive():
             thread.join(timeout=10)
         try:
@@ -379,6 +388,17 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
         except (UserError, *daemon_errors()) as e:  # the daemon is gone: the job's record stays for cleanup
             log.warning("cannot remove the job's containers (%s): run `omnilearn cleanup` when the daemon "
                         "at %s is back", e, daemon_address())
+        finally:
+            reaper.release()
+
+
+def _check_daemon(client: Any, watch: DaemonWatch) -> None:
+    """Raise DaemonLost when the daemon no longer answers or its event stream ended."""
+    try:
+        client.ping()
+    except daemon_errors() as e:
+        raise daemon_lost(e, watch.out_dir) from None
+    watch.check()
 
 
 def save_logs(default: Any, remote: dict[str, Any], state: ClusterState, log_dir: Path) -> None:

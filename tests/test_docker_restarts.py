@@ -1,0 +1,102 @@
+"""Docker jobs that lose a worker or their launcher go on from their checkpoint, and see every sample
+once per epoch: a kill -9 of a worker's container restarts the job (``fault.max_restarts``), a kill -9 of
+the launcher leaves a job that ``omnilearn cleanup`` clears and ``omnilearn run --resume`` completes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs import job_id_of
+from omnilearn.files import read_records
+
+pytestmark = pytest.mark.docker
+
+EPOCHS, TRAIN_SAMPLES, BATCH = 3, 2048, 64  # data.synthetic_size 2560: 2048 training samples, 32 steps/epoch
+
+
+def docker_job(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "omnilearn", "run", "--backend", "docker", "--model", "smallcnn", "--dataset",
+            "synthetic", "--workers", "2", "--epochs", str(EPOCHS), "--global-batch", str(BATCH), "--policy",
+            "uniform", "--set", f"data.synthetic_size={TRAIN_SAMPLES * 5 // 4}", "--set", "checkpoint.every=1",
+            "--out", str(out), "--no-progress", *extra]
+
+
+def wait_for_record(proc: subprocess.Popen, out: Path, rank: int, text: str, timeout: float = 300) -> None:
+    metrics = out / "metrics" / f"rank-{rank}.jsonl"
+    deadline = time.time() + timeout
+    while not (metrics.exists() and text in metrics.read_text()):
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.time() < deadline, f"no {text} in {metrics} after {timeout} s"
+        time.sleep(0.2)
+
+
+def assert_whole_run(out: Path) -> dict:
+    """Every step of the run kept once, and each epoch's steps took every training sample once."""
+    ranks = [[r for r in read_records(out / "metrics" / f"rank-{k}.jsonl") if r["kind"] == "step"] for k in (0, 1)]
+    steps = EPOCHS * TRAIN_SAMPLES // BATCH
+    assert [r["step"] for r in ranks[0]] == [r["step"] for r in ranks[1]] == list(range(1, steps + 1))
+    for epoch in range(EPOCHS):
+        total = sum(r["sample_sum"] for rank in ranks for r in rank if r["epoch"] == epoch)
+        assert total == TRAIN_SAMPLES * (TRAIN_SAMPLES - 1) // 2, f"epoch {epoch}: a sample missed or seen twice"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["samples"] == EPOCHS * TRAIN_SAMPLES and summary["epochs_done"] == EPOCHS
+    return summary
+
+
+def job_containers(client, job_id: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"omnilearn.job={job_id}"})
+
+
+def test_a_killed_worker_container_restarts_the_job_from_its_checkpoint(tmp_path: Path, docker_client,
+                                                                         worker_image: str,
+                                                                         cleanup: list[str]) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen(docker_job(out, "--set", "fault.max_restarts=1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    cleanup.append(job_id_of(out))
+    wait_for_record(proc, out, 1, '"epoch":1')  # mid-run, after the first checkpoint
+    docker_client.containers.get("worker2").kill(signal="SIGKILL")
+    output, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, output
+    assert "restarting from its checkpoint" in output, output
+    summary = assert_whole_run(out)
+    assert [r["cause"] for r in summary["restarts"]] == ["container worker2 (rank 1) ended: exited, exit code 137"]
+    resumed = [r for r in read_records(out / "metrics" / "rank-0.jsonl") if r["kind"] == "resume"]
+    assert len(resumed) == 1 and resumed[0]["epoch"] >= 1 and resumed[0]["step_in_epoch"] == 0
+    assert not job_containers(docker_client, cleanup[0])
+
+
+def test_a_killed_launcher_leaves_a_job_that_cleanup_clears_and_resume_completes(
+        tmp_path: Path, docker_client, worker_image: str, cleanup: list[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from omnilearn.launch import pidfile
+
+    monkeypatch.setenv(pidfile.STATE_ENV, str(tmp_path / "state"))
+    out = tmp_path / "run"
+    proc = subprocess.Popen(docker_job(out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job_id = job_id_of(out)
+    cleanup.append(job_id)
+    wait_for_record(proc, out, 0, '"kind":"checkpoint"')
+    t0 = time.time()
+    proc.kill()
+    proc.communicate()
+    while any(c.status == "running" for c in job_containers(docker_client, job_id)) and time.time() - t0 < 10:
+        time.sleep(0.1)
+    stopped_after = time.time() - t0
+    print(f"no container of the job ran {stopped_after:.1f} s after kill -9 of the launcher")
+    assert not any(c.status == "running" for c in job_containers(docker_client, job_id))
+    r = subprocess.run([sys.executable, "-m", "omnilearn", "cleanup"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "container worker1" in r.stdout, r.stdout + r.stderr
+    assert not job_containers(docker_client, job_id)
+    assert not docker_client.networks.list(filters={"label": f"omnilearn.job={job_id}"})
+    r = subprocess.run([sys.executable, "-m", "omnilearn", "run", "--resume", str(out), "--no-progress"],
+                       capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = assert_whole_run(out)
+    assert [x["cause"] for x in summary["restarts"]] == ["resumed (--resume)"]
