@@ -5,6 +5,7 @@ the launcher leaves a job that ``omnilearn cleanup`` clears and ``omnilearn run 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -100,3 +101,76 @@ def test_a_killed_launcher_leaves_a_job_that_cleanup_clears_and_resume_completes
     assert r.returncode == 0, r.stdout + r.stderr
     summary = assert_whole_run(out)
     assert [x["cause"] for x in summary["restarts"]] == ["resumed (--resume)"]
+
+
+# ------------------------------------------------------------------ a daemon restart (last: it stops every container)
+
+DOCKERD_PID = Path("/var/run/docker.pid")
+DOCKERD_LOG = "/var/log/dockerd.log"
+RESTART_LOCK = "/tmp/omnilearn-docker-restart.lock"
+
+
+def start_dockerd(client) -> None:
+    """Start the local daemon again as docker_install.sh does without systemd, and wait until it answers
+    as a Swarm manager (a single-node swarm survives a restart: its state is on disk)."""
+    subprocess.Popen(["setsid", "nohup", "bash", "-c", 'exec dockerd >>"$1" 2>&1 </dev/null', "dockerd-launcher",
+                      DOCKERD_LOG], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    deadline = time.time() + 120
+    while True:
+        try:
+            if client.info()["Swarm"].get("ControlAvailable"):
+                return
+        except Exception:  # noqa: BLE001 - not answering yet
+            pass
+        assert time.time() < deadline, f"dockerd did not come back within 120 s (see {DOCKERD_LOG})"
+        time.sleep(0.5)
+
+
+def test_a_daemon_restart_ends_the_job_with_one_message_and_resume_completes(
+        tmp_path: Path, docker_client, worker_image: str, cleanup: list[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+    import os
+
+    from omnilearn.launch import pidfile
+
+    monkeypatch.setenv(pidfile.STATE_ENV, str(tmp_path / "state"))
+    out = tmp_path / "run"
+    proc = subprocess.Popen(docker_job(out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job_id = job_id_of(out)
+    cleanup.append(job_id)
+    wait_for_record(proc, out, 0, '"kind":"checkpoint"')
+    with open(RESTART_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one daemon restart at a time on this host
+        try:
+            pid = int(DOCKERD_PID.read_text())
+            t0 = time.time()
+            os.kill(pid, signal.SIGTERM)
+            lines = []
+            for line in proc.stdout:
+                lines.append(line)
+                if "the Docker daemon at" in line:
+                    break
+            detected = time.time() - t0
+            output = "".join(lines) + proc.communicate(timeout=120)[0]
+            while Path(f"/proc/{pid}").exists():
+                assert time.time() - t0 < 60, "dockerd did not stop within 60 s of SIGTERM"
+                time.sleep(0.2)
+        finally:
+            start_dockerd(docker_client)
+    print(f"daemon stop reported after {detected:.1f} s")
+    assert proc.returncode == 1, output
+    assert "the Docker daemon at unix:///var/run/docker.sock stopped answering" in output, output
+    assert f"omnilearn run --resume {out}" in output and "Traceback" not in output, output
+    assert "restarting" not in output
+    assert (out / "checkpoints" / "checkpoint.pt").is_file()
+    assert [r["job_id"] for _, r in pidfile.records()] == [job_id]  # left for cleanup
+    r = subprocess.run([sys.executable, "-m", "omnilearn", "cleanup"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not job_containers(docker_client, job_id)
+    assert not docker_client.networks.list(filters={"label": f"omnilearn.job={job_id}"})
+    r = subprocess.run([sys.executable, "-m", "omnilearn", "run", "--resume", str(out), "--no-progress"],
+                       capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_whole_run(out)
