@@ -150,7 +150,7 @@ def test_a_daemon_restart_ends_the_job_with_one_message_and_resume_completes(
             lines = []
             for line in proc.stdout:
                 lines.append(line)
-                if "the Docker daemon at" in line:
+                if "stopped answering while the job ran" in line:
                     break
             detected = time.time() - t0
             output = "".join(lines) + proc.communicate(timeout=120)[0]

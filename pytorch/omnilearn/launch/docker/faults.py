@@ -6,8 +6,9 @@ runs, or a container removed behind the launcher's back, ends the job with one m
 
 A daemon that stops (or restarts: without ``live-restore`` it stops every container as it goes) is seen
 through :class:`DaemonWatch`, a follower of the daemon's event stream: the stream ends only when the
-daemon closes its API, which it does before it stops the containers, so the job's end is blamed on the
-daemon and not on the workers its shutdown sent SIGTERM. Such a job is not restarted at once (the daemon
+daemon closes its API. A stopping daemon first sends every container SIGTERM and closes its API a moment
+later, so a worker that ended on a SIGTERM the launcher did not send is blamed on the daemon when the
+daemon stops answering within :data:`STOP_VERDICT_S` (else it was a ``docker stop``). Such a job is not restarted at once (the daemon
 may be away for long): it ends with exit status 1, its record left for ``omnilearn cleanup``, and its
 last checkpoint kept for ``omnilearn run --resume``.
 """
@@ -40,6 +41,11 @@ def daemon_errors() -> tuple[type[BaseException], ...]:
 
     dk = docker_sdk()
     return (dk.errors.APIError, dk.errors.DockerException, requests.exceptions.RequestException, ConnectionError)
+
+
+STOP_VERDICT_S = 5.0
+"""How long a container stopped from outside waits for the daemon to go away before the worker is blamed
+(a daemon's shutdown closes its API about a second after it stopped the containers)."""
 
 
 class DaemonLost(WorkerFailed):
@@ -85,6 +91,20 @@ class DaemonWatch:
     def check(self) -> None:
         if self.lost is not None:
             raise daemon_lost(self.lost, self.out_dir)
+
+    def check_daemon(self, client: Any, stopped: bool) -> None:
+        """Raise DaemonLost when the daemon no longer answers or its event stream ended; a container
+        ``stopped`` by a SIGTERM (maybe a stopping daemon's) waits up to STOP_VERDICT_S for the verdict."""
+        deadline = time.time() + (STOP_VERDICT_S if stopped else 0.0)
+        while True:
+            try:
+                client.ping()
+            except daemon_errors() as e:
+                raise daemon_lost(e, self.out_dir) from None
+            self.check()
+            if time.time() >= deadline:
+                return
+            self._closing.wait(0.2)
 
     def close(self) -> None:
         self._closing.set()
