@@ -153,7 +153,8 @@ def test_a_daemon_restart_ends_the_job_with_one_message_and_resume_completes(
                 if "stopped answering while the job ran" in line:
                     break
             detected = time.time() - t0
-            output = "".join(lines) + proc.communicate(timeout=120)[0]
+            output = "".join(lines) + proc.stdout.read()  # read, not communicate(): the buffered rest too
+            proc.wait(timeout=60)
             while Path(f"/proc/{pid}").exists():
                 assert time.time() - t0 < 60, "dockerd did not stop within 60 s of SIGTERM"
                 time.sleep(0.2)

@@ -57,7 +57,7 @@ class DaemonLost(WorkerFailed):
 def daemon_lost(error: BaseException, out_dir: Path | None = None) -> DaemonLost:
     resume = f", then `omnilearn run --resume {out_dir}` to go on from the last checkpoint" if out_dir else ""
     return DaemonLost(f"the Docker daemon at {daemon_address()} stopped answering while the job ran "
-                      f"({type(error).__name__}: {str(error)[:200]}); a daemon restart stops the job's containers. "
+                      f"({type(error).__name__}: {' '.join(str(error).split())[:200]}); a daemon restart stops the job's containers. "
                       f"Run `omnilearn cleanup` once it is back to remove what is left{resume}")
 
 
