@@ -30,11 +30,10 @@ class Reaper:
     """The reaper of one launch: started with the job, :meth:`release` d once the launcher tore it down."""
 
     def __init__(self, job_id: str, hosts: dict[str, str], stop_timeout: float, log_file: Path) -> None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_file, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "omnilearn.launch.docker.reaper", job_id, json.dumps(hosts), str(stop_timeout)],
-                stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "omnilearn.launch.docker.reaper", job_id, json.dumps(hosts), str(stop_timeout),
+             str(log_file)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
 
     def release(self) -> None:
         """The launcher took the job down itself: the reaper exits without touching anything."""
@@ -65,15 +64,20 @@ def stop_job(job_id: str, hosts: dict[str, str], stop_timeout: float) -> list[st
 
 
 def main(argv: list[str]) -> int:
-    job_id, hosts, stop_timeout = argv[0], json.loads(argv[1]), float(argv[2])
+    """``job_id hosts-json stop_timeout log_file``: wait on stdin; written to ``log_file`` only when it reaps."""
+    job_id, hosts, stop_timeout, log_file = argv[0], json.loads(argv[1]), float(argv[2]), Path(argv[3])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the pipe decides
     if sys.stdin.buffer.read() == DONE:
         return 0
     t0 = time.time()
-    stopped = stop_job(job_id, hosts, min(stop_timeout, GRACE_S))
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} the launcher of job {job_id} died: stopped "
-          f"{', '.join(stopped) or 'no container'} in {time.time() - t0:.1f} s; `omnilearn cleanup` removes them",
-          flush=True)
+    try:
+        stopped = stop_job(job_id, hosts, min(stop_timeout, GRACE_S))
+        line = (f"the launcher of job {job_id} died: stopped {', '.join(stopped) or 'no container'} in "
+                f"{time.time() - t0:.1f} s; `omnilearn cleanup` removes them")
+    except Exception as e:  # noqa: BLE001 - said in the log; `omnilearn cleanup` remains
+        line = f"the launcher of job {job_id} died; its containers could not be stopped: {e}"
+    with contextlib.suppress(OSError), open(log_file, "a") as log:
+        log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
     return 0
 
 
