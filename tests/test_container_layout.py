@@ -38,8 +38,10 @@ def test_a_worker_mounts_its_own_files_only(tmp_path: Path) -> None:
         f"{RUN_MOUNT}/logs/cpu-1.log": (str(out / "logs" / "cpu-1.log"), False),
         f"{RUN_MOUNT}/logs/toggler-audit.jsonl": (str(out / "logs" / "toggler-audit.jsonl"), True),
         f"{RUN_MOUNT}/metrics/rank-1.jsonl": (str(out / "metrics" / "rank-1.jsonl"), False),
+        f"{RUN_MOUNT}/checkpoints": (str(out / "checkpoints"), True),  # read when the job resumes
         "/data": ("/srv/data", True),
     }
+    assert table(container_mounts(spec, 0, None))[f"{RUN_MOUNT}/checkpoints"] == (str(out / "checkpoints"), False)
 
 
 def test_the_parameter_server_alone_writes_the_snapshot_folder(tmp_path: Path) -> None:

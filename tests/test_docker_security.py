@@ -133,7 +133,8 @@ def test_a_container_cannot_reach_beyond_its_own_files(tmp_path: Path, docker_cl
         assert hc["ReadonlyRootfs"] is True and set(hc["Tmpfs"]) == {"/tmp"}
         assert {(m["Destination"], m["RW"]) for m in a["Mounts"] if m["Destination"] != "/data"} == {
             (f"{RUN}/job.json", False), (f"{RUN}/logs/cpu-1.log", True),
-            (f"{RUN}/logs/toggler-audit.jsonl", False), (f"{RUN}/metrics/rank-1.jsonl", True)}
+            (f"{RUN}/logs/toggler-audit.jsonl", False), (f"{RUN}/metrics/rank-1.jsonl", True),
+            (f"{RUN}/checkpoints", False)}
         assert a["Config"]["Labels"]["omnilearn.rank"] == "1" and a["Config"]["Labels"]["omnilearn.target"] == "worker2"
 
         # (a) Every way out, from inside.

@@ -8,6 +8,9 @@ from pathlib import Path
 class WorkerFailed(Exception):
     """A worker (process or container) ended with an error; the message names it and holds its log's end."""
 
+    restartable = True
+    """Whether ``fault.max_restarts`` may start the job again at once (not when what runs the workers is gone)."""
+
 
 def first_failure(failures: dict[int, tuple[float, int]], user_error: int = 2) -> int:
     """The rank whose failure started it all, from ``{rank: (when, exit status)}``.

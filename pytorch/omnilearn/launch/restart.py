@@ -41,7 +41,8 @@ def read_restarts(out_dir: Path) -> list[dict[str, Any]]:
 
 def run_with_restarts(job: JobSpec, run_once: Callable[[JobSpec], None], console: Console, label: str) -> None:
     """``run_once(job)`` to the end, restarting it after a worker loss (WorkerFailed) while restarts are
-    left; a user error, an interrupt or the last failure is raised."""
+    left; a user error, an interrupt, a failure that is not ``restartable`` (the Docker daemon went
+    away) or the last failure is raised."""
     from omnilearn.train.checkpoint import checkpoint_path
 
     limit = job.config.fault.max_restarts
@@ -51,7 +52,7 @@ def run_with_restarts(job: JobSpec, run_once: Callable[[JobSpec], None], console
             run_once(job)
             return
         except WorkerFailed as e:
-            if attempt >= limit:
+            if attempt >= limit or not e.restartable:
                 raise
             attempt += 1
             cause = str(e).split(";")[0].splitlines()[0]

@@ -3,6 +3,14 @@
 Stopping a job sends each container SIGTERM (its worker ends at a step boundary and saves) and waits
 ``docker.stop_timeout`` seconds before Docker kills it. A daemon that stops answering while the job
 runs, or a container removed behind the launcher's back, ends the job with one message naming it.
+
+A daemon that stops (or restarts: without ``live-restore`` it stops every container as it goes) is seen
+through :class:`DaemonWatch`, a follower of the daemon's event stream: the stream ends only when the
+daemon closes its API. A stopping daemon first sends every container SIGTERM and closes its API a moment
+later, so a worker that ended on a SIGTERM the launcher did not send is blamed on the daemon when the
+daemon stops answering within :data:`STOP_VERDICT_S` (else it was a ``docker stop``). Such a job is not restarted at once (the daemon
+may be away for long): it ends with exit status 1, its record left for ``omnilearn cleanup``, and its
+last checkpoint kept for ``omnilearn run --resume``.
 """
 
 from __future__ import annotations
@@ -10,7 +18,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from omnilearn.emulator.backends.docker import docker_sdk
@@ -32,10 +43,74 @@ def daemon_errors() -> tuple[type[BaseException], ...]:
     return (dk.errors.APIError, dk.errors.DockerException, requests.exceptions.RequestException, ConnectionError)
 
 
-def daemon_lost(error: BaseException) -> WorkerFailed:
-    return WorkerFailed(f"the Docker daemon at {daemon_address()} stopped answering while the job ran "
-                        f"({type(error).__name__}: {str(error)[:200]}); a daemon restart stops the job's containers. "
-                        f"Run `omnilearn cleanup` once it is back to remove what is left")
+STOP_VERDICT_S = 5.0
+"""How long a container stopped from outside waits for the daemon to go away before the worker is blamed
+(a daemon's shutdown closes its API about a second after it stopped the containers)."""
+
+
+class DaemonLost(WorkerFailed):
+    """The Docker daemon went away while the job ran: no restart until it is back."""
+
+    restartable = False
+
+
+def daemon_lost(error: BaseException, out_dir: Path | None = None) -> DaemonLost:
+    resume = f", then `omnilearn run --resume {out_dir}` to go on from the last checkpoint" if out_dir else ""
+    return DaemonLost(f"the Docker daemon at {daemon_address()} stopped answering while the job ran "
+                      f"({type(error).__name__}: {' '.join(str(error).split())[:200]}); a daemon restart stops the job's containers. "
+                      f"Run `omnilearn cleanup` once it is back to remove what is left{resume}")
+
+
+class DaemonWatch:
+    """Follows each daemon's event stream (the job's containers only) while a job runs; :meth:`check`
+    raises :class:`DaemonLost` once a stream has ended without :meth:`close`: that daemon stopped."""
+
+    def __init__(self, clients: list[Any], job_id: str, out_dir: Path) -> None:
+        from omnilearn.emulator.backends.docker import LABEL_JOB
+
+        self.out_dir = out_dir
+        self.lost: BaseException | None = None
+        self.lost_at: float | None = None
+        self._closing = threading.Event()
+        self._streams = [c.events(decode=True, filters={"label": f"{LABEL_JOB}={job_id}"}) for c in clients]
+        self._threads = [threading.Thread(target=self._follow, args=(s,), name="docker-events", daemon=True)
+                         for s in self._streams]
+        for t in self._threads:
+            t.start()
+
+    def _follow(self, stream: Any) -> None:
+        try:
+            for _ in stream:
+                pass
+            error: BaseException = ConnectionError("the daemon closed its event stream")
+        except Exception as e:  # noqa: BLE001 - however the stream breaks, the daemon is gone
+            error = e
+        if not self._closing.is_set() and self.lost is None:
+            self.lost, self.lost_at = error, time.time()
+
+    def check(self) -> None:
+        if self.lost is not None:
+            raise daemon_lost(self.lost, self.out_dir)
+
+    def check_daemon(self, client: Any, stopped: bool) -> None:
+        """Raise DaemonLost when the daemon no longer answers or its event stream ended; a container
+        ``stopped`` by a SIGTERM (maybe a stopping daemon's) waits up to STOP_VERDICT_S for the verdict."""
+        deadline = time.time() + (STOP_VERDICT_S if stopped else 0.0)
+        while True:
+            try:
+                client.ping()
+            except daemon_errors() as e:
+                raise daemon_lost(e, self.out_dir) from None
+            self.check()
+            if time.time() >= deadline:
+                return
+            self._closing.wait(0.2)
+
+    def close(self) -> None:
+        self._closing.set()
+        for s in self._streams:
+            with contextlib.suppress(Exception):
+                s.close()
 
 
 def vanished(target: str, rank: int) -> WorkerFailed:

@@ -11,13 +11,15 @@ code under every launcher, and under torchrun):
     RUN_MOUNT/logs/toggler-audit.jsonl               OUT/logs/toggler-audit.jsonl            ro
     RUN_MOUNT/metrics/rank-<rank>.jsonl              OUT/metrics/rank-<rank>.jsonl           rw, its own only
     RUN_MOUNT/snapshots/                             OUT/snapshots/                          rw, ASP server only
+    RUN_MOUNT/checkpoints/                           OUT/checkpoints/                        BSP: rw rank 0, ro others
     /data                                            data.root                               ro
     the folder of the user's workload code           the same folder                          ro
 
 A file mount gives a container the contents of one file and no folder to create names in: it cannot
 plant a symlink, a hard link or a FIFO where the host reads or writes, cannot replace a file by another,
-and cannot even open another rank's log. The parameter server's snapshot folder is the one folder a
-container writes; the host only reads it, each file opened without following links. The host creates
+and cannot even open another rank's log. The parameter server's snapshot folder and a BSP job's checkpoint
+folder (written by rank 0, read by every rank when the job resumes) are the folders a container writes;
+the host only reads them, each file opened without following links (a checkpoint: tensors only). The host creates
 every mounted file before the container starts (a bind mount needs its source), with the request log and
 the metrics file owned by the container's user.
 """
@@ -35,11 +37,13 @@ from omnilearn.errors import UserError
 from omnilearn.files import open_in
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.metrics import metrics_path
+from omnilearn.train.checkpoint import BSP_CHECKPOINT
 from omnilearn.train.evaluate import SNAPSHOT_DIR
 from omnilearn.train.workload_spec import code_folder
 
 RUN_MOUNT = "/run/omnilearn"  # the run folder's paths inside every container
 DATA_MOUNT = "/data"
+CHECKPOINT_DIR = BSP_CHECKPOINT.parent.as_posix()
 CONTAINER_UID = 10001
 """The image's unprivileged ``omnilearn`` user and group (Dockerfile)."""
 
@@ -64,6 +68,8 @@ def prepare_run_folder(job: JobSpec, user: tuple[int, int]) -> None:
         _create(metrics.parent, metrics.name, user)
         if is_parameter_server(job, rank):
             _create(job.out_dir, SNAPSHOT_DIR, user, folder=True)
+    if job.config.mode == "bsp":
+        _create(job.out_dir, CHECKPOINT_DIR, user, folder=True)
 
 
 def _create(parent: Path, name: str, user: tuple[int, int] | None, folder: bool = False) -> None:
@@ -97,6 +103,8 @@ def container_mounts(job: JobSpec, rank: int, data_root: Path | None) -> list[An
              (metrics_path(out, rank), False)]
     if is_parameter_server(job, rank):
         paths.append((out / SNAPSHOT_DIR, False))
+    if job.config.mode == "bsp":  # rank 0 saves the checkpoint; every rank loads it when the job resumes
+        paths.append((out / CHECKPOINT_DIR, rank != 0))
     mounts = [mount(f"{RUN_MOUNT}/{host.relative_to(out).as_posix()}", str(host), type="bind", read_only=ro)
               for host, ro in paths]
     if data_root is not None:

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import re
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ from omnilearn.files import write_atomic, write_in
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.launch.docker.daemon import daemon_client
 from omnilearn.launch.docker.faults import (
+    DaemonLost,
+    DaemonWatch,
     daemon_address,
     daemon_errors,
     daemon_lost,
@@ -57,11 +60,13 @@ from omnilearn.launch.docker.mounts import (
     prepare_run_folder,
     workload_env,
 )
+from omnilearn.launch.docker.reaper import Reaper
 from omnilearn.launch.docker.requirements import with_requirements
 from omnilearn.launch.failures import WorkerFailed, first_failure
 from omnilearn.launch.interrupts import Interrupts
 from omnilearn.launch.pidfile import JobRecord
 from omnilearn.launch.progress import progress_for
+from omnilearn.train.lifecycle import STOPPED_STATUS
 
 log = logging.getLogger("omnilearn.swarm")
 
@@ -323,24 +328,31 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
     stop = threading.Event()
     thread: threading.Thread | None = None
     state: ClusterState | None = None
+    watch: DaemonWatch | None = None
+    daemon_gone = False
+    reaper = Reaper(job.job_id, job.config.docker.hosts, job.config.docker.stop_timeout, job.log_dir / "reaper.log")
     try:
         with toggler_lock(job.log_dir):
             toggler = Toggler(job.log_dir, backend, job.plan, links=links)
             thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
             thread.start()
             state = up(job, console)  # Ctrl-C here interrupts the image build or the SDK call at once
+            watch = DaemonWatch([default, *{id(c): c for c in remote.values()}.values()], job.job_id, job.out_dir)
             with Interrupts() as interrupts, (progress_for(job, label, console)
                                               if show_progress else contextlib.nullcontext()) as progress:
                 if progress:
                     progress.set_epochs(job.config.train.epochs)
                 while True:
+                    watch.check()
                     try:
                         states = _container_states(default, remote, state)
                     except daemon_errors() as e:
-                        raise daemon_lost(e) from None
+                        raise daemon_lost(e, job.out_dir) from None
                     failed = {job.plan.targets.index(t): (when, code) for t, (s, code, when) in states.items()
                               if s in ("exited", "dead", "vanished") and code != 0}
-                    if failed:
+                    if failed:  # a daemon going down stops the containers first: is it the cause?
+                        cause = states[job.plan.targets[first_failure(failed)]][1]
+                        watch.check_daemon(default, stopped=cause in (STOPPED_STATUS, 128 + signal.SIGTERM))
                         gone = [t for t, (s, _, _) in states.items() if s == "vanished"]  # the cause, not its peers'
                         if gone:
                             raise vanished(gone[0], job.plan.targets.index(gone[0]))
@@ -360,8 +372,13 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                     interrupts.wait(1.0)
             stop.set()
             thread.join(timeout=10)
+    except DaemonLost:
+        daemon_gone = True  # the message says what to do; no second one from the teardown
+        raise
     finally:
         stop.set()
+        if watch is not None:
+            watch.close()
         if thread is not None and thread.is_alive():
             thread.join(timeout=10)
         try:
@@ -377,8 +394,10 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
             log.info("cluster down: %s", ", ".join(removed))
             record.close()
         except (UserError, *daemon_errors()) as e:  # the daemon is gone: the job's record stays for cleanup
-            log.warning("cannot remove the job's containers (%s): run `omnilearn cleanup` when the daemon "
+            (log.info if daemon_gone else log.warning)("cannot remove the job's containers (%s): run `omnilearn cleanup` when the daemon "
                         "at %s is back", e, daemon_address())
+        finally:
+            reaper.release()
 
 
 def save_logs(default: Any, remote: dict[str, Any], state: ClusterState, log_dir: Path) -> None:
