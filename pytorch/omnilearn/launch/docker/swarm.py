@@ -40,7 +40,7 @@ from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic, write_in
 from omnilearn.jobfile import JOB_FILE, JobSpec
-from omnilearn.launch.docker.daemon import daemon_client
+from omnilearn.launch.docker.daemon import daemon_client, image_or_none
 from omnilearn.launch.docker.faults import (
     daemon_address,
     daemon_errors,
@@ -55,8 +55,10 @@ from omnilearn.launch.docker.mounts import (
     container_mounts,
     container_user,
     prepare_run_folder,
+    remote_mounts,
     workload_env,
 )
+from omnilearn.launch.docker.remote import RemoteRunFolders, make_volume, remote_containers, run_remote
 from omnilearn.launch.docker.requirements import with_requirements
 from omnilearn.launch.failures import WorkerFailed, first_failure
 from omnilearn.launch.interrupts import Interrupts
@@ -101,6 +103,11 @@ def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
     dk = docker_sdk()
     remote: dict[str, Any] = {}
     by_url: dict[str, Any] = {}
+    first = job.plan.targets[0]
+    if first in job.config.docker.hosts:
+        raise UserError(f"{job.config.source}: docker.hosts.{first}: rank 0 ({first}) runs on the launcher's "
+                        f"daemon (it holds the rendezvous, the checkpoints and the server's snapshots); "
+                        f"place only other targets on other hosts")
     for target, url in job.config.docker.hosts.items():
         if target not in job.plan.targets:
             raise UserError(f"{job.config.source}: docker.hosts.{target}: not a target of this job "
@@ -187,6 +194,11 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
             console.print(f"image {cfg.docker.image}: " + (images.reason if b is None else
                           f"built in {b.seconds:.0f} s ({b.size_bytes / 1e9:.2f} GB; {images.reason})"), markup=False)
     image = with_requirements(default, cfg.docker.image, cfg.docker.requirements, on_log=log.debug)
+    for target, client in remote.items():
+        if image_or_none(client, image) is None:
+            raise UserError(f"docker.hosts.{target}: image {image} is not on the daemon at "
+                            f"{cfg.docker.hosts[target]}: copy it with scripts/ship_image.sh {image} "
+                            f"{cfg.docker.hosts[target]}")
     initialized = ensure_swarm(default, cfg.docker.advertise_addr)
     _check_names_free(job, default, remote)
     net_name = network_name(job)
@@ -217,12 +229,15 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
                "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", **TMP_ENV, **workload_env(job)}
         if state.subnet:
             env["OMNILEARN_SUBNET"] = state.subnet  # the worker finds its overlay interface for gloo
-        client = remote.get(target, default)
-        container = client.containers.run(
-            image, command=command, name=target, hostname=target, detach=True, init=True,
-            network=net_name, environment=env, mounts=container_mounts(job, rank, data_root),
-            working_dir=RUN_MOUNT, labels={**labels, LABEL_TARGET: target, LABEL_RANK: str(rank)},
-            **confinement(cfg.docker, user), **run_kwargs(job.plan.allocation(first, target)))
+        run_args = dict(image=image, command=command, name=target, hostname=target, detach=True, init=True,
+                        network=net_name, environment=env, working_dir=RUN_MOUNT,
+                        labels={**labels, LABEL_TARGET: target, LABEL_RANK: str(rank)},
+                        **confinement(cfg.docker, user), **run_kwargs(job.plan.allocation(first, target)))
+        if target in remote:  # no bind mount of this host's files: a volume on its own daemon, synced
+            mounts = remote_mounts(job, make_volume(remote[target], job.job_id, target), data_root)
+            container = run_remote(remote[target], job, rank, user, RUN_MOUNT, mounts, **run_args)
+        else:
+            container = default.containers.run(mounts=container_mounts(job, rank, data_root), **run_args)
         state.containers[target] = container.id
         state.save(job.out_dir)
     if console:
@@ -266,6 +281,11 @@ def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = F
             with contextlib.suppress(dk.errors.NotFound):
                 c.remove(force=True)
                 removed.append(f"container {c.name}")
+    for client in clients:  # the run-folder volumes of containers on other daemons
+        for volume in client.volumes.list(filters={"label": f"{LABEL_JOB}={job_id}"}):
+            with contextlib.suppress(dk.errors.NotFound):
+                volume.remove(force=True)
+                removed.append(f"volume {volume.name}")
     for net in default.networks.list(filters={"label": f"{LABEL_JOB}={job_id}"}):
         for attempt in range(10):  # a just-removed container may still hold its endpoint briefly
             try:
@@ -323,12 +343,16 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
     stop = threading.Event()
     thread: threading.Thread | None = None
     state: ClusterState | None = None
+    sync: RemoteRunFolders | None = None
     try:
         with toggler_lock(job.log_dir):
             toggler = Toggler(job.log_dir, backend, job.plan, links=links)
             thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
             thread.start()
             state = up(job, console)  # Ctrl-C here interrupts the image build or the SDK call at once
+            if remote:  # the run folders of the containers on other daemons, kept in step
+                sync = RemoteRunFolders(job, remote_containers(job, state.containers, default, remote), RUN_MOUNT)
+                sync.start()
             with Interrupts() as interrupts, (progress_for(job, label, console)
                                               if show_progress else contextlib.nullcontext()) as progress:
                 if progress:
@@ -371,6 +395,8 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
             if state is not None:  # SIGTERM first: workers end at a step boundary and save
                 stop_gracefully({t: (remote.get(t, default), cid) for t, cid in state.containers.items()},
                                 job.config.docker.stop_timeout)
+                if sync is not None:
+                    sync.finish()
                 save_logs(default, remote, state, job.log_dir)
             removed = down(job.job_id, job.config.docker.hosts,
                            leave_swarm=bool(state and state.swarm_initialized))

@@ -1,0 +1,205 @@
+"""Extra Docker daemons on this host, each in its own network namespace: the "hosts" of a multi-host test.
+
+Each daemon runs ``dockerd`` under ``nsenter --net`` (only its network namespace differs from the
+host's: it shares the file system, so the test's launcher reaches it by a unix socket) with its own
+address, data root, exec root, pid file and socket. The namespaces are joined by one veth pair (two
+daemons) and nothing is added to the host's own network namespace: no bridge, no iptables rule, no
+route. :meth:`Farm.close` takes everything down (containers, swarm membership, daemons and their
+containerd, mounts under their roots, the roots, the namespaces) and is safe after a setup that
+failed halfway; :meth:`Farm.leftovers` says what is still there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUBNET = "10.213.0"
+
+
+def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):  # a zombie child of ours is as good as gone
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def _stop(pid: int, timeout: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class Daemon:
+    index: int
+    netns: str
+    addr: str
+    data_root: Path
+    exec_root: Path
+    proc: subprocess.Popen | None = None
+    client: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.exec_root}.sock"
+
+    @property
+    def log(self) -> Path:
+        return Path(f"{self.exec_root}.log")
+
+    def containerd_pid(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError):
+            return int((self.exec_root / "containerd" / "containerd.pid").read_text())
+        return None
+
+
+@dataclass
+class Farm:
+    """``n`` extra daemons named by ``tag`` (short: it names interfaces and namespaces)."""
+
+    tag: str
+    base: Path  # data roots under it
+    n: int = 2
+    daemons: list[Daemon] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        run = Path("/run") / self.tag  # short: containerd's sockets live under the exec root
+        self.run_dir = run
+        self.daemons = [Daemon(i, f"{self.tag}-{i}", f"{SUBNET}.{i + 1}", self.base / f"d{i}", run / f"d{i}")
+                        for i in range(self.n)]
+
+    def start(self, docker_sdk: Any, timeout: float = 90) -> None:
+        assert self.n == 2, "one veth pair joins two namespaces"
+        self.run_dir.mkdir(parents=True)
+        config = self.run_dir / "daemon.json"
+        config.write_text("{}\n")  # not the host daemon's /etc/docker/daemon.json
+        a, b = self.daemons
+        for d in self.daemons:
+            _run("ip", "netns", "add", d.netns)
+        _run("ip", "link", "add", f"{self.tag}a", "type", "veth", "peer", "name", f"{self.tag}b")
+        for d, end in ((a, f"{self.tag}a"), (b, f"{self.tag}b")):
+            _run("ip", "link", "set", end, "netns", d.netns)
+            _run("ip", "-n", d.netns, "addr", "add", f"{d.addr}/24", "dev", end)
+            _run("ip", "-n", d.netns, "link", "set", end, "up")
+            _run("ip", "-n", d.netns, "link", "set", "lo", "up")
+        for d in self.daemons:
+            d.data_root.mkdir(parents=True)
+            d.exec_root.mkdir(parents=True)
+            with open(d.log, "wb") as log:
+                d.proc = subprocess.Popen(
+                    ["nsenter", f"--net=/run/netns/{d.netns}", "dockerd", "--data-root", str(d.data_root),
+                     "--exec-root", str(d.exec_root), "--pidfile", f"{d.exec_root}.pid", "-H", d.url,
+                     "--config-file", str(config), "--swarm-default-advertise-addr", d.addr],
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        for d in self.daemons:
+            d.client = self._wait(docker_sdk, d, timeout)
+        a.client.swarm.init(advertise_addr=a.addr, listen_addr=f"{a.addr}:2377")
+        token = a.client.swarm.attrs["JoinTokens"]["Worker"]
+        b.client.swarm.join(remote_addrs=[f"{a.addr}:2377"], join_token=token, advertise_addr=b.addr,
+                            listen_addr=f"{b.addr}:2377")
+
+    @staticmethod
+    def _wait(docker_sdk: Any, d: Daemon, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            if d.proc is not None and d.proc.poll() is not None:
+                raise RuntimeError(f"dockerd {d.index} ended ({d.proc.returncode}): {d.log.read_text()[-2000:]}")
+            with contextlib.suppress(Exception):
+                client = docker_sdk.DockerClient(base_url=d.url, timeout=120)
+                client.ping()
+                return client
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"dockerd {d.index} does not answer at {d.url}: {d.log.read_text()[-2000:]}")
+            time.sleep(0.3)
+
+    def load_image(self, image: str) -> float:
+        """``docker save`` once into every daemon's ``docker load`` at the same time; returns the seconds."""
+        started = time.monotonic()
+        loads = [subprocess.Popen(["docker", "-H", d.url, "load", "--quiet"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.DEVNULL) for d in self.daemons]
+        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+        try:
+            assert save.stdout is not None
+            while chunk := save.stdout.read(1 << 20):
+                for p in loads:
+                    assert p.stdin is not None
+                    p.stdin.write(chunk)
+        finally:
+            for p in loads:
+                with contextlib.suppress(OSError):
+                    p.stdin.close()  # type: ignore[union-attr]
+            codes = [save.wait(timeout=60)] + [p.wait(timeout=600) for p in loads]
+        if any(codes):
+            raise RuntimeError(f"docker save | load of {image}: exit codes {codes}")
+        return time.monotonic() - started
+
+    def close(self) -> None:
+        """Take down everything :meth:`start` made, whatever it got to; never raises."""
+        for d in reversed(self.daemons):  # workers leave before the manager
+            if d.client is None:
+                continue
+            with contextlib.suppress(Exception):
+                for c in d.client.containers.list(all=True):
+                    c.remove(force=True)
+            with contextlib.suppress(Exception):
+                d.client.swarm.leave(force=True)
+            with contextlib.suppress(Exception):
+                d.client.close()
+        for d in self.daemons:
+            containerd = d.containerd_pid()
+            if d.proc is not None:
+                _stop(d.proc.pid, 30)
+                with contextlib.suppress(Exception):
+                    d.proc.wait(timeout=10)
+            if containerd is not None and _alive(containerd):
+                _stop(containerd, 10)
+        for mount in sorted(self._mounts(), key=len, reverse=True):
+            subprocess.run(["umount", "-l", mount], capture_output=True)
+        for d in self.daemons:
+            shutil.rmtree(d.data_root, ignore_errors=True)
+            subprocess.run(["ip", "netns", "del", d.netns], capture_output=True)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _roots(self) -> list[str]:
+        return [str(self.run_dir), *(str(d.data_root) for d in self.daemons)]
+
+    def _mounts(self) -> list[str]:
+        points = []
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/self/mountinfo").read_text().splitlines():
+                point = line.split()[4].replace("\\040", " ")
+                if any(point == r or point.startswith(r + "/") for r in self._roots()):
+                    points.append(point)
+        return points
+
+    def leftovers(self) -> list[str]:
+        """What :meth:`close` should have removed and is still there."""
+        out = [f"mount {m}" for m in self._mounts()]
+        out += [f"folder {r}" for r in self._roots() if Path(r).exists()]
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        out += [f"netns {d.netns}" for d in self.daemons if d.netns in names.split()]
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        out += [f"link {name}" for name in (f"{self.tag}a", f"{self.tag}b") if f" {name}@" in links or
+                f" {name}:" in links]
+        out += [f"dockerd {d.index}" for d in self.daemons if d.proc is not None and _alive(d.proc.pid)]
+        return out
