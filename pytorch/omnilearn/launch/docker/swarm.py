@@ -99,15 +99,15 @@ class ClusterState:
 
 def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
     """The local (manager) daemon and one client per remotely placed target."""
-    default = daemon_client()
-    dk = docker_sdk()
-    remote: dict[str, Any] = {}
-    by_url: dict[str, Any] = {}
     first = job.plan.targets[0]
     if first in job.config.docker.hosts:
         raise UserError(f"{job.config.source}: docker.hosts.{first}: rank 0 ({first}) runs on the launcher's "
                         f"daemon (it holds the rendezvous, the checkpoints and the server's snapshots); "
                         f"place only other targets on other hosts")
+    default = daemon_client()
+    dk = docker_sdk()
+    remote: dict[str, Any] = {}
+    by_url: dict[str, Any] = {}
     for target, url in job.config.docker.hosts.items():
         if target not in job.plan.targets:
             raise UserError(f"{job.config.source}: docker.hosts.{target}: not a target of this job "
