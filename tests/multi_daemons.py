@@ -114,6 +114,8 @@ class Farm:
     n: int = 2
     daemons: list[Daemon] = field(default_factory=list)
     linked_s: float | None = 0.0
+    namespaces: list[str] = field(default_factory=list)
+    folders: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         run = Path("/run") / self.tag  # short: containerd's sockets live under the exec root
@@ -121,18 +123,22 @@ class Farm:
         self.daemons = [Daemon(i, f"{self.tag}-{i}", f"{SUBNET}.{i + 1}", self.base / f"d{i}", run / f"d{i}")
                         for i in range(self.n)]
 
-    def start(self, docker_sdk: Any, image: tuple[Path, str, list[str]] | None = None, timeout: float = 90) -> None:
-        """Make the namespaces, start the daemons, make the first the swarm's manager and join the others.
-        ``image``: (another daemon's data root, image id, tags) to give every daemon by :func:`link_image`
-        first (:attr:`linked_s`: the seconds it took; None where it could not)."""
+    def start(self, docker_sdk: Any, join_script: Path, image: tuple[Path, str, list[str]] | None = None,
+              timeout: float = 90) -> None:
+        """Make the namespaces, start the daemons, and join them in one swarm, the first its manager, with
+        ``join_script`` (scripts/swarm_join.sh). ``image``: (another daemon's data root, image id, tags) to
+        give every daemon by :func:`link_image` first (:attr:`linked_s`: the seconds it took; None where
+        it could not)."""
         assert self.n == 2, "one veth pair joins two namespaces"
-        self.run_dir.mkdir(parents=True)
-        self.base.mkdir(parents=True)
+        for folder in (self.run_dir, self.base):
+            folder.mkdir(parents=True)  # fails if there: close() removes only what this farm made
+            self.folders.append(folder)
         config = self.run_dir / "daemon.json"
         config.write_text("{}\n")  # not the host daemon's /etc/docker/daemon.json
         a, b = self.daemons
         for d in self.daemons:
             _run("ip", "netns", "add", d.netns)
+            self.namespaces.append(d.netns)  # only what this farm made is removed
         _run("ip", "link", "add", f"{self.tag}a", "type", "veth", "peer", "name", f"{self.tag}b")
         for d, end in ((a, f"{self.tag}a"), (b, f"{self.tag}b")):
             _run("ip", "link", "set", end, "netns", d.netns)
@@ -161,10 +167,7 @@ class Farm:
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         for d in self.daemons:
             d.client = self._wait(docker_sdk, d, timeout)
-        a.client.swarm.init(advertise_addr=a.addr, listen_addr=f"{a.addr}:2377")
-        token = a.client.swarm.attrs["JoinTokens"]["Worker"]
-        b.client.swarm.join(remote_addrs=[f"{a.addr}:2377"], join_token=token, advertise_addr=b.addr,
-                            listen_addr=f"{b.addr}:2377")
+        _run(str(join_script), "--manager", a.url, "--advertise-addr", a.addr, f"{b.url}={b.addr}")
 
     @staticmethod
     def _wait(docker_sdk: Any, d: Daemon, timeout: float) -> Any:
@@ -223,10 +226,10 @@ class Farm:
                 _stop(containerd, 10)
         for mount in sorted(self._mounts(), key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], capture_output=True)
-        for d in self.daemons:
-            subprocess.run(["ip", "netns", "del", d.netns], capture_output=True)
-        shutil.rmtree(self.base, ignore_errors=True)
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        for netns in self.namespaces:  # with them the veth pair between them
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+        for folder in self.folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _roots(self) -> list[str]:
         return [str(self.run_dir), str(self.base)]

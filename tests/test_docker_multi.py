@@ -23,6 +23,7 @@ from jobs import job_id_of
 from multi_daemons import Farm
 from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends.docker import LABEL_JOB, docker_sdk
+from omnilearn.launch.docker.base_image import LOCAL_BASE_IMAGE
 from omnilearn.launch.docker.mounts import RUN_MOUNT
 
 pytestmark = pytest.mark.docker
@@ -48,7 +49,7 @@ def farm(docker_client, worker_image: str):
     # where its image can be hard-linked (a hard link cannot cross mounts); removed with the daemons.
     f = Farm(tag, root / f"omnilearn-test-{tag}")
     try:
-        f.start(docker_sdk(), image=source)
+        f.start(docker_sdk(), ROOT / "scripts" / "swarm_join.sh", image=source)
         without = [d for d in f.daemons if not d.client.images.list(name=worker_image)]
         f.load_s = f.load_image(worker_image, without) if without else None
         yield f
@@ -157,3 +158,22 @@ def test_multi_daemon_bsp_job_with_a_level_change(tmp_path: Path, farm: Farm) ->
     print(json.dumps({"image_linked_s": farm.linked_s, "image_load_s": farm.load_s, "job_s": round(seconds, 1),
                       "compute_ms": s["compute_ms"], "samples_per_s": s["samples_per_s"],
                       "level_speeds": s.get("level_speeds"), "readback": readback}, indent=1))
+
+
+def test_multi_daemon_swarm_and_ship_image_scripts(farm: Farm, docker_client) -> None:
+    manager, other = farm.daemons
+    nodes = manager.client.nodes.list()  # joined by scripts/swarm_join.sh
+    assert sorted(n.attrs["Status"]["Addr"] for n in nodes) == [manager.addr, other.addr]
+    assert all(n.attrs["Status"]["State"] == "ready" for n in nodes)
+    if not docker_client.images.list(name=LOCAL_BASE_IMAGE):
+        pytest.skip(f"no {LOCAL_BASE_IMAGE} on the host daemon to ship (a small image)")
+    r = subprocess.run([str(ROOT / "scripts" / "ship_image.sh"), LOCAL_BASE_IMAGE, manager.url, other.url],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    print(r.stdout.strip())
+    want = docker_client.images.get(LOCAL_BASE_IMAGE).id
+    for daemon in farm.daemons:
+        assert daemon.client.images.get(LOCAL_BASE_IMAGE).id == want
+    bad = subprocess.run([str(ROOT / "scripts" / "ship_image.sh"), LOCAL_BASE_IMAGE, "unix:///nonexistent.sock"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no Docker daemon answers at unix:///nonexistent.sock" in bad.stderr
