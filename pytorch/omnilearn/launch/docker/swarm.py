@@ -104,6 +104,9 @@ def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
         raise UserError(f"{job.config.source}: docker.hosts.{first}: rank 0 ({first}) runs on the launcher's "
                         f"daemon (it holds the rendezvous, the checkpoints and the server's snapshots); "
                         f"place only other targets on other hosts")
+    if job.plan.links and job.config.docker.hosts:
+        raise UserError(f"{job.config.source}: links are shaped from the launcher's host, in the overlay's "
+                        f"namespace there: a job with links runs on one daemon (no docker.hosts)")
     default = daemon_client()
     dk = docker_sdk()
     remote: dict[str, Any] = {}
