@@ -8,6 +8,7 @@ volumes on their daemon, kept in step over the Docker API (omnilearn.launch.dock
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -177,3 +178,28 @@ def test_multi_daemon_swarm_and_ship_image_scripts(farm: Farm, docker_client) ->
     bad = subprocess.run([str(ROOT / "scripts" / "ship_image.sh"), LOCAL_BASE_IMAGE, "unix:///nonexistent.sock"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no Docker daemon answers at unix:///nonexistent.sock" in bad.stderr
+
+
+
+def test_multi_daemon_job_refuses_another_image_under_the_same_tag(tmp_path: Path, farm: Farm,
+                                                                      worker_image: str) -> None:
+    manager, other = farm.daemons
+    if not other.client.images.list(name=LOCAL_BASE_IMAGE):
+        pytest.skip(f"no {LOCAL_BASE_IMAGE} on the second daemon to stand for a stale image")
+    tag = "omnilearn-multi-check:stale"
+    manager.client.images.get(worker_image).tag(tag)
+    other.client.images.get(LOCAL_BASE_IMAGE).tag(tag)  # another image there under the same tag
+    cfg = _config(tmp_path, other.url)
+    cfg.write_text(cfg.read_text().replace("  build: false\n", f"  build: false\n  image: {tag}\n"))
+    try:
+        r = subprocess.run([sys.executable, "-m", "omnilearn", "run", "--config", str(cfg), "--out",
+                            str(tmp_path / "run"), "--no-progress"], env=dict(os.environ, DOCKER_HOST=manager.url),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"image {tag} is another on the daemon at {other.url} than on this one" in r.stderr
+        for daemon in farm.daemons:  # refused before any container started
+            assert not daemon.client.containers.list(all=True, filters={"label": LABEL_JOB})
+    finally:
+        for daemon in farm.daemons:
+            with contextlib.suppress(Exception):
+                daemon.client.images.remove(tag)

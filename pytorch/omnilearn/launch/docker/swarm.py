@@ -108,7 +108,6 @@ def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
         raise UserError(f"{job.config.source}: links are shaped from the launcher's host, in the overlay's "
                         f"namespace there: a job with links runs on one daemon (no docker.hosts)")
     default = daemon_client()
-    dk = docker_sdk()
     remote: dict[str, Any] = {}
     by_url: dict[str, Any] = {}
     for target, url in job.config.docker.hosts.items():
@@ -117,13 +116,18 @@ def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
                             f"({', '.join(job.plan.targets)})")
         if url not in by_url:
             try:
-                client = dk.DockerClient(base_url=url, use_ssh_client=url.startswith("ssh://"))
+                client = url_client(url)
                 client.ping()
             except Exception as e:  # noqa: BLE001 - any failure to reach a daemon is the same user error
                 raise UserError(f"docker.hosts.{target}: no Docker daemon answers at {url} ({e})") from e
             by_url[url] = client
         remote[target] = by_url[url]
     return default, remote
+
+
+def url_client(url: str) -> Any:
+    """A client for the daemon at ``url``; ``ssh://`` through the ssh client (the user's keys and config)."""
+    return docker_sdk().DockerClient(base_url=url, use_ssh_client=url.startswith("ssh://"))
 
 
 def ensure_swarm(client: Any, advertise_addr: str | None) -> bool:
@@ -197,11 +201,14 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
             console.print(f"image {cfg.docker.image}: " + (images.reason if b is None else
                           f"built in {b.seconds:.0f} s ({b.size_bytes / 1e9:.2f} GB; {images.reason})"), markup=False)
     image = with_requirements(default, cfg.docker.image, cfg.docker.requirements, on_log=log.debug)
-    for target, client in remote.items():
-        if image_or_none(client, image) is None:
-            raise UserError(f"docker.hosts.{target}: image {image} is not on the daemon at "
-                            f"{cfg.docker.hosts[target]}: copy it with scripts/ship_image.sh {image} "
-                            f"{cfg.docker.hosts[target]}")
+    local_image = image_or_none(default, image)
+    for target, client in remote.items():  # the same image (by id), or workers would run other code
+        there = image_or_none(client, image)
+        if there is None or (local_image is not None and there.id != local_image.id):
+            raise UserError(f"docker.hosts.{target}: image {image} is {'not' if there is None else 'another'} "
+                            f"on the daemon at {cfg.docker.hosts[target]}"
+                            f"{'' if there is None else ' than on this one'}: copy it with "
+                            f"scripts/ship_image.sh {image} {cfg.docker.hosts[target]}")
     initialized = ensure_swarm(default, cfg.docker.advertise_addr)
     _check_names_free(job, default, remote)
     net_name = network_name(job)
@@ -277,7 +284,7 @@ def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = F
     """Remove every container and network labelled with ``job_id``; returns what was removed."""
     dk = docker_sdk()
     default = daemon_client()
-    clients = [default] + [dk.DockerClient(base_url=u) for u in sorted(set((hosts or {}).values()))]
+    clients = [default] + [url_client(u) for u in sorted(set((hosts or {}).values()))]
     removed: list[str] = []
     for client in clients:
         for c in _job_containers(client, job_id):
