@@ -203,3 +203,31 @@ def test_multi_daemon_job_refuses_another_image_under_the_same_tag(tmp_path: Pat
         for daemon in farm.daemons:
             with contextlib.suppress(Exception):
                 daemon.client.images.remove(tag)
+
+
+def test_multi_daemon_cluster_up_and_the_papers_toggler(tmp_path: Path, farm: Farm) -> None:
+    manager, other = farm.daemons
+    env = dict(os.environ, DOCKER_HOST=manager.url, OMNILEARN=str(Path(sys.executable).parent / "omnilearn"))
+    out = tmp_path / "run"
+    up = subprocess.run([str(ROOT / "scripts" / "omnilearnBSP.sh"), "--out", str(out), "--workers", "2",
+                         "--model", "smallcnn", "--dataset", "synthetic", "--epochs", "2", "--schedule", "demo",
+                         "--set", "data.synthetic_size=512", "--set", "data.image_size=16",
+                         "--set", "docker.build=false", "--set", "docker.encrypted=false",
+                         "--set", f"docker.hosts.worker2={other.url}"],
+                        capture_output=True, text=True, env=env, timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    job_id = job_id_of(out)
+    try:
+        assert other.client.containers.get("worker2").labels[LABEL_JOB] == job_id
+        toggle = subprocess.run([str(ROOT / "scripts" / "exec_HL.sh"), str(out)], capture_output=True, text=True,
+                                env=env, timeout=300)
+        assert toggle.returncode == 0, toggle.stdout + toggle.stderr
+        levels = [(r["target"], r["level"]) for r in read_audit(out / "logs")]
+        assert ("worker1", "HL2") in levels and ("worker2", "HL4") in levels  # worker2's requests came over
+        kinds = {json.loads(line)["kind"] for line in (out / "metrics" / "rank-1.jsonl").read_text().splitlines()}
+        assert "end" in kinds  # its metrics too, once it ended
+    finally:
+        down = subprocess.run([env["OMNILEARN"], "cluster", "down", "--out", str(out)], capture_output=True,
+                              text=True, env=env)
+    assert down.returncode == 0 and f"volume omnilearn-{job_id}-worker2" in down.stdout, down.stdout + down.stderr
+    assert not other.client.volumes.list(filters={"label": f"{LABEL_JOB}={job_id}"})
