@@ -156,3 +156,14 @@ def test_rank_0_stays_on_the_launchers_daemon(tmp_path: Path) -> None:
     spec = job(tmp_path, {"worker1": "ssh://me@host2"})
     with pytest.raises(UserError, match="rank 0"):
         swarm.clients_for(spec)
+
+
+def test_only_targets_on_other_daemons_are_kept_in_step(tmp_path: Path) -> None:
+    spec = job(tmp_path, {"worker3": "ssh://me@host2"})
+
+    class Client:
+        class containers:  # noqa: N801 - the SDK's attribute
+            get = staticmethod(lambda cid: f"container {cid}")
+
+    assert remote.remote_containers(spec, {"worker1": "a", "worker2": "b", "worker3": "c"},
+                                    {"worker3": Client()}) == {2: "container c"}

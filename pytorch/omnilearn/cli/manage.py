@@ -84,7 +84,7 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     sync = None  # the run folders of containers on other daemons, brought in step before each poll
     if remote:
         state = swarm.ClusterState.load(out)
-        sync = RemoteRunFolders(job, remote_containers(job, state.containers, default, remote), RUN_MOUNT)
+        sync = RemoteRunFolders(job, remote_containers(job, state.containers, remote), RUN_MOUNT)
     console = make_console()
     stop = threading.Event()
     with toggler_lock(job.log_dir):

@@ -157,7 +157,8 @@ class RemoteRunFolders:
 
     ``containers``: rank -> the container object (from its own daemon's client). :meth:`poll` pulls each
     request log, pushes the audit where it grew, and pulls the metrics every METRICS_EVERY_S seconds;
-    :meth:`run` polls until stopped; :meth:`finish` makes a last full pass (after the workers ended).
+    :meth:`start` polls in a thread; :meth:`finish` stops it and makes a last full pass (after the
+    workers ended).
     """
 
     def __init__(self, job: JobSpec, containers: dict[int, Any], run_mount: str) -> None:
@@ -225,8 +226,7 @@ class RemoteRunFolders:
             self.poll(metrics=True)
 
 
-def remote_containers(job: JobSpec, containers: dict[str, str], default: Any, remote: dict[str, Any]
-                      ) -> dict[int, Any]:
+def remote_containers(job: JobSpec, containers: dict[str, str], remote: dict[str, Any]) -> dict[int, Any]:
     """rank -> container object, for the job's targets placed on another daemon."""
     out = {}
     for rank, target in enumerate(job.plan.targets):

@@ -361,7 +361,7 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
             thread.start()
             state = up(job, console)  # Ctrl-C here interrupts the image build or the SDK call at once
             if remote:  # the run folders of the containers on other daemons, kept in step
-                sync = RemoteRunFolders(job, remote_containers(job, state.containers, default, remote), RUN_MOUNT)
+                sync = RemoteRunFolders(job, remote_containers(job, state.containers, remote), RUN_MOUNT)
                 sync.start()
             with Interrupts() as interrupts, (progress_for(job, label, console)
                                               if show_progress else contextlib.nullcontext()) as progress:
