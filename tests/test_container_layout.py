@@ -14,6 +14,7 @@ from omnilearn.emulator.requests import MAX_STRAY_REPORTS
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec
 from omnilearn.launch.docker import mounts, swarm
+from omnilearn.launch.docker.containers import save_logs
 from omnilearn.launch.docker.mounts import RUN_MOUNT, container_mounts, prepare_run_folder
 
 
@@ -116,7 +117,6 @@ def test_saved_container_output_never_goes_through_a_planted_link(tmp_path: Path
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "worker-0.out").symlink_to(victim)
-    state = swarm.ClusterState(job_id="j", network="n", subnet=None, containers={"worker1": "a", "worker2": "b"})
-    swarm.save_logs(Client(), {}, state, logs)
+    save_logs(Client(), {}, {"worker1": "a", "worker2": "b"}, logs)
     assert victim.read_text() == "keep" and (logs / "worker-0.out").is_symlink()
     assert (logs / "worker-1.out").read_bytes() == b"worker output\n"

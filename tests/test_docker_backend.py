@@ -94,7 +94,7 @@ def test_overlay_interface_is_found_by_subnet() -> None:
 def test_container_end_times_are_parsed_to_the_nanosecond_docker_gives() -> None:
     import math
 
-    from omnilearn.launch.docker.swarm import finished_at
+    from omnilearn.launch.docker.containers import finished_at
 
     a = finished_at("2026-11-22T10:33:07.123456789Z")
     b = finished_at("2026-11-22T10:33:07.123457Z")

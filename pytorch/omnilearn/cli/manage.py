@@ -71,6 +71,8 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     from omnilearn.emulator.toggler import Toggler
     from omnilearn.jobfile import JobSpec
     from omnilearn.launch.docker import swarm
+    from omnilearn.launch.docker.mounts import RUN_MOUNT
+    from omnilearn.launch.docker.remote import RemoteRunFolders, remote_containers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     out = Path(args.out)
@@ -79,6 +81,10 @@ def cmd_toggle(args: argparse.Namespace) -> int:
     job = JobSpec.load(out / "job.json", out_dir=out)
     default, remote = swarm.clients_for(job)
     backend = DockerBackend(job.job_id, default, clients=remote)
+    sync = None  # the run folders of containers on other daemons, brought in step before each poll
+    if remote:
+        state = swarm.ClusterState.load(out)
+        sync = RemoteRunFolders(job, remote_containers(job, state.containers, remote), RUN_MOUNT)
     console = make_console()
     stop = threading.Event()
     with toggler_lock(job.log_dir):
@@ -87,9 +93,13 @@ def cmd_toggle(args: argparse.Namespace) -> int:
                       markup=False)
         try:
             while not stop.is_set():
+                if sync is not None:
+                    sync.poll()
                 toggler.poll_once()
                 if args.until_done and all(r["status"] in ("exited", "dead", "absent")
                                            for r in swarm.status(out)):
+                    if sync is not None:
+                        sync.poll(metrics=True)
                     toggler.poll_once()
                     break
                 stop.wait(args.interval)

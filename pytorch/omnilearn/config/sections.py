@@ -188,8 +188,10 @@ class DockerConfig:
     """Address for ``docker swarm init`` when this host is not in a swarm yet (default: Docker's choice,
     falling back to 127.0.0.1 on a host with no routable address)."""
     hosts: dict[str, str] = field(default_factory=dict)
-    """Target (worker1, ...) -> daemon URL (``ssh://user@host``, ``tcp://...``); others run locally.
-    The run folder must be the same path on every host (a shared file system)."""
+    """Target (worker2, ...) -> daemon URL (``ssh://user@host``, ``tcp://...``, ``unix://...``) of a host
+    joined to the launcher's swarm; others run on the launcher's daemon, rank 0 always. No folder is
+    shared: a remote container's run folder is a volume on its host, kept in step over the Docker API
+    (README, "Across hosts")."""
     master_port: int = 29500
     stop_timeout: float = 10.0
     pids_limit: int = 4096

@@ -107,6 +107,19 @@ def container_mounts(job: JobSpec, rank: int, data_root: Path | None) -> list[An
         paths.append((out / CHECKPOINT_DIR, rank != 0))
     mounts = [mount(f"{RUN_MOUNT}/{host.relative_to(out).as_posix()}", str(host), type="bind", read_only=ro)
               for host, ro in paths]
+    return mounts + _shared_mounts(job, data_root)
+
+
+def remote_mounts(job: JobSpec, volume: str, data_root: Path | None) -> list[Any]:
+    """The mounts of a container on another daemon: its run-folder volume (:mod:`.remote`) in place of
+    the run folder's files; the data folder and the workload's code at the same paths on its own host."""
+    mount = docker_sdk().types.Mount
+    return [mount(RUN_MOUNT, volume, type="volume"), *_shared_mounts(job, data_root)]
+
+
+def _shared_mounts(job: JobSpec, data_root: Path | None) -> list[Any]:
+    mount = docker_sdk().types.Mount
+    mounts = []
     if data_root is not None:
         mounts.append(mount(DATA_MOUNT, str(data_root), type="bind", read_only=True))
     if job.config.workload:

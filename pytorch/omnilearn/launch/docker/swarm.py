@@ -14,13 +14,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
-import re
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +36,10 @@ from omnilearn.emulator.backends.docker import (
 from omnilearn.emulator.backends.docker_net import ContainerLinks
 from omnilearn.emulator.toggler import Toggler
 from omnilearn.errors import UserError
-from omnilearn.files import write_atomic, write_in
+from omnilearn.files import write_atomic
 from omnilearn.jobfile import JOB_FILE, JobSpec
-from omnilearn.launch.docker.daemon import daemon_client
+from omnilearn.launch.docker.containers import container_states, save_logs, tail_logs
+from omnilearn.launch.docker.daemon import daemon_client, image_or_none
 from omnilearn.launch.docker.faults import (
     DaemonLost,
     DaemonWatch,
@@ -58,9 +56,11 @@ from omnilearn.launch.docker.mounts import (
     container_mounts,
     container_user,
     prepare_run_folder,
+    remote_mounts,
     workload_env,
 )
 from omnilearn.launch.docker.reaper import Reaper
+from omnilearn.launch.docker.remote import RemoteRunFolders, make_volume, remote_containers, run_remote
 from omnilearn.launch.docker.requirements import with_requirements
 from omnilearn.launch.failures import WorkerFailed, first_failure
 from omnilearn.launch.interrupts import Interrupts
@@ -102,8 +102,15 @@ class ClusterState:
 
 def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
     """The local (manager) daemon and one client per remotely placed target."""
+    first = job.plan.targets[0]
+    if first in job.config.docker.hosts:
+        raise UserError(f"{job.config.source}: docker.hosts.{first}: rank 0 ({first}) runs on the launcher's "
+                        f"daemon (it holds the rendezvous, the checkpoints and the server's snapshots); "
+                        f"place only other targets on other hosts")
+    if job.plan.links and job.config.docker.hosts:
+        raise UserError(f"{job.config.source}: links are shaped from the launcher's host, in the overlay's "
+                        f"namespace there: a job with links runs on one daemon (no docker.hosts)")
     default = daemon_client()
-    dk = docker_sdk()
     remote: dict[str, Any] = {}
     by_url: dict[str, Any] = {}
     for target, url in job.config.docker.hosts.items():
@@ -112,13 +119,18 @@ def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
                             f"({', '.join(job.plan.targets)})")
         if url not in by_url:
             try:
-                client = dk.DockerClient(base_url=url, use_ssh_client=url.startswith("ssh://"))
+                client = url_client(url)
                 client.ping()
             except Exception as e:  # noqa: BLE001 - any failure to reach a daemon is the same user error
                 raise UserError(f"docker.hosts.{target}: no Docker daemon answers at {url} ({e})") from e
             by_url[url] = client
         remote[target] = by_url[url]
     return default, remote
+
+
+def url_client(url: str) -> Any:
+    """A client for the daemon at ``url``; ``ssh://`` through the ssh client (the user's keys and config)."""
+    return docker_sdk().DockerClient(base_url=url, use_ssh_client=url.startswith("ssh://"))
 
 
 def ensure_swarm(client: Any, advertise_addr: str | None) -> bool:
@@ -192,6 +204,14 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
             console.print(f"image {cfg.docker.image}: " + (images.reason if b is None else
                           f"built in {b.seconds:.0f} s ({b.size_bytes / 1e9:.2f} GB; {images.reason})"), markup=False)
     image = with_requirements(default, cfg.docker.image, cfg.docker.requirements, on_log=log.debug)
+    local_image = image_or_none(default, image)
+    for target, client in remote.items():  # the same image (by id), or workers would run other code
+        there = image_or_none(client, image)
+        if there is None or (local_image is not None and there.id != local_image.id):
+            raise UserError(f"docker.hosts.{target}: image {image} is {'not' if there is None else 'another'} "
+                            f"on the daemon at {cfg.docker.hosts[target]}"
+                            f"{'' if there is None else ' than on this one'}: copy it with "
+                            f"scripts/ship_image.sh {image} {cfg.docker.hosts[target]}")
     initialized = ensure_swarm(default, cfg.docker.advertise_addr)
     _check_names_free(job, default, remote)
     net_name = network_name(job)
@@ -222,12 +242,15 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
                "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", **TMP_ENV, **workload_env(job)}
         if state.subnet:
             env["OMNILEARN_SUBNET"] = state.subnet  # the worker finds its overlay interface for gloo
-        client = remote.get(target, default)
-        container = client.containers.run(
-            image, command=command, name=target, hostname=target, detach=True, init=True,
-            network=net_name, environment=env, mounts=container_mounts(job, rank, data_root),
-            working_dir=RUN_MOUNT, labels={**labels, LABEL_TARGET: target, LABEL_RANK: str(rank)},
-            **confinement(cfg.docker, user), **run_kwargs(job.plan.allocation(first, target)))
+        run_args = dict(image=image, command=command, name=target, hostname=target, detach=True, init=True,
+                        network=net_name, environment=env, working_dir=RUN_MOUNT,
+                        labels={**labels, LABEL_TARGET: target, LABEL_RANK: str(rank)},
+                        **confinement(cfg.docker, user), **run_kwargs(job.plan.allocation(first, target)))
+        if target in remote:  # no bind mount of this host's files: a volume on its own daemon, synced
+            mounts = remote_mounts(job, make_volume(remote[target], job.job_id, target), data_root)
+            container = run_remote(remote[target], job, rank, user, RUN_MOUNT, mounts, **run_args)
+        else:
+            container = default.containers.run(mounts=container_mounts(job, rank, data_root), **run_args)
         state.containers[target] = container.id
         state.save(job.out_dir)
     if console:
@@ -264,13 +287,18 @@ def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = F
     """Remove every container and network labelled with ``job_id``; returns what was removed."""
     dk = docker_sdk()
     default = daemon_client()
-    clients = [default] + [dk.DockerClient(base_url=u) for u in sorted(set((hosts or {}).values()))]
+    clients = [default] + [url_client(u) for u in sorted(set((hosts or {}).values()))]
     removed: list[str] = []
     for client in clients:
         for c in _job_containers(client, job_id):
             with contextlib.suppress(dk.errors.NotFound):
                 c.remove(force=True)
                 removed.append(f"container {c.name}")
+    for client in clients:  # the run-folder volumes of containers on other daemons
+        for volume in client.volumes.list(filters={"label": f"{LABEL_JOB}={job_id}"}):
+            with contextlib.suppress(dk.errors.NotFound):
+                volume.remove(force=True)
+                removed.append(f"volume {volume.name}")
     for net in default.networks.list(filters={"label": f"{LABEL_JOB}={job_id}"}):
         for attempt in range(10):  # a just-removed container may still hold its endpoint briefly
             try:
@@ -290,31 +318,8 @@ def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = F
     return removed
 
 
-def finished_at(stamp: str | None) -> float:
-    """Docker's ``State.FinishedAt`` (RFC 3339, nanoseconds) as a POSIX time; +inf when unknown."""
-    if not stamp or stamp.startswith("0001-"):
-        return math.inf
-    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", stamp)
-    if m is None:
-        return math.inf
-    base = datetime.fromisoformat(m.group(1) + ("+00:00" if m.group(3) == "Z" else m.group(3)))
-    return base.timestamp() + float("0." + (m.group(2) or "0"))
 
 
-def _container_states(default: Any, remote: dict[str, Any], state: ClusterState
-                      ) -> dict[str, tuple[str, int, float]]:
-    """target -> (status, exit code, when it ended: POSIX time, +inf if running or unknown)."""
-    dk = docker_sdk()
-    out = {}
-    for target, cid in state.containers.items():
-        client = remote.get(target, default)
-        try:
-            c = client.containers.get(cid)
-            st = c.attrs["State"]
-            out[target] = (c.status, int(st.get("ExitCode", 0)), finished_at(st.get("FinishedAt")))
-        except dk.errors.NotFound:
-            out[target] = ("vanished", -1, math.inf)
-    return out
 
 
 def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool = True) -> None:
@@ -331,6 +336,7 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
     watch: DaemonWatch | None = None
     daemon_gone = False
     reaper = Reaper(job.job_id, job.config.docker.hosts, job.config.docker.stop_timeout, job.log_dir / "reaper.log")
+    sync: RemoteRunFolders | None = None
     try:
         with toggler_lock(job.log_dir):
             toggler = Toggler(job.log_dir, backend, job.plan, links=links)
@@ -338,6 +344,9 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
             thread.start()
             state = up(job, console)  # Ctrl-C here interrupts the image build or the SDK call at once
             watch = DaemonWatch([default, *{id(c): c for c in remote.values()}.values()], job.job_id, job.out_dir)
+            if remote:  # the run folders of the containers on other daemons, kept in step
+                sync = RemoteRunFolders(job, remote_containers(job, state.containers, remote), RUN_MOUNT)
+                sync.start()
             with Interrupts() as interrupts, (progress_for(job, label, console)
                                               if show_progress else contextlib.nullcontext()) as progress:
                 if progress:
@@ -345,7 +354,7 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                 while True:
                     watch.check()
                     try:
-                        states = _container_states(default, remote, state)
+                        states = container_states(default, remote, state.containers)
                     except daemon_errors() as e:
                         raise daemon_lost(e, job.out_dir) from None
                     failed = {job.plan.targets.index(t): (when, code) for t, (s, code, when) in states.items()
@@ -358,13 +367,13 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                             raise vanished(gone[0], job.plan.targets.index(gone[0]))
                         target = job.plan.targets[first_failure(failed)]
                         if states[target][1] == UserError.exit_status:  # a user error found by the worker
-                            logs = _tail_logs(remote.get(target, default), state.containers[target], 40)
+                            logs = tail_logs(remote.get(target, default), state.containers[target], 40)
                             errors = [ln for ln in logs.splitlines() if ln.startswith("omnilearn: error: ")]
                             raise UserError(f"container {target}: " + (errors[-1].removeprefix(
                                 "omnilearn: error: ") if errors else "exited with status 2"))
                         raise WorkerFailed(f"container {target} (rank {job.plan.targets.index(target)}) ended: "
                                            f"{states[target][0]}, exit code {states[target][1]}; last lines:\n"
-                                           f"{_tail_logs(remote.get(target, default), state.containers[target])}")
+                                           f"{tail_logs(remote.get(target, default), state.containers[target])}")
                     if all(s == "exited" for s, _, _ in states.values()):
                         break
                     if progress:
@@ -388,7 +397,9 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
             if state is not None:  # SIGTERM first: workers end at a step boundary and save
                 stop_gracefully({t: (remote.get(t, default), cid) for t, cid in state.containers.items()},
                                 job.config.docker.stop_timeout)
-                save_logs(default, remote, state, job.log_dir)
+                if sync is not None:
+                    sync.finish()
+                save_logs(default, remote, state.containers, job.log_dir)
             removed = down(job.job_id, job.config.docker.hosts,
                            leave_swarm=bool(state and state.swarm_initialized))
             log.info("cluster down: %s", ", ".join(removed))
@@ -398,17 +409,3 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                         "at %s is back", e, daemon_address())
         finally:
             reaper.release()
-
-
-def save_logs(default: Any, remote: dict[str, Any], state: ClusterState, log_dir: Path) -> None:
-    """Keep each container's output (``logs/worker-<rank>.out``) before the container is removed; never
-    written through a link someone planted under that name."""
-    for rank, (target, cid) in enumerate(state.containers.items()):
-        with contextlib.suppress(Exception):
-            write_in(log_dir, f"worker-{rank}.out", remote.get(target, default).containers.get(cid).logs())
-
-
-def _tail_logs(client: Any, cid: str, lines: int = 15) -> str:
-    with contextlib.suppress(Exception):
-        return client.containers.get(cid).logs(tail=lines).decode(errors="replace")
-    return "(no logs)"
