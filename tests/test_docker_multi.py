@@ -88,10 +88,28 @@ docker:
 
 
 def _quota(container) -> float:
-    code, quota = container.exec_run(["cat", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"])
-    assert code == 0, quota
-    _, period = container.exec_run(["cat", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"])
-    return int(quota) / int(period)
+    """The container's CPU quota as the kernel has it, read from the host's cgroup file system through
+    its main process (the daemons share this host's kernel): no exec into a throttled container."""
+    pid = container.attrs["State"]["Pid"]
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    path = next(line.split(":", 2)[2] for line in lines if "cpu" in line.split(":", 2)[1].split(","))
+    folder = Path("/sys/fs/cgroup/cpu") / path.lstrip("/")
+    return int((folder / "cpu.cfs_quota_us").read_text()) / int((folder / "cpu.cfs_period_us").read_text())
+
+
+def _remove_job(farm: Farm, job_id: str | None) -> None:
+    """What a failed test's killed launcher could not take down, so later tests start clean."""
+    if job_id is None:
+        return
+    label = {"label": f"{LABEL_JOB}={job_id}"}
+    for daemon in farm.daemons:
+        with contextlib.suppress(Exception):
+            for c in daemon.client.containers.list(all=True, filters=label):
+                c.remove(force=True)
+            for v in daemon.client.volumes.list(filters=label):
+                v.remove(force=True)
+            for n in daemon.client.networks.list(filters=label):
+                n.remove()
 
 
 def test_multi_daemon_bsp_job_with_a_level_change(tmp_path: Path, farm: Farm) -> None:
@@ -103,6 +121,7 @@ def test_multi_daemon_bsp_job_with_a_level_change(tmp_path: Path, farm: Farm) ->
                              "--out", str(out), "--no-progress"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     readback: dict[str, dict] = {}
+    job_id = None
     try:
         job_id = job_id_of(out)
         deadline = time.time() + 400
@@ -140,6 +159,7 @@ def test_multi_daemon_bsp_job_with_a_level_change(tmp_path: Path, farm: Farm) ->
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+            _remove_job(farm, job_id)
     seconds = time.monotonic() - started
     assert proc.returncode == 0, output
     s = json.loads((out / "summary.json").read_text())  # needs every rank's end record: metrics came back
