@@ -38,6 +38,17 @@ class JobSpec:
     backend: str  # the emulation backend actually used, e.g. "cgroup-v1"
     resume: bool = False
     """Workers go on from the run folder's checkpoint (``--resume``, or a restart after a failure)."""
+    members: list[int] | None = None
+    """The plan's targets that run, by index: rank r runs ``plan.targets[members[r]]``. None: all of
+    them. After a BSP worker was lost for good (``fault.drop_after``), the survivors."""
+
+    @property
+    def slots(self) -> list[int]:
+        """The index in the plan's targets of each rank's target (:attr:`members`, or all of them).
+
+        A worker's files (``metrics/rank-<i>.jsonl``, ``logs/cpu-<i>.log``) and its allocations are
+        named by this index, which stays the same when survivors are re-ranked."""
+        return list(range(len(self.plan.targets))) if self.members is None else list(self.members)
 
     @property
     def log_dir(self) -> Path:
@@ -57,6 +68,7 @@ class JobSpec:
             "out_dir": str(self.out_dir),
             "backend": self.backend,
             "resume": self.resume,
+            "members": self.members,
         }
 
     def save(self) -> Path:
@@ -83,4 +95,5 @@ class JobSpec:
             out_dir=Path(out_dir) if out_dir is not None else Path(d["out_dir"]),
             backend=d["backend"],
             resume=bool(d.get("resume", False)),
+            members=d.get("members"),
         )

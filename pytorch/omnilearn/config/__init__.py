@@ -159,6 +159,10 @@ class JobConfig:
             raise bad("checkpoint.every", f"must be a number of epochs >= 1 or seconds such as '30s', not {every!r}")
         if self.fault.max_restarts < 0:
             raise bad("fault.max_restarts", f"must be >= 0, not {self.fault.max_restarts}")
+        if self.fault.drop_after < 0:
+            raise bad("fault.drop_after", f"must be >= 0 (0: never go on without a worker), not {self.fault.drop_after}")
+        if not 1 <= self.fault.min_workers <= self.workers:
+            raise bad("fault.min_workers", f"must be between 1 and workers ({self.workers}), not {self.fault.min_workers}")
         if self.fault.timeout_s <= 0:
             raise bad("fault.timeout_s", f"must be positive, not {self.fault.timeout_s}")
 

@@ -242,3 +242,8 @@ class FaultConfig:
     max_restarts: int = 0
     """Restart the job from its last checkpoint (or from the start, without one) after a worker loss,
     up to this many times."""
+    drop_after: int = 2
+    """BSP: a worker lost this many attempts in a row cannot come back; the next restart goes on with
+    the survivors (the global batch re-split among them). 0: always restart with every worker."""
+    min_workers: int = 1
+    """BSP: the fewest survivors a restart may go on with; below it the job fails."""

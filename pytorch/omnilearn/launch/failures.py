@@ -11,6 +11,11 @@ class WorkerFailed(Exception):
     restartable = True
     """Whether ``fault.max_restarts`` may start the job again at once (not when what runs the workers is gone)."""
 
+    def __init__(self, message: str, slot: int | None = None) -> None:
+        super().__init__(message)
+        self.slot = slot
+        """The failed worker's index in the plan's targets (:attr:`~omnilearn.jobfile.JobSpec.slots`), when known."""
+
 
 def first_failure(failures: dict[int, tuple[float, int]], user_error: int = 2) -> int:
     """The rank whose failure started it all, from ``{rank: (when, exit status)}``.

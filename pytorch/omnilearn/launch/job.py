@@ -46,6 +46,17 @@ def check_launcher(cfg: JobConfig, plan: EmulationPlan | None = None) -> None:
                             f"give links only to targets on this host")
 
 
+def resumed_members(run_dir: Path, cfg: JobConfig) -> list[int] | None:
+    """The workers a stopped BSP run went on with (its checkpoint's), when it had lost one for good."""
+    from omnilearn.train.checkpoint import checkpoint_path, load, saved_slots
+
+    path = checkpoint_path(run_dir, cfg.mode)
+    if cfg.mode != "bsp" or not path.is_file():
+        return None
+    slots = saved_slots(load(path, cfg))
+    return slots if slots != list(range(cfg.workers)) else None
+
+
 def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console, label: str,
             show_progress: bool = True, resume: bool = False) -> dict[str, Any]:
     """Train the job in ``run_dir`` (new or empty; with ``resume``, the folder of a stopped run) and
@@ -53,7 +64,8 @@ def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console
 
     Raises WorkerFailed (a worker died) or UserError (a worker found a user error).
     """
-    job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=run_dir.resolve(), backend="", resume=resume)
+    job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=run_dir.resolve(), backend="", resume=resume,
+                  members=resumed_members(run_dir, cfg) if resume else None)
     live = contextlib.nullcontext()
     if cfg.report.tensorboard:
         from omnilearn.launch.tensorboard import LiveTensorBoard

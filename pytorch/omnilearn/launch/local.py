@@ -84,7 +84,8 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
     net: JobNetwork | None = None
     procs: list[subprocess.Popen | ForkedWorker] = []
     logs: list[Path] = []
-    world = len(job.plan.targets)  # one process per target: BSP workers; ASP server (rank 0) + workers
+    slots = job.slots  # one process per target that runs: BSP workers; ASP server (rank 0) + workers
+    world = len(slots)
     port = free_port()
     record = JobRecord(job.job_id, job.out_dir, backend.name)  # what `omnilearn cleanup` finds if we are killed
     try:
@@ -94,8 +95,10 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
         with Interrupts() as interrupts:
             toggler_thread.start()
             fork = forks(job.plan)
-            for rank in range(world):
-                log_path = job.log_dir / f"worker-{rank}.out"
+            # Everything but the rendezvous knows a worker by its slot (its target's index in the plan):
+            # the same files and allocations after survivors are re-ranked.
+            for rank, slot in enumerate(slots):
+                log_path = job.log_dir / f"worker-{slot}.out"
                 logs.append(log_path)
                 args = ["worker", "--job", str(job_file)]
                 env = worker_env(rank, world, port)
@@ -105,37 +108,37 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
                     else:
                         argv = [sys.executable, "-m", "omnilearn", *args]
                         if net is not None:
-                            argv, env = net.command(rank, argv), {**env, **net.env(rank)}
+                            argv, env = net.command(slot, argv), {**env, **net.env(slot)}
                         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
                                                 start_new_session=True,  # Ctrl-C reaches the launcher only
                                                 preexec_fn=die_with_parent)  # they die with it, even by SIGKILL
                 procs.append(proc)
-                record.add(rank, proc.pid)
-                backend.add_process(job.plan.targets[rank], proc.pid)
+                record.add(slot, proc.pid)
+                backend.add_process(job.plan.targets[slot], proc.pid)
                 interrupts.check()
             with progress_for(job, label, console) if show_progress else contextlib.nullcontext() as progress:
                 if progress:
                     progress.set_epochs(cfg.train.epochs)
-                watched = {r: p.pid for r, p in enumerate(procs) if not (cfg.mode == "asp" and r == 0)}
+                watched = {s: p.pid for s, p in zip(slots, procs, strict=True) if not (cfg.mode == "asp" and s == 0)}
                 hangs = HangWatch(job.out_dir, watched, cfg.fault.timeout_s)  # the ASP server watches its workers
                 while True:
-                    codes = [p.poll() for p in procs]
+                    codes = {s: p.poll() for s, p in zip(slots, procs, strict=True)}
                     now = time.monotonic()
-                    failed = {r: (now, c) for r, c in enumerate(codes) if c not in (None, 0)}
+                    failed = {s: (now, c) for s, c in codes.items() if c not in (None, 0)}
                     hung = hangs.check(lambda r: who_is(job, r))
                     if failed and hung is None:
                         hung = hangs.check_stopped(lambda r: who_is(job, r))  # its peers' timeouts came first
                     if hung is not None:
                         console.print(f"{label}: {hung}; stopping the job", markup=False)  # before the teardown
-                        raise WorkerFailed(hung)
+                        raise WorkerFailed(hung, slot=hangs.culprit)
                     if failed:
-                        r = first_failure(failed)
-                        who = who_is(job, r)
-                        if codes[r] == UserError.exit_status:  # the worker found a user error: pass it on
-                            raise UserError(f"{who}: {last_error(logs[r])}")
-                        raise WorkerFailed(f"{who} {describe_status(codes[r])}; "
-                                           f"end of {logs[r]}:\n{tail(logs[r])}")
-                    if all(c == 0 for c in codes):
+                        s = first_failure(failed)
+                        who, log_s = who_is(job, s), logs[slots.index(s)]
+                        if codes[s] == UserError.exit_status:  # the worker found a user error: pass it on
+                            raise UserError(f"{who}: {last_error(log_s)}")
+                        raise WorkerFailed(f"{who} {describe_status(codes[s])}; "
+                                           f"end of {log_s}:\n{tail(log_s)}", slot=s)
+                    if all(c == 0 for c in codes.values()):
                         break
                     if progress:
                         progress.update()
@@ -151,11 +154,12 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
         record.close()
 
 
-def who_is(job: JobSpec, rank: int) -> str:
+def who_is(job: JobSpec, slot: int) -> str:
+    """How messages name the worker in ``slot`` (its rank in the whole job, whatever survivors run)."""
     if job.config.mode == "asp":
-        role = "parameter server" if rank == 0 else "ASP worker"
-        return f"{role} rank {rank} ({job.plan.target(rank)})"
-    return f"worker rank {rank}"
+        role = "parameter server" if slot == 0 else "ASP worker"
+        return f"{role} rank {slot} ({job.plan.target(slot)})"
+    return f"worker rank {slot}"
 
 
 def check_local_prerequisites() -> None:

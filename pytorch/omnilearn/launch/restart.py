@@ -2,7 +2,12 @@
 
 The whole rank set restarts (same workers, same cgroups or containers set up afresh) through the
 same launcher call, with the job file's ``resume`` set: each rank loads the run folder's checkpoint,
-or, before the first one, starts over with the failed attempt's metrics cut. torch.distributed's
+or, before the first one, starts over with the failed attempt's metrics cut. A BSP worker lost
+``fault.drop_after`` attempts in a row is taken to be unable to come back (a broken node): the job
+goes on with the survivors (:attr:`~omnilearn.jobfile.JobSpec.members`), re-ranked, each keeping its
+target, allocations and files; the global batch is re-split among them from the checkpoint's
+batches, and the data order stays that of the uninterrupted run (each step takes the same global
+batch of the same permutation). torch.distributed's
 elastic agent is not used: it starts the worker processes itself, while each rank must be placed in
 its own cgroup (or network namespace, or container) as it starts, which the launchers do.
 
@@ -20,16 +25,20 @@ from typing import Any
 
 from rich.console import Console
 
+from omnilearn.control.policies import Bounds
 from omnilearn.files import read_records
 from omnilearn.jobfile import JobSpec
 from omnilearn.launch.failures import WorkerFailed
 from omnilearn.metrics import restarts_path
 
 
-def record_restart(out_dir: Path, cause: str, attempt: int, checkpoint: Path) -> dict[str, Any]:
-    """Append one restart to ``OUT/restarts.jsonl``; returns the record."""
+def record_restart(out_dir: Path, cause: str, attempt: int, checkpoint: Path, workers: list[str] | None = None,
+                   dropped: str | None = None) -> dict[str, Any]:
+    """Append one restart to ``OUT/restarts.jsonl`` (``workers``: the targets it goes on with; ``dropped``:
+    the one it goes on without); returns the record."""
     record = {"time": time.time(), "cause": cause, "attempt": attempt,
-              "checkpoint_time": checkpoint.stat().st_mtime if checkpoint.is_file() else None}
+              "checkpoint_time": checkpoint.stat().st_mtime if checkpoint.is_file() else None,
+              "workers": workers, "dropped": dropped}
     with open(restarts_path(out_dir), "a") as f:
         f.write(json.dumps(record) + "\n")
     return record
@@ -39,14 +48,32 @@ def read_restarts(out_dir: Path) -> list[dict[str, Any]]:
     return read_records(restarts_path(out_dir))
 
 
+def without_lost(job: JobSpec, slot: int | None, streak: int) -> tuple[list[int] | None, str]:
+    """The survivors to go on with when the worker in ``slot`` was lost ``streak`` attempts in a row and
+    cannot come back (``fault.drop_after``), else None; and why not, when it was its turn but it may not."""
+    cfg = job.config
+    if cfg.mode != "bsp" or slot is None or not cfg.fault.drop_after or streak < cfg.fault.drop_after:
+        return None, ""
+    survivors = [s for s in job.slots if s != slot]
+    if len(survivors) < cfg.fault.min_workers:
+        return None, f"fewer than fault.min_workers ({cfg.fault.min_workers}) would be left"
+    control, batch = cfg.control.effective(cfg.train.global_batch, len(survivors)), cfg.train.global_batch
+    if not Bounds.make(len(survivors), control.min_batch, control.max_batch, batch).feasible(batch):
+        return None, (f"{len(survivors)} workers cannot hold the global batch {batch} within control.max_batch "
+                      f"{control.max_batch}")
+    return survivors, ""
+
+
 def run_with_restarts(job: JobSpec, run_once: Callable[[JobSpec], None], console: Console, label: str) -> None:
     """``run_once(job)`` to the end, restarting it after a worker loss (WorkerFailed) while restarts are
     left; a user error, an interrupt, a failure that is not ``restartable`` (the Docker daemon went
-    away) or the last failure is raised."""
-    from omnilearn.train.checkpoint import checkpoint_path
+    away) or the last failure is raised. A BSP worker lost ``fault.drop_after`` attempts in a row cannot
+    come back: the next attempt goes on with the survivors, re-ranked (its metrics cut back to the
+    checkpoint they go on from)."""
+    from omnilearn.train.checkpoint import checkpoint_path, cut_lost_worker
 
     limit = job.config.fault.max_restarts
-    attempt = 0
+    attempt, streak, last_lost = 0, 0, None
     while True:
         try:
             run_once(job)
@@ -55,10 +82,26 @@ def run_with_restarts(job: JobSpec, run_once: Callable[[JobSpec], None], console
             if attempt >= limit or not e.restartable:
                 raise
             attempt += 1
+            streak = streak + 1 if e.slot is not None and e.slot == last_lost else 1
+            last_lost = e.slot
             cause = str(e).split(";")[0].splitlines()[0]
             path = checkpoint_path(job.out_dir, job.config.mode)
-            record_restart(job.out_dir, cause, attempt, path)
+            survivors, kept_because = without_lost(job, e.slot, streak)
+            dropped = None
+            if survivors is not None:
+                assert e.slot is not None
+                dropped = job.plan.targets[e.slot]
+                cut_lost_worker(job.out_dir, job.config, e.slot)
+                job.members, streak, last_lost = survivors, 0, None
+            targets = [job.plan.targets[s] for s in job.slots]
+            record_restart(job.out_dir, cause, attempt, path, workers=targets, dropped=dropped)
             where = f"its checkpoint {path}" if path.is_file() else "the start (no checkpoint yet)"
-            console.print(f"{label}: {cause}; restarting from {where} (restart {attempt} of {limit})",
+            how = ""
+            if dropped is not None:
+                how = (f" without {dropped} (lost {job.config.fault.drop_after} times in a row), with the "
+                       f"{len(targets)} survivors {', '.join(targets)}")
+            elif kept_because:
+                how = f" with every worker ({dropped or job.plan.targets[e.slot or 0]} lost again, but {kept_because})"
+            console.print(f"{label}: {cause}; restarting from {where}{how} (restart {attempt} of {limit})",
                           style="yellow", markup=False)
             job.resume = True

@@ -61,6 +61,8 @@ class HangWatch:
     def __init__(self, out_dir: Path, pids: dict[int, int], timeout_s: float, started: float | None = None) -> None:
         self.out_dir, self.pids, self.timeout_s = Path(out_dir), pids, timeout_s
         self.started = time.time() if started is None else started
+        self.culprit: int | None = None
+        """The rank the last message named."""
 
     def last_step(self, rank: int) -> float | None:
         try:
@@ -88,6 +90,7 @@ class HangWatch:
         stopped = stopped_ranks({r: self.pids[r] for r in silent})
         rank = min(stopped) if stopped else max(silent, key=lambda r: (silent[r], -r))
         cause = "stopped (SIGSTOP?)" if stopped else STATES.get(proc_state(self.pids[rank]) or "", "gone")
+        self.culprit = rank
         return f"{name(rank)} made no step for {silent[rank]:.0f} s (fault.timeout_s {self.timeout_s:g}): {cause}"
 
     def check_stopped(self, name: Callable[[int], str]) -> str | None:
@@ -95,6 +98,6 @@ class HangWatch:
         stopped = stopped_ranks(self.pids)
         if not stopped:
             return None
-        rank = min(stopped)
+        rank = self.culprit = min(stopped)
         quiet = time.time() - max(self.last_step(rank) or self.started, self.started)
         return f"{name(rank)} made no step for {quiet:.0f} s (fault.timeout_s {self.timeout_s:g}): stopped (SIGSTOP?)"

@@ -68,12 +68,14 @@ def request_times(log_dir: Path, ranks: int) -> dict[tuple[str, int], float]:
     return times
 
 
-def level_fidelity(speeds: dict[str, dict[str, Any]], out_dir: Path, plan: EmulationPlan) -> dict[str, dict[str, Any]]:
-    """``speeds`` (level -> measured speeds and ratio) with the fidelity of each level added."""
+def level_fidelity(speeds: dict[str, dict[str, Any]], out_dir: Path, plan: EmulationPlan,
+                   targets: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """``speeds`` (level -> measured speeds and ratio) with the fidelity of each level added; ``targets``:
+    the workers measured (default: every worker of the plan)."""
     log_dir = Path(out_dir) / "logs"
     outcomes = [r for r in read_audit(log_dir, status=None) if r.get("status") in ("applied", "rejected")]
     asked = request_times(log_dir, len(plan.targets))
-    workers = [t for t in plan.targets if t != SERVER_TARGET]
+    workers = [t for t in (targets or plan.targets) if t != SERVER_TARGET]
     out: dict[str, dict[str, Any]] = {}
     for level in dict.fromkeys([*plan.levels, *speeds]):
         mine = [r for r in outcomes if r.get("level") == level]

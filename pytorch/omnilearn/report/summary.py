@@ -67,11 +67,15 @@ def lower_is_better(summary: dict[str, Any]) -> bool:
 def describe(job: JobSpec) -> dict[str, Any]:
     """What ran: the keys every summary starts with."""
     cfg = job.config
-    control = cfg.control.effective(cfg.train.global_batch, cfg.workers)
-    return {"mode": cfg.mode, "policy": cfg.control.policy, "policy_knows": KNOWS[cfg.control.policy],
-            "control": {k: getattr(control, k) for k in CONTROL_KEYS}, "backend": job.backend,
-            "allocation_mode": job.plan.mode, "workers": cfg.workers, "model": cfg.model.name,
-            "dataset": cfg.data.name, "epochs": cfg.train.epochs}
+    workers = cfg.workers if cfg.mode == "asp" else len(job.slots)
+    control = cfg.control.effective(cfg.train.global_batch, workers)
+    described = {"mode": cfg.mode, "policy": cfg.control.policy, "policy_knows": KNOWS[cfg.control.policy],
+                 "control": {k: getattr(control, k) for k in CONTROL_KEYS}, "backend": job.backend,
+                 "allocation_mode": job.plan.mode, "workers": workers, "model": cfg.model.name,
+                 "dataset": cfg.data.name, "epochs": cfg.train.epochs}
+    if job.members is not None:  # it went on without a worker lost for good: the per-worker lists are the survivors'
+        described.update(workers_configured=cfg.workers, worker_targets=[job.plan.targets[s] for s in job.slots])
+    return described
 
 
 def final_segment(steps: list[list[dict[str, Any]]]) -> list[int]:
@@ -185,7 +189,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         summary = {**summarize_asp(out_dir, job), "restarts": read_records(restarts_path(out_dir))}
         write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
-    ranks = [read_rank(out_dir, r) for r in range(cfg.workers)]
+    ranks = [read_rank(out_dir, r) for r in job.slots]  # the workers that finished it (survivors, if any was lost)
     steps = [_by_kind(recs, "step") for recs in ranks]
     ends = [(_by_kind(recs, "end") or [None])[-1] for recs in ranks]
     if any(e is None for e in ends):
@@ -234,7 +238,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
                        for e in hl_events],
         "batch_changes": sum(1 for e in _by_kind(r0, "batch_change") if e.get("reason") != "initial"),
         "settle": settle(steps, hl_events, _by_kind(r0, "batch_change")),
-        "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan),
+        "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan, [job.plan.targets[s] for s in job.slots]),
         "allocation_changes": change_outcomes(out_dir / "logs"),
         "schedule": job.plan.schedule.name,
         "allreduce_ms": allreduce_ms(steps),
@@ -342,7 +346,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
                        for e in _by_kind(server, "hl_change")],
         "batch_changes": sum(1 for e in _by_kind(server, "batch_change") if e.get("reason") != "initial"),
         "settle": None,  # BSP only: ASP workers step alone, there is no common step to measure balance on
-        "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan),
+        "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan, [job.plan.targets[s] for s in job.slots]),
         "allocation_changes": change_outcomes(out_dir / "logs"),
         "schedule": job.plan.schedule.name,
         "links": links_at(job, end.get("level")),

@@ -26,7 +26,6 @@ import torch.distributed as dist
 from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.client import AllocationClient
-from omnilearn.emulator.plan import worker_target
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.train import distributed, lifecycle, memory
@@ -65,10 +64,12 @@ class BSPTrainer:
         self.job = job
         self.stopped = False
         cfg = self.cfg = job.config
-        t, c = cfg.train, cfg.control.effective(cfg.train.global_batch, cfg.workers)
+        self.slots = job.slots  # survivors of a lost worker are re-ranked; a worker's files and level follow its slot
+        t, c = cfg.train, cfg.control.effective(cfg.train.global_batch, len(self.slots))
         self.env = distributed.init(t.dist_backend, cfg.fault.timeout_s)
         self.rank, self.world = self.env.rank, self.env.world_size
-        assert self.world == cfg.workers, (self.world, cfg.workers)
+        assert self.world == len(self.slots), (self.world, self.slots)
+        self.slot = self.slots[self.rank]
         torch.manual_seed(t.seed)  # the same initial model on every rank
         self.work = load_workload(cfg)
         self.model = self.work.model().to(self.env.device)
@@ -82,16 +83,16 @@ class BSPTrainer:
                                           min_local=c.min_batch)
         self.configured_bounds = Bounds.make(self.world, c.min_batch, c.max_batch, t.global_batch)
         self.controller = BatchController(c, t.global_batch, self.configured_bounds)
-        self.targets = [worker_target(cfg.mode, r) for r in range(self.world)]
-        self.client = AllocationClient(job.plan, job.log_dir, self.rank, self.targets[self.rank],
+        self.targets = [job.plan.targets[s] for s in self.slots]
+        self.client = AllocationClient(job.plan, job.log_dir, self.slot, self.targets[self.rank],
                                        cfg.emulation.ack_timeout)
-        self.augment_rng = torch.Generator().manual_seed(t.seed * 1000 + self.rank)  # per-rank, reproducible
+        self.augment_rng = torch.Generator().manual_seed(t.seed * 1000 + self.slot)  # per-worker, reproducible
         self.ckpt = BSPCheckpoint(self)  # a resumed run cuts its metrics back to the checkpoint first
-        self.metrics = MetricsWriter(metrics_path(job.out_dir, self.rank))
+        self.metrics = MetricsWriter(metrics_path(job.out_dir, self.slot))
         self.memory: memory.MemoryModel | None = None
         self.oom_cap: int | None = None  # this rank's bound after an out-of-memory error (GPU)
         self.oom_seen = False  # any rank ran out of memory: bounds are enforced whatever the policy
-        self.metrics.write("start", rank=self.rank, world=self.world, target=self.targets[self.rank],
+        self.metrics.write("start", rank=self.rank, slot=self.slot, world=self.world, target=self.targets[self.rank],
                            params=count_parameters(self.model), train_samples=len(self.work.train),
                            test_samples=len(self.work.test), steps_per_epoch=self.sampler.steps_per_epoch,
                            device=str(self.env.device), dist_backend=self.env.backend, policy=c.policy,

@@ -33,9 +33,11 @@ import numpy as np
 import torch
 
 from omnilearn.config import JobConfig
+from omnilearn.control import policies
 from omnilearn.control.controller import BatchController
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
+from omnilearn.metrics import metrics_path as metrics_file
 
 BSP_CHECKPOINT = Path("checkpoints") / "checkpoint.pt"
 ASP_CHECKPOINT = Path("snapshots") / "checkpoint.pt"  # the one folder the server's container may write
@@ -43,6 +45,12 @@ FORMAT = 1
 # Keys that do not change what is trained: where things are, how long to wait, what is reported.
 UNTRAINED_KEYS = {"checkpoint": None, "fault": None, "report": None, "docker": None,
                   "data": ("root", "download"), "emulation": ("backend", "ack_timeout", "allocation")}
+
+
+def saved_slots(state: dict[str, Any]) -> list[int]:
+    """The slots (targets' indices in the plan) of the workers whose state a BSP checkpoint holds, by rank."""
+    members = state.get("members")
+    return [int(s) for s in members] if members is not None else list(range(len(state["ranks"])))
 
 
 def checkpoint_path(out_dir: Path, mode: str) -> Path:
@@ -151,7 +159,12 @@ class ControllerState:
                 "bounds": {"min_batch": c.bounds.min_batch, "max_batch": list(c.bounds.max_batch)},
                 "steps": _copy(vars(c.steps)), "windows": [_copy(vars(w)) for w in c.windows]}
 
-    def load_state_dict(self, d: dict[str, Any]) -> None:
+    def load_state_dict(self, d: dict[str, Any], keep: list[int] | None = None) -> None:
+        """Load ``d``; with ``keep`` (the saved workers that still run, in rank order) only theirs, as
+        :meth:`load_survivors` does."""
+        if keep is not None and keep != list(range(len(d["batch"]))):
+            self.load_survivors(d, keep)
+            return
         c = self.controller
         assert len(d["batch"]) == c.workers, (d["batch"], c.workers)
         for k in self.FIELDS:
@@ -161,6 +174,21 @@ class ControllerState:
         vars(c.steps).update(_copy(d["steps"]))
         for w, saved in zip(c.windows, d["windows"], strict=True):
             vars(w).update(_copy(saved))
+
+    def load_survivors(self, d: dict[str, Any], keep: list[int]) -> None:
+        """After a worker was lost for good: the survivors' batches scaled up to the global batch (their
+        ratios are what the controller had learnt of their speeds), their bounds, speeds and shares, and
+        the fitted fixed cost k (the workload's, not a worker's). Measurement windows and the pairs of
+        splits behind k described another set of workers: they start empty."""
+        c = self.controller
+        assert len(keep) == c.workers, (keep, c.workers)
+        c.bounds = dataclasses.replace(c.bounds, min_batch=d["bounds"]["min_batch"],
+                                       max_batch=tuple(d["bounds"]["max_batch"][i] for i in keep))
+        c.batch = policies.split([float(d["batch"][i]) for i in keep], c.global_batch, c.bounds)
+        c.speeds = [d["speeds"][i] for i in keep] if d["speeds"] is not None else None
+        c.shares = [d["shares"][i] for i in keep] if d["shares"] is not None else None
+        c.overhead, c.last, c.pairs, c.settled = float(d["overhead"]), None, [], False
+        c.forget()
 
 
 def _copy(value: Any) -> Any:
@@ -272,15 +300,26 @@ class BSPCheckpoint:
         self.schedule = CheckpointSchedule(cfg.checkpoint.interval())
         self.sampler = SamplerPosition(cfg.train.seed, cfg.train.global_batch)
         self.progress = RunProgress()
-        self.metrics = MetricsOffset(Path(job.out_dir) / "metrics" / f"rank-{trainer.rank}.jsonl")
+        self.metrics = MetricsOffset(metrics_file(job.out_dir, trainer.slot))
         self.state: dict[str, Any] | None = None
+        self.saved_slots: list[int] = []
         if getattr(job, "resume", False):
             if self.path.is_file():
                 self.state = load(self.path, cfg)
-                self.metrics.load_state_dict(self.state["ranks"][trainer.rank]["metrics"])
+                self.saved_slots = saved_slots(self.state)
+                self.metrics.load_state_dict(self._saved_rank(trainer.slot)["metrics"])
             else:  # a restart before the first checkpoint: from the start, the failed attempt's records cut
                 self.metrics.load_state_dict({"size": 0})
         self.resumed = self.state is not None
+
+    def _saved_rank(self, slot: int) -> dict[str, Any]:
+        """The state the checkpoint holds of the worker in ``slot``."""
+        assert self.state is not None
+        if slot not in self.saved_slots:
+            raise UserError(f"checkpoint {self.path} holds no state of {self.t.job.plan.targets[slot]} (it was "
+                            f"saved by {', '.join(self.t.job.plan.targets[s] for s in self.saved_slots)}): "
+                            f"a run goes on with the workers it had, or fewer")
+        return self.state["ranks"][self.saved_slots.index(slot)]
 
     def _rank_objects(self) -> dict[str, Any]:
         return {"rng": RngState(augment=self.t.augment_rng), "buffers": ModelBuffers(self.t.model),
@@ -297,14 +336,19 @@ class BSPCheckpoint:
         if self.state is None:
             return
         for name, obj in self._shared_objects().items():
-            obj.load_state_dict(self.state[name])
-        mine = self.state["ranks"][self.t.rank]
+            if isinstance(obj, ControllerState):  # survivors of a lost worker take their own columns
+                obj.load_state_dict(self.state[name], keep=[self.saved_slots.index(s) for s in self.t.slots])
+            else:
+                obj.load_state_dict(self.state[name])
+        mine = self._saved_rank(self.t.slot)
         for name, obj in self._rank_objects().items():
             if name != "metrics":  # cut at construction, before the metrics file was opened
                 obj.load_state_dict(mine[name])
         self.t.metrics.write("resume", step=self.progress.steps, epoch=self.sampler.epoch,
                              step_in_epoch=self.sampler.step, samples=self.progress.samples,
-                             checkpoint_saved=self.state["saved"], clock=self.progress.clock)
+                             checkpoint_saved=self.state["saved"], clock=self.progress.clock,
+                             workers=[self.t.job.plan.targets[s] for s in self.t.slots],
+                             batch=list(self.t.controller.batch))
 
     def save(self, epoch: int, step: int, steps: int, samples: int, clock: float, position: float,
              eval_time: float) -> None:
@@ -325,9 +369,22 @@ class BSPCheckpoint:
             return
         t0 = time.perf_counter()
         shared = {name: obj.state_dict() for name, obj in self._shared_objects().items()}
-        save(self.path, {**shared, "ranks": ranks}, self.t.cfg)
+        save(self.path, {**shared, "ranks": ranks, "members": list(self.t.slots)}, self.t.cfg)
         self.t.metrics.write("checkpoint", step=steps, epoch=epoch, step_in_epoch=step, samples=samples,
                              clock=clock, save_s=round(time.perf_counter() - t0, 3))
+
+
+def cut_lost_worker(out_dir: Path, cfg: JobConfig, slot: int) -> None:
+    """Cut the metrics of the worker in ``slot``, which the job goes on without, back to the checkpoint the
+    survivors go on from (empty them before the first): what it did later, they do again. The launcher's
+    work: no survivor's container holds that file."""
+    path, size = checkpoint_path(out_dir, "bsp"), 0
+    if path.is_file():
+        state = load(path, cfg)
+        slots = saved_slots(state)
+        if slot in slots:
+            size = int(state["ranks"][slots.index(slot)]["metrics"]["size"])
+    MetricsOffset(metrics_file(out_dir, slot)).load_state_dict({"size": size})
 
 
 # ------------------------------------------------------------------------------------ ASP

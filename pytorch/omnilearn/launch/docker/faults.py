@@ -115,7 +115,7 @@ class DaemonWatch:
 
 def vanished(target: str, rank: int) -> WorkerFailed:
     return WorkerFailed(f"container {target} (rank {rank}) vanished: it was removed outside omnilearn "
-                        f"(docker rm?) while the job ran")
+                        f"(docker rm?) while the job ran", slot=rank)
 
 
 def stop_gracefully(containers: dict[str, tuple[Any, str]], timeout: float) -> list[str]:

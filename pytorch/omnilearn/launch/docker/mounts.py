@@ -62,7 +62,7 @@ def is_parameter_server(job: JobSpec, rank: int) -> bool:
 def prepare_run_folder(job: JobSpec, user: tuple[int, int]) -> None:
     """Create every file the job's containers mount, the rank's own ones given to ``user``."""
     _create(job.log_dir, AUDIT_NAME, None)  # the host's; every container reads the toggler's answers here
-    for rank in range(len(job.plan.targets)):
+    for rank in job.slots:
         _create(job.log_dir, request_name(rank), user)
         metrics = metrics_path(job.out_dir, rank)
         _create(metrics.parent, metrics.name, user)
@@ -95,7 +95,8 @@ def _create(parent: Path, name: str, user: tuple[int, int] | None, folder: bool 
 
 
 def container_mounts(job: JobSpec, rank: int, data_root: Path | None) -> list[Any]:
-    """The bind mounts of rank ``rank``'s container (see the table above); ``data_root``: the host's data
+    """The bind mounts of the container of ``rank`` (the index of its target in the plan: its files keep
+    their names when survivors are re-ranked) (see the table above); ``data_root``: the host's data
     folder, when there is one. Read-only data: the launcher downloads a dataset before any worker starts."""
     mount = docker_sdk().types.Mount
     out = job.out_dir
@@ -104,7 +105,7 @@ def container_mounts(job: JobSpec, rank: int, data_root: Path | None) -> list[An
     if is_parameter_server(job, rank):
         paths.append((out / SNAPSHOT_DIR, False))
     if job.config.mode == "bsp":  # rank 0 saves the checkpoint; every rank loads it when the job resumes
-        paths.append((out / CHECKPOINT_DIR, rank != 0))
+        paths.append((out / CHECKPOINT_DIR, rank != job.slots[0]))
     mounts = [mount(f"{RUN_MOUNT}/{host.relative_to(out).as_posix()}", str(host), type="bind", read_only=ro)
               for host, ro in paths]
     return mounts + _shared_mounts(job, data_root)

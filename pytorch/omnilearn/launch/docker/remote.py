@@ -229,7 +229,7 @@ class RemoteRunFolders:
 def remote_containers(job: JobSpec, containers: dict[str, str], remote: dict[str, Any]) -> dict[int, Any]:
     """rank -> container object, for the job's targets placed on another daemon."""
     out = {}
-    for rank, target in enumerate(job.plan.targets):
+    for rank, target in ((s, job.plan.targets[s]) for s in job.slots):
         if target in remote and target in containers:
             out[rank] = remote[target].containers.get(containers[target])
     return out

@@ -102,7 +102,7 @@ class ClusterState:
 
 def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
     """The local (manager) daemon and one client per remotely placed target."""
-    first = job.plan.targets[0]
+    first = job.plan.targets[job.slots[0]]
     if first in job.config.docker.hosts:
         raise UserError(f"{job.config.source}: docker.hosts.{first}: rank 0 ({first}) runs on the launcher's "
                         f"daemon (it holds the rendezvous, the checkpoints and the server's snapshots); "
@@ -234,11 +234,13 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
     command = ["omnilearn", "worker", "--job", f"{RUN_MOUNT}/{JOB_FILE}", "--out-dir", RUN_MOUNT]
     if data_root:
         command += ["--data-root", DATA_MOUNT]
-    world = len(job.plan.targets)
+    slots = job.slots  # survivors are re-ranked; their containers keep their names, files and allocations
+    world = len(slots)
     first = job.plan.first_level()
-    for rank, target in enumerate(job.plan.targets):
+    for rank, slot in enumerate(slots):
+        target = job.plan.targets[slot]
         env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-               "MASTER_ADDR": job.plan.targets[0], "MASTER_PORT": str(cfg.docker.master_port),
+               "MASTER_ADDR": job.plan.targets[slots[0]], "MASTER_PORT": str(cfg.docker.master_port),
                "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", **TMP_ENV, **workload_env(job)}
         if state.subnet:
             env["OMNILEARN_SUBNET"] = state.subnet  # the worker finds its overlay interface for gloo
@@ -248,9 +250,9 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
                         **confinement(cfg.docker, user), **run_kwargs(job.plan.allocation(first, target)))
         if target in remote:  # no bind mount of this host's files: a volume on its own daemon, synced
             mounts = remote_mounts(job, make_volume(remote[target], job.job_id, target), data_root)
-            container = run_remote(remote[target], job, rank, user, RUN_MOUNT, mounts, **run_args)
+            container = run_remote(remote[target], job, slot, user, RUN_MOUNT, mounts, **run_args)
         else:
-            container = default.containers.run(mounts=container_mounts(job, rank, data_root), **run_args)
+            container = default.containers.run(mounts=container_mounts(job, slot, data_root), **run_args)
         state.containers[target] = container.id
         state.save(job.out_dir)
     if console:
@@ -373,7 +375,8 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                                 "omnilearn: error: ") if errors else "exited with status 2"))
                         raise WorkerFailed(f"container {target} (rank {job.plan.targets.index(target)}) ended: "
                                            f"{states[target][0]}, exit code {states[target][1]}; last lines:\n"
-                                           f"{tail_logs(remote.get(target, default), state.containers[target])}")
+                                           f"{tail_logs(remote.get(target, default), state.containers[target])}",
+                                           slot=job.plan.targets.index(target))
                     if all(s == "exited" for s, _, _ in states.values()):
                         break
                     if progress:

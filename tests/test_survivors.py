@@ -1,0 +1,123 @@
+"""A BSP worker that cannot come back: the job goes on with the survivors (``fault.drop_after``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from jobs import live_workers
+from omnilearn import config
+from omnilearn.control.controller import BatchController
+from omnilearn.control.policies import Bounds
+from omnilearn.emulator.plan import build_plan
+from omnilearn.files import read_records
+from omnilearn.jobfile import JobSpec
+from omnilearn.launch.restart import without_lost
+from omnilearn.train.checkpoint import ControllerState
+
+
+def _controller(cfg: config.JobConfig, workers: int) -> BatchController:
+    c = cfg.control.effective(cfg.train.global_batch, workers)
+    return BatchController(c, cfg.train.global_batch, Bounds.make(workers, c.min_batch, c.max_batch,
+                                                                   cfg.train.global_batch))
+
+
+def test_survivors_take_the_lost_workers_batch_in_proportion_and_keep_the_fitted_cost() -> None:
+    cfg = config.build(None, [("workers", 4), ("train.global_batch", 200), ("control.policy", "dynamic")])
+    whole = _controller(cfg, 4)
+    whole.batch, whole.overhead = [20, 40, 60, 80], 12.5
+    whole.observe_step([1.0, 1.1, 0.9, 1.0])
+    saved = json.loads(json.dumps(ControllerState(whole).state_dict()))
+    survivors = _controller(cfg, 3)
+    ControllerState(survivors).load_state_dict(saved, keep=[0, 2, 3])  # worker 1 is gone
+    assert survivors.batch == [25, 75, 100] and sum(survivors.batch) == 200  # 20:60:80 scaled up to B
+    assert survivors.overhead == 12.5 and survivors.pairs == [] and survivors.steps.count == 0
+    same = _controller(cfg, 4)
+    ControllerState(same).load_state_dict(saved, keep=[0, 1, 2, 3])  # nobody lost: loaded as saved
+    assert same.batch == [20, 40, 60, 80] and same.steps.count == whole.steps.count
+
+
+def test_a_worker_is_dropped_only_after_drop_after_losses_in_a_row_and_never_below_min_workers() -> None:
+    def job(*overrides: tuple[str, object], members: list[int] | None = None) -> JobSpec:
+        cfg = config.build(None, [("workers", 3), ("train.global_batch", 96), *overrides])
+        return JobSpec("j", cfg, build_plan(cfg), Path("/nonexistent"), "none", members=members)
+
+    assert without_lost(job(), 1, 1)[0] is None  # lost once: it may come back
+    assert without_lost(job(), 1, 2) == ([0, 2], "")
+    assert without_lost(job(), None, 5)[0] is None  # a failure naming no worker drops nobody
+    assert without_lost(job(("fault.drop_after", 0)), 1, 9)[0] is None
+    survivors, why = without_lost(job(("fault.min_workers", 2), members=[0, 2]), 2, 2)
+    assert survivors is None and "fault.min_workers (2)" in why
+    survivors, why = without_lost(job(("control.max_batch", 40)), 1, 2)
+    assert survivors is None and "cannot hold the global batch 96" in why
+    assert without_lost(job(("mode", "asp")), 1, 2)[0] is None  # ASP restarts with every worker
+    with pytest.raises(Exception, match="fault.min_workers"):
+        config.build(None, [("workers", 3), ("fault.min_workers", 4)])
+
+
+def _job(out: Path, restarts: int) -> list[str]:
+    return [sys.executable, "-m", "omnilearn", "run", "--model", "smallcnn", "--dataset", "synthetic", "--workers",
+            "3", "--epochs", "3", "--global-batch", "96", "--policy", "uniform", "--set", "data.synthetic_size=2560",
+            "--set", "checkpoint.every=1", "--set", f"fault.max_restarts={restarts}", "--out", str(out),
+            "--no-progress"]
+
+
+def _step_sums(out: Path, workers: int) -> dict[int, int]:
+    """step -> checksum of the samples every worker took at that step (each step counted once per file)."""
+    sums: dict[int, int] = defaultdict(int)
+    for k in range(workers):
+        steps = [r for r in read_records(out / "metrics" / f"rank-{k}.jsonl") if r["kind"] == "step"]
+        assert len({r["step"] for r in steps}) == len(steps)  # no step twice in one worker's file
+        for r in steps:
+            sums[r["step"]] += r["sample_sum"]
+    return dict(sums)
+
+
+def _wait(proc: subprocess.Popen, until, what: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not until():
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.time() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_worker_lost_twice_in_a_row_is_left_behind_and_the_survivors_see_the_same_samples(tmp_path: Path) -> None:
+    whole = tmp_path / "whole"
+    r = subprocess.run(_job(whole, 0), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "lost"
+    proc = subprocess.Popen(_job(out, 2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = out / "metrics" / "rank-1.jsonl"
+    _wait(proc, lambda: metrics.exists() and '"epoch":1' in metrics.read_text(), "second epoch")
+    first = live_workers(out)[1]
+    os.kill(first, signal.SIGKILL)
+    # Its restart: a new process for worker2, which goes on from the checkpoint, then is lost again.
+    _wait(proc, lambda: live_workers(out).get(1, first) != first and '"kind":"resume"' in metrics.read_text(),
+          "restarted worker2")
+    os.kill(live_workers(out)[1], signal.SIGKILL)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    said = " ".join(output.split())  # the console wraps long lines
+    assert "without worker2 (lost 2 times in a row), with the 2 survivors worker1, worker3" in said, said
+    s, w = json.loads((out / "summary.json").read_text()), json.loads((whole / "summary.json").read_text())
+    assert [(x["cause"], x["dropped"], x["workers"]) for x in s["restarts"]] == [
+        ("worker rank 1 died: SIGKILL", None, ["worker1", "worker2", "worker3"]),
+        ("worker rank 1 died: SIGKILL", "worker2", ["worker1", "worker3"])]
+    assert s["workers"] == 2 and s["workers_configured"] == 3 and s["worker_targets"] == ["worker1", "worker3"]
+    assert s["batch_sizes"] == [48, 48]  # the global batch re-split among the survivors
+    assert s["samples"] == w["samples"] and s["epochs_done"] == w["epochs_done"] == 3
+    assert s["final_accuracy"] == pytest.approx(w["final_accuracy"], abs=0.03)
+    assert _step_sums(out, 3) == _step_sums(whole, 3)  # the same samples at every step, none twice
+    resumed = [r for r in read_records(out / "metrics" / "rank-2.jsonl") if r["kind"] == "resume"]
+    assert resumed[-1]["workers"] == ["worker1", "worker3"] and resumed[-1]["batch"] == [48, 48]
+    job = json.loads((out / "job.json").read_text())
+    assert job["members"] == [0, 2]
