@@ -73,6 +73,35 @@ def test_a_killed_worker_container_restarts_the_job_from_its_checkpoint(tmp_path
     assert not job_containers(docker_client, cleanup[0])
 
 
+def test_rank_0_lost_twice_in_a_row_leaves_the_job_to_the_other_container(tmp_path: Path, docker_client,
+                                                                          worker_image: str,
+                                                                          cleanup: list[str]) -> None:
+    """worker1 (rank 0: the rendezvous, the checkpoint's writer) cannot come back: worker2 goes on alone as
+    rank 0, writes the checkpoints, and the run still takes every sample once per epoch."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(docker_job(out, "--set", "fault.max_restarts=2"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    cleanup.append(job_id_of(out))
+    wait_for_record(proc, out, 0, '"epoch":1')
+    docker_client.containers.get("worker1").kill(signal="SIGKILL")
+    wait_for_record(proc, out, 0, '"kind":"resume"')  # the same workers again, from the checkpoint
+    docker_client.containers.get("worker1").kill(signal="SIGKILL")
+    output, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, output
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["dropped"] for r in summary["restarts"]] == [None, "worker1"], summary["restarts"]
+    assert summary["worker_targets"] == ["worker2"] and summary["batch_sizes"] == [BATCH]
+    assert summary["samples"] == EPOCHS * TRAIN_SAMPLES and summary["epochs_done"] == EPOCHS
+    ranks = [[r for r in read_records(out / "metrics" / f"rank-{k}.jsonl") if r["kind"] == "step"] for k in (0, 1)]
+    assert [r["step"] for r in ranks[1]] == list(range(1, EPOCHS * TRAIN_SAMPLES // BATCH + 1))
+    for epoch in range(EPOCHS):
+        total = sum(r["sample_sum"] for rank in ranks for r in rank if r["epoch"] == epoch)
+        assert total == TRAIN_SAMPLES * (TRAIN_SAMPLES - 1) // 2, f"epoch {epoch}: a sample missed or seen twice"
+    saved = [r for r in read_records(out / "metrics" / "rank-1.jsonl") if r["kind"] == "checkpoint"]
+    assert saved and saved[-1]["epoch"] == EPOCHS  # worker2, now rank 0, wrote the last checkpoint
+    assert not job_containers(docker_client, cleanup[0])
+
+
 def test_a_killed_launcher_leaves_a_job_that_cleanup_clears_and_resume_completes(
         tmp_path: Path, docker_client, worker_image: str, cleanup: list[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

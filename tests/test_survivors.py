@@ -20,6 +20,7 @@ from omnilearn.control.policies import Bounds
 from omnilearn.emulator.plan import build_plan
 from omnilearn.files import read_records
 from omnilearn.jobfile import JobSpec
+from omnilearn.launch.job import resumed_members
 from omnilearn.launch.restart import without_lost
 from omnilearn.train.checkpoint import ControllerState
 
@@ -119,5 +120,5 @@ def test_a_worker_lost_twice_in_a_row_is_left_behind_and_the_survivors_see_the_s
     assert _step_sums(out, 3) == _step_sums(whole, 3)  # the same samples at every step, none twice
     resumed = [r for r in read_records(out / "metrics" / "rank-2.jsonl") if r["kind"] == "resume"]
     assert resumed[-1]["workers"] == ["worker1", "worker3"] and resumed[-1]["batch"] == [48, 48]
-    job = json.loads((out / "job.json").read_text())
-    assert job["members"] == [0, 2]
+    job = JobSpec.load(out / "job.json")
+    assert job.members == [0, 2] and resumed_members(out, job.config) == [0, 2]  # what --resume goes on with
