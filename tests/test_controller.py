@@ -392,3 +392,21 @@ def test_a_settled_controller_needs_hysteresis_times_the_deadband_until_a_speed_
         c.observe(0, 32, 1.00)
         c.observe(1, 32, 1.20)
     assert c.decide() is not None and not c.settled
+
+
+def test_after_a_quick_first_decision_bsp_waits_for_two_steps_per_split_until_it_knows_its_noise() -> None:
+    """A job deciding every other step on one step each never measures its noise and chases it."""
+    c = ControlConfig(policy="dynamic").effective(120, 3)
+    ctl = BatchController(c, 120, bounds(3, B=120))
+    ctl.forget(skip=0)
+    ctl.observe_step([1.0, 2.0, 4.0])
+    assert ctl.decide() is not None  # one step shows a 4x imbalance: the first decision takes it
+    assert ctl.samples_needed() == 2 and ctl.steps.noise() is None
+    for split in range(3):  # every later split is measured twice, which measures the noise
+        for _ in range(c.skip_after_change):
+            ctl.observe_step([1.0, 1.0, 1.0])  # the steps after a change are not measured
+        ctl.observe_step([1.0, 3.0, 1.0] if split % 2 else [3.0, 1.0, 1.0])  # a jump of a few CFS periods
+        assert ctl.decide() is None  # one step at this split: not yet
+        ctl.observe_step([1.0, 1.1, 1.0] if split % 2 else [1.1, 1.0, 1.0])
+        ctl.decide()
+    assert ctl.steps.noise() is not None

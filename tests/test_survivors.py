@@ -35,12 +35,15 @@ def test_survivors_take_the_lost_workers_batch_in_proportion_and_keep_the_fitted
     cfg = config.build(None, [("workers", 4), ("train.global_batch", 200), ("control.policy", "dynamic")])
     whole = _controller(cfg, 4)
     whole.batch, whole.overhead = [20, 40, 60, 80], 12.5
-    whole.observe_step([1.0, 1.1, 0.9, 1.0])
+    for row in ([1.0, 1.1, 0.9, 1.0], [1.0, 1.2, 0.9, 1.1], [1.1, 1.1, 0.8, 1.0], [1.0, 1.1, 0.9, 1.0]):
+        whole.observe_step(row)
     saved = json.loads(json.dumps(ControllerState(whole).state_dict()))
     survivors = _controller(cfg, 3)
     ControllerState(survivors).load_state_dict(saved, keep=[0, 2, 3])  # worker 1 is gone
     assert survivors.batch == [25, 75, 100] and sum(survivors.batch) == 200  # 20:60:80 scaled up to B
     assert survivors.overhead == 12.5 and survivors.pairs == [] and survivors.steps.count == 0
+    assert whole.steps.noise() is not None and len(survivors.steps.changes) == len(whole.steps.changes)
+    assert [len(c) for c in survivors.steps.changes] == [3] * len(whole.steps.changes)  # the survivors' noise
     same = _controller(cfg, 4)
     ControllerState(same).load_state_dict(saved, keep=[0, 1, 2, 3])  # nobody lost: loaded as saved
     assert same.batch == [20, 40, 60, 80] and same.steps.count == whole.steps.count

@@ -259,10 +259,16 @@ class BatchController:
 
     def samples_needed(self) -> int:
         """``min_samples``, or more where the measured noise says so (BSP): enough steps that the
-        median's error, about 1.25 noise / sqrt(n), is within DECISION_ERROR, up to half a window."""
+        median's error, about 1.25 noise / sqrt(n), is within DECISION_ERROR, up to half a window.
+        Until the noise is measured, BSP takes the first decision since the start or a speed change on
+        ``min_samples`` steps (a large imbalance shows in one), then waits for two steps at each split
+        (when the window holds two): the change between them is what measures the noise; decisions on
+        one step each would never learn it, and would chase the noise of steps of a few CFS periods."""
         noise = self.steps.noise() if self.relative else None
         if noise is None:
-            return self.config.min_samples
+            if not self.relative or self.last is None:
+                return self.config.min_samples
+            return max(self.config.min_samples, min(2, self.config.window))
         wanted = math.ceil((1.25 * noise / DECISION_ERROR) ** 2)
         return max(self.config.min_samples, min(wanted, max(self.config.window // 2, 1)))
 

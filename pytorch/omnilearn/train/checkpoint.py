@@ -177,9 +177,9 @@ class ControllerState:
 
     def load_survivors(self, d: dict[str, Any], keep: list[int]) -> None:
         """After a worker was lost for good: the survivors' batches scaled up to the global batch (their
-        ratios are what the controller had learnt of their speeds), their bounds, speeds and shares, and
-        the fitted fixed cost k (the workload's, not a worker's). Measurement windows and the pairs of
-        splits behind k described another set of workers: they start empty."""
+        ratios are what the controller had learnt of their speeds), their bounds, speeds and shares, their
+        measured step noise, and the fitted fixed cost k (the workload's, not a worker's). Measurement
+        windows and the pairs of splits behind k described another set of workers: they start empty."""
         c = self.controller
         assert len(keep) == c.workers, (keep, c.workers)
         c.bounds = dataclasses.replace(c.bounds, min_batch=d["bounds"]["min_batch"],
@@ -189,6 +189,9 @@ class ControllerState:
         c.shares = [d["shares"][i] for i in keep] if d["shares"] is not None else None
         c.overhead, c.last, c.pairs, c.settled = float(d["overhead"]), None, [], False
         c.forget()
+        # The step-to-step noise measured so far is the survivors' own: without it, decisions would
+        # wait on no more than min_samples steps until it is measured again.
+        c.steps.changes = [[row[i] for i in keep] for row in d["steps"].get("changes", [])]
 
 
 def _copy(value: Any) -> Any:
