@@ -62,7 +62,9 @@ def test_a_worker_is_dropped_only_after_drop_after_losses_in_a_row_and_never_bel
     assert survivors is None and "fault.min_workers (2)" in why
     survivors, why = without_lost(job(("control.max_batch", 40)), 1, 2)
     assert survivors is None and "cannot hold the global batch 96" in why
-    assert without_lost(job(("mode", "asp")), 1, 2)[0] is None  # ASP restarts with every worker
+    asp = job(("mode", "asp"))  # ASP: slot 0 is the parameter server
+    assert without_lost(asp, 2, 2) == ([0, 1, 3], "")
+    assert without_lost(asp, 0, 2) == (None, "the parameter server cannot be left behind")
     with pytest.raises(Exception, match="fault.min_workers"):
         config.build(None, [("workers", 3), ("fault.min_workers", 4)])
 
@@ -125,3 +127,37 @@ def test_a_worker_lost_twice_in_a_row_is_left_behind_and_the_survivors_see_the_s
     assert resumed[-1]["workers"] == ["worker1", "worker3"] and resumed[-1]["batch"] == [48, 48]
     job = JobSpec.load(out / "job.json")
     assert job.members == [0, 2] and resumed_members(out, job.config) == [0, 2]  # what --resume goes on with
+
+
+@pytest.mark.slow
+def test_an_asp_worker_lost_twice_is_left_behind_and_the_server_applies_every_push_once(tmp_path: Path) -> None:
+    out = tmp_path / "asp"
+    batch = 96
+    cmd = [sys.executable, "-m", "omnilearn", "run", "--model", "smallcnn", "--dataset", "synthetic", "--workers", "3",
+           "--epochs", "4", "--global-batch", str(batch), "--policy", "dynamic", "--hl", "HL1", "--set", "mode=asp",
+           "--set", "data.synthetic_size=1024", "--set", "data.image_size=32", "--set", "asp.eval_interval=100",
+           "--set", "checkpoint.every=1", "--set", "fault.max_restarts=2", "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server, mine = out / "metrics" / "rank-0.jsonl", out / "metrics" / "rank-2.jsonl"
+    _wait(proc, lambda: server.exists() and '"reason":"every"' in server.read_text(), "first checkpoint")
+    first = live_workers(out)[2]
+    os.kill(first, signal.SIGKILL)
+    _wait(proc, lambda: live_workers(out).get(2, first) != first and mine.exists()
+          and any(r["kind"] == "start" and r["pushes"] > 0 for r in read_records(mine)), "restarted aspworker3")
+    os.kill(live_workers(out)[2], signal.SIGKILL)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    s = json.loads((out / "summary.json").read_text())
+    assert [(x["dropped"], x["workers"]) for x in s["restarts"]] == [
+        (None, ["aspworker1", "aspworker2", "aspworker3", "aspworker4"]),
+        ("aspworker3", ["aspworker1", "aspworker2", "aspworker4"])]
+    assert s["worker_targets"] == ["aspworker2", "aspworker4"] and len(s["updates"]) == 2 and sum(s["batch_sizes"]) == batch
+    updates = [x for x in read_records(server) if x["kind"] == "update"]
+    assert [u["version"] for u in updates] == list(range(1, len(updates) + 1))  # every push applied once
+    for w in (1, 2, 3):  # each worker's pushes in order from 1; the lost one's stop at the checkpoint
+        seqs = [u["seq"] for u in updates if u["worker"] == w]
+        assert seqs == list(range(1, len(seqs) + 1))
+        steps = [x["seq"] for x in read_records(out / "metrics" / f"rank-{w}.jsonl") if x["kind"] == "step"]
+        assert steps == sorted(set(steps)) and set(steps) <= set(seqs)
+    target = next(r["target_samples"] for r in read_records(server) if r["kind"] == "start")
+    assert target <= s["samples"] < target + batch and s["epochs_done"] >= 4

@@ -47,14 +47,14 @@ def check_launcher(cfg: JobConfig, plan: EmulationPlan | None = None) -> None:
 
 
 def resumed_members(run_dir: Path, cfg: JobConfig) -> list[int] | None:
-    """The workers a stopped BSP run went on with (its checkpoint's), when it had lost one for good."""
+    """The ranks a stopped run went on with (its checkpoint's slots), when it had lost a worker for good."""
     from omnilearn.train.checkpoint import checkpoint_path, load, saved_slots
 
     path = checkpoint_path(run_dir, cfg.mode)
-    if cfg.mode != "bsp" or not path.is_file():
+    if not path.is_file():
         return None
     slots = saved_slots(load(path, cfg))
-    return slots if slots != list(range(cfg.workers)) else None
+    return slots if slots != list(range(cfg.workers + (1 if cfg.mode == "asp" else 0))) else None
 
 
 def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console, label: str,

@@ -2,12 +2,12 @@
 
 The whole rank set restarts (same workers, same cgroups or containers set up afresh) through the
 same launcher call, with the job file's ``resume`` set: each rank loads the run folder's checkpoint,
-or, before the first one, starts over with the failed attempt's metrics cut. A BSP worker lost
-``fault.drop_after`` attempts in a row is taken to be unable to come back (a broken node): the job
+or, before the first one, starts over with the failed attempt's metrics cut. A worker (BSP, or an
+ASP worker, never the parameter server) lost ``fault.drop_after`` attempts in a row is taken to be unable to come back (a broken node): the job
 goes on with the survivors (:attr:`~omnilearn.jobfile.JobSpec.members`), re-ranked, each keeping its
 target, allocations and files; the global batch is re-split among them from the checkpoint's
-batches, and the data order stays that of the uninterrupted run (each step takes the same global
-batch of the same permutation). torch.distributed's
+batches. BSP's data order stays that of the uninterrupted run (each step takes the same global batch
+of the same permutation); an ASP survivor goes on in its own data stream. torch.distributed's
 elastic agent is not used: it starts the worker processes itself, while each rank must be placed in
 its own cgroup (or network namespace, or container) as it starts, which the launchers do.
 
@@ -52,14 +52,17 @@ def without_lost(job: JobSpec, slot: int | None, streak: int) -> tuple[list[int]
     """The survivors to go on with when the worker in ``slot`` was lost ``streak`` attempts in a row and
     cannot come back (``fault.drop_after``), else None; and why not, when it was its turn but it may not."""
     cfg = job.config
-    if cfg.mode != "bsp" or slot is None or not cfg.fault.drop_after or streak < cfg.fault.drop_after:
+    if slot is None or not cfg.fault.drop_after or streak < cfg.fault.drop_after:
         return None, ""
+    if cfg.mode == "asp" and slot == 0:
+        return None, "the parameter server cannot be left behind"
     survivors = [s for s in job.slots if s != slot]
-    if len(survivors) < cfg.fault.min_workers:
+    workers = len(survivors) - (1 if cfg.mode == "asp" else 0)
+    if workers < cfg.fault.min_workers:
         return None, f"fewer than fault.min_workers ({cfg.fault.min_workers}) would be left"
-    control, batch = cfg.control.effective(cfg.train.global_batch, len(survivors)), cfg.train.global_batch
-    if not Bounds.make(len(survivors), control.min_batch, control.max_batch, batch).feasible(batch):
-        return None, (f"{len(survivors)} workers cannot hold the global batch {batch} within control.max_batch "
+    control, batch = cfg.control.effective(cfg.train.global_batch, workers), cfg.train.global_batch
+    if not Bounds.make(workers, control.min_batch, control.max_batch, batch).feasible(batch):
+        return None, (f"{workers} workers cannot hold the global batch {batch} within control.max_batch "
                       f"{control.max_batch}")
     return survivors, ""
 
@@ -67,10 +70,11 @@ def without_lost(job: JobSpec, slot: int | None, streak: int) -> tuple[list[int]
 def run_with_restarts(job: JobSpec, run_once: Callable[[JobSpec], None], console: Console, label: str) -> None:
     """``run_once(job)`` to the end, restarting it after a worker loss (WorkerFailed) while restarts are
     left; a user error, an interrupt, a failure that is not ``restartable`` (the Docker daemon went
-    away) or the last failure is raised. A BSP worker lost ``fault.drop_after`` attempts in a row cannot
+    away) or the last failure is raised. A worker lost ``fault.drop_after`` attempts in a row cannot
     come back: the next attempt goes on with the survivors, re-ranked (its metrics cut back to the
     checkpoint they go on from)."""
-    from omnilearn.train.checkpoint import checkpoint_path, cut_lost_worker
+    from omnilearn.train.checkpoint import checkpoint_path
+    from omnilearn.train.checkpointers import cut_lost_worker
 
     limit = job.config.fault.max_restarts
     attempt, streak, last_lost = 0, 0, None

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.control.policies import KNOWS
+from omnilearn.emulator.plan import SERVER_TARGET
 from omnilearn.files import read_records, write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, read_rank, restarts_path
@@ -67,14 +68,15 @@ def lower_is_better(summary: dict[str, Any]) -> bool:
 def describe(job: JobSpec) -> dict[str, Any]:
     """What ran: the keys every summary starts with."""
     cfg = job.config
-    workers = cfg.workers if cfg.mode == "asp" else len(job.slots)
+    workers = len(job.slots) - (1 if cfg.mode == "asp" else 0)
     control = cfg.control.effective(cfg.train.global_batch, workers)
     described = {"mode": cfg.mode, "policy": cfg.control.policy, "policy_knows": KNOWS[cfg.control.policy],
                  "control": {k: getattr(control, k) for k in CONTROL_KEYS}, "backend": job.backend,
                  "allocation_mode": job.plan.mode, "workers": workers, "model": cfg.model.name,
                  "dataset": cfg.data.name, "epochs": cfg.train.epochs}
     if job.members is not None:  # it went on without a worker lost for good: the per-worker lists are the survivors'
-        described.update(workers_configured=cfg.workers, worker_targets=[job.plan.targets[s] for s in job.slots])
+        described.update(workers_configured=cfg.workers,
+                         worker_targets=[job.plan.targets[s] for s in job.slots if job.plan.targets[s] != SERVER_TARGET])
     return described
 
 
@@ -268,18 +270,18 @@ def _percentile(values: list[float], q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def update_rates(updates: list[dict[str, Any]], workers: int, t_from: float, t_to: float) -> list[float]:
-    """Updates per second each worker (1..N) got applied at the server between two times of the server's
+def update_rates(updates: list[dict[str, Any]], workers: list[int], t_from: float, t_to: float) -> list[float]:
+    """Updates per second each of ``workers`` (their slots: 1..N unless one was lost) got applied at the server between two times of the server's
     training clock (``elapsed_s``: a resumed run's clock goes on from its checkpoint's, pauses excluded).
 
     Measured between a worker's first and last update inside the window (``(n - 1) / span``), so a
     window edge falling mid-step does not count a fraction of a step as a whole one.
     """
-    times: list[list[float]] = [[] for _ in range(workers)]
+    times: dict[int, list[float]] = {w: [] for w in workers}
     for u in updates:
-        if t_from <= u["elapsed_s"] <= t_to:
-            times[u["worker"] - 1].append(u["elapsed_s"])
-    return [(len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) >= 2 and ts[-1] > ts[0] else 0.0 for ts in times]
+        if t_from <= u["elapsed_s"] <= t_to and u["worker"] in times:
+            times[u["worker"]].append(u["elapsed_s"])
+    return [(len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) >= 2 and ts[-1] > ts[0] else 0.0 for ts in times.values()]
 
 
 def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
@@ -291,9 +293,10 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
     """
     cfg = job.config
     server = read_rank(out_dir, 0)
-    workers = [read_rank(out_dir, r) for r in range(1, cfg.workers + 1)]
+    slots = job.slots[1:]  # the workers that finished it (survivors, if one was lost for good)
+    workers = [read_rank(out_dir, r) for r in slots]
     end = (_by_kind(server, "end") or [None])[-1]
-    missing = [r for r, recs in enumerate(workers, start=1) if not _by_kind(recs, "end")]
+    missing = [r for r, recs in zip(slots, workers, strict=True) if not _by_kind(recs, "end")]
     if end is None or missing:
         ranks = ([0] if end is None else []) + missing
         raise RuntimeError(f"run in {out_dir} did not finish: no end record for ranks {ranks}")
@@ -313,10 +316,10 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
              if known and len(known) == len(compute) else None)
     t_done = end["done_time_s"]  # on the server's training clock, like train_time_s
     t_from = t_done - RATE_WINDOW * t_done
-    rates = update_rates(updates, cfg.workers, t_from, t_done)
-    rates_run = update_rates(updates, cfg.workers, 0.0, end["train_time_s"])
+    rates = update_rates(updates, slots, t_from, t_done)
+    rates_run = update_rates(updates, slots, 0.0, end["train_time_s"])
     staleness = [float(u["staleness"]) for u in updates]
-    per_worker = [[float(u["staleness"]) for u in updates if u["worker"] == w] for w in range(1, cfg.workers + 1)]
+    per_worker = [[float(u["staleness"]) for u in updates if u["worker"] == w] for w in slots]
     wall = end["wall_time_s"]
     return {
         **describe(job),
@@ -350,7 +353,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "allocation_changes": change_outcomes(out_dir / "logs"),
         "schedule": job.plan.schedule.name,
         "links": links_at(job, end.get("level")),
-        "updates": [sum(1 for u in updates if u["worker"] == w) for w in range(1, cfg.workers + 1)],
+        "updates": [sum(1 for u in updates if u["worker"] == w) for w in slots],
         "update_rates": [round(r, 4) for r in rates],
         "update_rate_spread": round(max(rates) / min(rates), 4) if min(rates) > 0 else None,
         "update_rate_window_s": [round(t_from, 3), round(t_done, 3)],

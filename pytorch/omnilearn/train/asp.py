@@ -45,7 +45,7 @@ from omnilearn.emulator.plan import SERVER_TARGET
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.train import asp_rpc, memory
-from omnilearn.train.checkpoint import cut_worker_metrics
+from omnilearn.train.checkpointers import cut_worker_metrics
 from omnilearn.train.distributed import GradBuffer, env_int, flat_state
 from omnilearn.train.models import count_parameters
 from omnilearn.train.workload import Workload, gather
@@ -122,16 +122,17 @@ def run_worker(job: JobSpec) -> None:
     cfg = job.config
     t_cfg, c_cfg = cfg.train, cfg.control
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
-    assert 1 <= rank and world == cfg.workers + 1, (rank, world, cfg.workers)
+    assert 1 <= rank and world == len(job.slots), (rank, world, job.slots)
+    slot = job.slots[rank]  # the server knows a worker by it, and its files, data stream and level follow it
     work = load_workload(cfg)
     train, test = work.train, work.test
     model = work.model().train()
     state, n_params = flat_state(model)
     grads = GradBuffer(list(model.parameters()), extra=state.numel() - n_params)  # gradient, then BN change
-    target = job.plan.target(rank)
-    client = AllocationClient(job.plan, job.log_dir, rank, target, cfg.emulation.ack_timeout)
-    stream = IndexStream(len(train), t_cfg.seed, rank)
-    augment = torch.Generator().manual_seed(t_cfg.seed * 1000 + rank)
+    target = job.plan.target(slot)
+    client = AllocationClient(job.plan, job.log_dir, slot, target, cfg.emulation.ack_timeout)
+    stream = IndexStream(len(train), t_cfg.seed, slot)
+    augment = torch.Generator().manual_seed(t_cfg.seed * 1000 + slot)
     timeout = cfg.asp.worker_timeout_s
     memory_model = probe_memory(cfg, model, work, grads) if c_cfg.memory_bounds else None
     max_batch: int | None = None
@@ -153,27 +154,27 @@ def run_worker(job: JobSpec) -> None:
         return event
 
     first = follow({"level": job.plan.schedule.level_at(0), "epoch": 0.0, "elapsed": 0.0}, 0)
-    rpc.init_rpc(target, rank=rank, world_size=world, rpc_backend_options=asp_rpc.rpc_options(timeout, cfg.workers))
-    control = rpc.rpc_sync(SERVER_TARGET, asp_rpc.rpc_hello, args=(rank, timeout, max_batch), timeout=2 * timeout)
+    rpc.init_rpc(target, rank=rank, world_size=world, rpc_backend_options=asp_rpc.rpc_options(timeout, world - 1))
+    control = rpc.rpc_sync(SERVER_TARGET, asp_rpc.rpc_hello, args=(slot, timeout, max_batch), timeout=2 * timeout)
     t_start = time.time()
     batch = control["batch"]
     step = seq = control["pushes"]  # a resumed worker goes on after its pushes the server's checkpoint holds
     samples = control["samples"]
     if job.resume:
-        cut_worker_metrics(metrics_path(job.out_dir, rank), seq)
+        cut_worker_metrics(metrics_path(job.out_dir, slot), seq)
     if seq:
         stream.skip(samples)
-        mixed = np.random.SeedSequence([t_cfg.seed, rank, seq]).generate_state(1, dtype=np.uint64)[0]
+        mixed = np.random.SeedSequence([t_cfg.seed, slot, seq]).generate_state(1, dtype=np.uint64)[0]
         augment.manual_seed(int(mixed) & ((1 << 63) - 1))
-    metrics = MetricsWriter(metrics_path(job.out_dir, rank))
-    metrics.write("start", rank=rank, world=world, target=target, role="worker", params=count_parameters(model),
+    metrics = MetricsWriter(metrics_path(job.out_dir, slot))
+    metrics.write("start", rank=rank, slot=slot, world=world, target=target, role="worker", params=count_parameters(model),
                   train_samples=len(train), test_samples=len(test), policy=c_cfg.policy, pushes=seq, samples=samples)
     if first is not None:
         metrics.write("hl_change", **first)
     while not control["stop"]:
         follow(control, step)
         t0 = time.perf_counter()
-        pulled, control = _call(asp_rpc.rpc_pull, (rank,), timeout)
+        pulled, control = _call(asp_rpc.rpc_pull, (slot,), timeout)
         if pulled is None:  # training ended while this worker was busy
             break
         version = control["version"]
@@ -188,7 +189,7 @@ def run_worker(job: JobSpec) -> None:
         seq += 1
         stats = {"loss": float(loss_sum.detach()), "correct": float(correct), "compute_s": t2 - t1,
                  "level": client.level, "max_batch": max_batch}
-        control = _call(asp_rpc.rpc_push, (rank, seq, version, grads.flat, batch, stats), timeout)
+        control = _call(asp_rpc.rpc_push, (slot, seq, version, grads.flat, batch, stats), timeout)
         t3 = time.perf_counter()
         step += 1
         samples += batch

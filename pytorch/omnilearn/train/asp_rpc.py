@@ -55,17 +55,18 @@ def _server() -> ParameterServer:
     return _SERVER
 
 
-def rpc_hello(rank: int, timeout: float, max_batch: int | None = None) -> dict[str, Any]:
-    return _server().hello(rank, timeout, max_batch)
+# A worker names itself by its slot (its rank in the whole job), which stays when survivors are re-ranked.
+def rpc_hello(slot: int, timeout: float, max_batch: int | None = None) -> dict[str, Any]:
+    return _server().hello(slot, timeout, max_batch)
 
 
-def rpc_pull(rank: int) -> tuple[torch.Tensor | None, dict[str, Any]]:
-    return _server().pull(rank)
+def rpc_pull(slot: int) -> tuple[torch.Tensor | None, dict[str, Any]]:
+    return _server().pull(slot)
 
 
-def rpc_push(rank: int, seq: int, version: int, flat: torch.Tensor, batch: int, stats: dict[str, Any]
+def rpc_push(slot: int, seq: int, version: int, flat: torch.Tensor, batch: int, stats: dict[str, Any]
              ) -> dict[str, Any]:
-    return _server().push(rank, seq, version, flat, batch, stats)
+    return _server().push(slot, seq, version, flat, batch, stats)
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:  # noqa: ARG001
@@ -78,7 +79,7 @@ def run_server(job: JobSpec) -> None:
     cfg = job.config
     t = cfg.train
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
-    assert rank == 0 and world == cfg.workers + 1, (rank, world, cfg.workers)
+    assert rank == 0 and world == len(job.slots), (rank, world, job.slots)
     torch.manual_seed(t.seed)
     work = load_workload(cfg)
     train, test = work.train, work.test
@@ -88,7 +89,7 @@ def run_server(job: JobSpec) -> None:
     metrics.write("start", rank=0, world=world, target=SERVER_TARGET, role="server", params=count_parameters(model),
                   train_samples=len(train), test_samples=len(test), target_samples=server.target_samples,
                   policy=cfg.control.policy, lr_reference_batch=server.b_ref,
-                  staleness_damping=cfg.asp.staleness_damping, workers=cfg.workers)
+                  staleness_damping=cfg.asp.staleness_damping, workers=server.workers)
     if server.checkpoint.resumed:
         metrics.write("resume", version=server.version, samples=server.samples, epoch=server.epoch,
                       clock=server.clock, level=server.level, pushes=list(server.last_seq),
@@ -103,7 +104,7 @@ def run_server(job: JobSpec) -> None:
             metrics.write("hl_change", version=0, elapsed_s=0.0, **event)
         _SERVER = server
         rpc.init_rpc(SERVER_TARGET, rank=0, world_size=world,
-                     rpc_backend_options=rpc_options(cfg.asp.worker_timeout_s, cfg.workers))
+                     rpc_backend_options=rpc_options(cfg.asp.worker_timeout_s, server.workers))
         server.serve(client)
     except BaseException as e:  # noqa: BLE001 - every way out of training leaves a checkpoint
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the checkpoint short

@@ -29,7 +29,7 @@ from omnilearn.emulator.client import AllocationClient
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.train import distributed, lifecycle, memory
-from omnilearn.train.checkpoint import BSPCheckpoint
+from omnilearn.train.checkpointers import BSPCheckpoint
 from omnilearn.train.distributed import GradBuffer
 from omnilearn.train.evaluate import evaluate
 from omnilearn.train.models import count_parameters

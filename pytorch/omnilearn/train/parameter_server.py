@@ -2,12 +2,14 @@
 
 Process rank 0 of an ASP job (target ``aspworker1``); the workers (:mod:`omnilearn.train.asp`, ranks
 1..N) call it through three RPCs on ``torch.distributed.rpc`` (TensorPipe; the entry points and the
-server process's life are in :mod:`omnilearn.train.asp_rpc`):
+server process's life are in :mod:`omnilearn.train.asp_rpc`). A worker names itself by its slot, its
+rank in the whole job: when the job goes on without a worker lost for good, the survivors are
+re-ranked for the RPC group but keep their slots, counters, data streams and metrics files.
 
-- ``rpc_hello(rank)``: registration; answers once every worker has registered, so all start together.
-- ``rpc_pull(rank)``: the parameters and the BatchNorm running statistics as ONE flat tensor, with
+- ``rpc_hello(slot)``: registration; answers once every worker has registered, so all start together.
+- ``rpc_pull(slot)``: the parameters and the BatchNorm running statistics as ONE flat tensor, with
   their version (the number of gradients applied so far).
-- ``rpc_push(rank, seq, version, flat, ...)``: ONE flat tensor holding the mean gradient of the worker's
+- ``rpc_push(slot, seq, version, flat, ...)``: ONE flat tensor holding the mean gradient of the worker's
   batch followed by the change its forward pass made to the running statistics, the version the
   gradient was computed on, and the compute time of the worker's step. The reply carries that worker's
   batch size for its next step, the server's epoch, level and elapsed time, and ``stop``.
@@ -16,7 +18,7 @@ Gradients, never parameters, travel to the server: a worker that pushed paramete
 every update applied since its pull (last writer wins), which is what the paper's released code did.
 
 **Exactly once.** A push is applied inside the RPC handler under one lock, so updates never
-interleave. Every push carries ``(rank, seq)``, ``seq`` counting that worker's pushes from 1: a push
+interleave. Every push carries ``(slot, seq)``, ``seq`` counting that worker's pushes from 1: a push
 whose ``seq`` was already applied (a retry after an RPC timeout) is not applied again but answered
 with the reply it got the first time; a gap in ``seq`` is an internal error. Every applied push
 bumps the version by one and writes one ``update`` record to ``metrics/rank-0.jsonl`` with its
@@ -54,7 +56,7 @@ A watchdog stops the job, with ``OUT/snapshots/checkpoint.pt`` saved, when a wor
 ``asp.worker_timeout_s``; SIGTERM (the launcher stopping the job) also saves the checkpoint.
 
 **Checkpoints and resume.** The server also checkpoints on ``checkpoint.every`` and at the end
-(:class:`~omnilearn.train.checkpoint.ASPCheckpoint`). A resumed job (``omnilearn run --resume``, or a
+(:class:`~omnilearn.train.checkpointers.ASPCheckpoint`). A resumed job (``omnilearn run --resume``, or a
 restart) loads it before the workers register: the version, samples, clock, level and controller go
 on, and each worker's ``hello`` reply tells it how many of its pushes were applied and how many
 samples they held, so it goes on from there in its own data stream (a push computed but never
@@ -75,12 +77,11 @@ import torch
 from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.client import AllocationClient
-from omnilearn.emulator.plan import worker_target
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter
-from omnilearn.train.checkpoint import ASPCheckpoint
+from omnilearn.train.checkpointers import ASPCheckpoint
 from omnilearn.train.distributed import GradBuffer, flat_state
 from omnilearn.train.evaluate import SNAPSHOT_DIR
 from omnilearn.train.memory import enforce_bounds
@@ -119,9 +120,10 @@ class ParameterServer:
 
     def __init__(self, job: JobSpec, model: torch.nn.Module, train_size: int, metrics: LockedWriter) -> None:
         cfg = job.config
-        t, c = cfg.train, cfg.control.effective(cfg.train.global_batch, cfg.workers)
+        self.slots = job.slots[1:]  # the workers' slots: how they name themselves in every call
+        self.workers = len(self.slots)  # fewer than configured when the job went on without a lost one
+        t, c = cfg.train, cfg.control.effective(cfg.train.global_batch, self.workers)
         self.job, self.cfg, self.metrics = job, cfg, metrics
-        self.workers = cfg.workers
         self.schedule = job.plan.schedule
         self.model = model.train()
         self.state, self.n_params = flat_state(model)
@@ -133,7 +135,7 @@ class ParameterServer:
         self.b_ref = float(cfg.asp.lr_reference_batch or t.global_batch / cfg.workers)
         self.train_size = train_size
         self.target_samples = t.epochs * train_size
-        self.worker_targets = [worker_target("asp", i) for i in range(self.workers)]
+        self.worker_targets = [job.plan.targets[s] for s in self.slots]
         self.configured_bounds = Bounds.make(self.workers, c.min_batch, c.max_batch, t.global_batch)
         self.memory_max: list[int | None] = [None] * self.workers  # what each worker's memory takes
         self.fault: UserError | None = None  # set by a handler, raised by the main loop
@@ -182,9 +184,10 @@ class ParameterServer:
         t = self.cfg.train
         return t.lr * t.gamma ** sum(1 for m in t.milestones if self.epoch >= m)
 
-    def _index(self, rank: int) -> int:
-        assert 1 <= rank <= self.workers, f"rank {rank} is not a worker of this job"
-        return rank - 1
+    def _index(self, slot: int) -> int:
+        """Where a worker's counters are, from the slot it names itself by (its rank in the whole job)."""
+        assert slot in self.slots, f"rank {slot} is not a worker of this job"
+        return self.slots.index(slot)
 
     def _control(self, i: int) -> dict[str, Any]:
         """What every answer tells a worker; marks it stopped when training is over."""
@@ -195,8 +198,8 @@ class ParameterServer:
 
     # ------------------------------------------------------------------ RPC handlers
 
-    def hello(self, rank: int, timeout: float, max_batch: int | None = None) -> dict[str, Any]:
-        i = self._index(rank)
+    def hello(self, slot: int, timeout: float, max_batch: int | None = None) -> dict[str, Any]:
+        i = self._index(slot)
         with self.ready:
             self.memory_max[i] = max_batch
             self.registered.add(i)
@@ -208,33 +211,33 @@ class ParameterServer:
             # Where a resumed worker goes on: its pushes applied and the samples they held.
             return {**self._control(i), "pushes": self.last_seq[i], "samples": self.worker_samples[i]}
 
-    def pull(self, rank: int) -> tuple[torch.Tensor | None, dict[str, Any]]:
-        i = self._index(rank)
+    def pull(self, slot: int) -> tuple[torch.Tensor | None, dict[str, Any]]:
+        i = self._index(slot)
         with self.lock:
             self.last_contact[i] = time.time()
             control = self._control(i)
             # A clone: the tensor is serialised after the handler returns, outside the lock.
             return (None if self.stopping else self.state.clone()), control
 
-    def push(self, rank: int, seq: int, version: int, flat: torch.Tensor, batch: int, stats: dict[str, Any]
+    def push(self, slot: int, seq: int, version: int, flat: torch.Tensor, batch: int, stats: dict[str, Any]
              ) -> dict[str, Any]:
         """Apply one gradient (once), feed the controller, answer with the worker's next orders.
 
         ``stats``: ``loss`` and ``correct`` of the batch, ``compute_s`` of this step, the worker's
         ``level`` and the largest batch its memory takes (``max_batch``).
         """
-        i = self._index(rank)
+        i = self._index(slot)
         assert flat.numel() == self.state.numel(), (flat.numel(), self.state.numel())
         with self.lock:
             now = time.time()
             self.last_contact[i] = now
             if seq <= self.last_seq[i]:
                 self.duplicates += 1
-                self.metrics.write("duplicate", worker=rank, seq=seq, applied_seq=self.last_seq[i])
+                self.metrics.write("duplicate", worker=slot, seq=seq, applied_seq=self.last_seq[i])
                 reply = self.replies[i]
                 assert reply is not None and seq == self.last_seq[i], (seq, self.last_seq[i])
                 return reply
-            assert seq == self.last_seq[i] + 1, f"worker {rank}: push seq {seq} after {self.last_seq[i]}"
+            assert seq == self.last_seq[i] + 1, f"worker {slot}: push seq {seq} after {self.last_seq[i]}"
             staleness = self.version - version
             assert 0 <= staleness, (self.version, version)
             scale = batch / self.b_ref
@@ -255,7 +258,7 @@ class ParameterServer:
             self.worker_samples[i] += batch
             self.updates[i] += 1
             self.last_seq[i] = seq
-            self.metrics.write("update", worker=rank, seq=seq, version=self.version, grad_version=version,
+            self.metrics.write("update", worker=slot, seq=seq, version=self.version, grad_version=version,
                                staleness=staleness, batch=batch, scale=scale, lr=base * scale,
                                samples=self.samples, epoch=self.epoch, elapsed_s=self.elapsed(now),
                                loss=stats["loss"] / max(batch, 1), compute_ms=round(stats["compute_s"] * 1e3, 3),
@@ -278,7 +281,7 @@ class ParameterServer:
         if not ctl.measures or self.stopping or (ctl.knows_allocation and stats.get("level") != self.level):
             return
         if ctl.observe(i, batch, stats["compute_s"]):
-            self.metrics.write("speed_change", version=self.version, worker=i + 1, regimes=ctl.regimes())
+            self.metrics.write("speed_change", version=self.version, worker=self.slots[i], regimes=ctl.regimes())
         if ctl.policy == "paper":  # the paper decides once per epoch
             if int(self.epoch) <= self.decided_epoch:
                 return
@@ -306,7 +309,7 @@ class ParameterServer:
             return
         if change.over:
             log.warning("uniform batching gives ASP workers (ranks) %s more than their memory bound %s: "
-                        "they may be killed", [i + 1 for i in change.over], list(change.bounds.max_batch))
+                        "they may be killed", [self.slots[i] for i in change.over], list(change.bounds.max_batch))
         self.metrics.write("memory_bounds", version=self.version, max_batch=list(change.bounds.max_batch),
                            enforced=change.enforced)
         if change.new is not None:
@@ -405,7 +408,7 @@ class ParameterServer:
             self.checkpoint.save("end")
 
     def _describe(self, indices: list[int], what: str) -> str:
-        names = ", ".join(f"rank {i + 1} ({self.worker_targets[i]})" for i in indices)
+        names = ", ".join(f"rank {self.slots[i]} ({self.worker_targets[i]})" for i in indices)
         return f"ASP worker {names} {what}"
 
 
