@@ -117,6 +117,6 @@ def test_saved_container_output_never_goes_through_a_planted_link(tmp_path: Path
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "worker-0.out").symlink_to(victim)
-    save_logs(Client(), {}, {"worker1": "a", "worker2": "b"}, logs)
+    save_logs(Client(), {}, {"worker1": "a", "worker2": "b"}, logs, ["worker1", "worker2"])
     assert victim.read_text() == "keep" and (logs / "worker-0.out").is_symlink()
     assert (logs / "worker-1.out").read_bytes() == b"worker output\n"

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -59,7 +60,7 @@ def farm(docker_client, worker_image: str):
     assert not f.leftovers(), f"left behind: {f.leftovers()}"
 
 
-def _config(folder: Path, remote_url: str) -> Path:
+def _config(folder: Path, remote_url: str, epochs: int = 2, extra: str = "") -> Path:
     (folder / "sched.yaml").write_text("unit: epoch\npoints:\n  - {at: 0, level: EVEN}\n  - {at: 1, level: SKEW}\n")
     cfg = folder / "job.yaml"
     levels = "\n".join(f"    {name}: {cpus}" for name, cpus in LEVELS.items())
@@ -71,7 +72,7 @@ mode: bsp
 workers: 4
 model: {{name: smallcnn}}
 data: {{name: synthetic, image_size: 16, synthetic_size: 1024}}
-train: {{epochs: 2, global_batch: 128, lr: 0.05}}
+train: {{epochs: {epochs}, global_batch: 128, lr: 0.05}}
 control: {{policy: dynamic}}
 emulation:
   backend: docker
@@ -83,7 +84,7 @@ docker:
   build: false
   encrypted: false
   hosts: {{{hosts}}}
-""")
+{extra}""")
     return cfg
 
 
@@ -251,3 +252,57 @@ def test_multi_daemon_cluster_up_and_the_papers_toggler(tmp_path: Path, farm: Fa
                               text=True, env=env)
     assert down.returncode == 0 and f"volume omnilearn-{job_id}-worker2" in down.stdout, down.stdout + down.stderr
     assert not other.client.volumes.list(filters={"label": f"{LABEL_JOB}={job_id}"})
+
+
+# ------------------------------------------------------------------ last: it stops the second daemon for good
+
+
+def test_a_restart_reseeds_remote_ranks_and_a_lost_host_leaves_the_job_to_the_others(tmp_path: Path,
+                                                                                      farm: Farm) -> None:
+    """worker3's container is killed: the same four restart, the remote ranks loading the checkpoint the
+    launcher put in their volumes. Then the second daemon stops: worker3 and worker4 cannot come back,
+    and worker1 and worker2 finish the run from the last checkpoint."""
+    manager, other = farm.daemons
+    out = tmp_path / "run"
+    cfg = _config(tmp_path, other.url, epochs=12, extra="checkpoint: {every: 1}\nfault: {max_restarts: 2}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "omnilearn", "run", "--config", str(cfg), "--out", str(out),
+                             "--no-progress"], env=dict(os.environ, DOCKER_HOST=manager.url),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job_id = None
+
+    def wait_for(rank: int, text: str, timeout: float = 300) -> None:
+        metrics = out / "metrics" / f"rank-{rank}.jsonl"
+        deadline = time.time() + timeout
+        while not (metrics.exists() and text in metrics.read_text()):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.time() < deadline, f"no {text} in {metrics} within {timeout} s"
+            time.sleep(0.2)
+
+    try:
+        job_id = job_id_of(out)
+        wait_for(0, '"epoch":1')  # after the first checkpoint
+        other.client.containers.get("worker3").kill(signal="SIGKILL")
+        wait_for(2, '"kind":"resume"')  # worker3 (on the other daemon) went on from the checkpoint
+        assert other.proc is not None
+        os.kill(other.proc.pid, signal.SIGTERM)  # the host goes away
+        output, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _remove_job(farm, job_id)
+    assert proc.returncode == 0, output
+    s = json.loads((out / "summary.json").read_text())
+    causes = [(r["cause"], r["dropped"], r["workers"]) for r in s["restarts"]]
+    assert causes[0] == ("container worker3 (rank 2) ended: exited, exit code 137", [], TARGETS), causes
+    assert causes[1][0].startswith(f"the Docker daemon at {other.url} (running worker3, worker4) stopped answering")
+    assert causes[1][1:] == (["worker3", "worker4"], ["worker1", "worker2"]), causes
+    assert s["worker_targets"] == ["worker1", "worker2"] and s["epochs_done"] == 12
+    for rank in (0, 1):  # the survivors kept every step once
+        kept = [json.loads(line) for line in (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        start = next(r for r in kept if r["kind"] == "start")
+        steps = [r for r in kept if r["kind"] == "step"]
+        assert [r["step"] for r in steps] == list(range(1, 12 * start["steps_per_epoch"] + 1)), rank
+    assert s["samples"] == sum(r["global_batch"] for r in steps)
+    assert not manager.client.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job_id}"})
+

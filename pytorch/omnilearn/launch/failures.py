@@ -11,10 +11,12 @@ class WorkerFailed(Exception):
     restartable = True
     """Whether ``fault.max_restarts`` may start the job again at once (not when what runs the workers is gone)."""
 
-    def __init__(self, message: str, slot: int | None = None) -> None:
+    def __init__(self, message: str, slot: int | None = None, gone: list[int] | None = None) -> None:
         super().__init__(message)
         self.slot = slot
         """The failed worker's index in the plan's targets (:attr:`~omnilearn.jobfile.JobSpec.slots`), when known."""
+        self.gone = list(gone or [])
+        """Workers (slots) known not to come back (their host's daemon is gone): a restart goes on without them."""
 
 
 def first_failure(failures: dict[int, tuple[float, int]], user_error: int = 2) -> int:

@@ -33,12 +33,12 @@ from omnilearn.metrics import restarts_path
 
 
 def record_restart(out_dir: Path, cause: str, attempt: int, checkpoint: Path, workers: list[str] | None = None,
-                   dropped: str | None = None) -> dict[str, Any]:
+                   dropped: list[str] | None = None) -> dict[str, Any]:
     """Append one restart to ``OUT/restarts.jsonl`` (``workers``: the targets it goes on with; ``dropped``:
-    the one it goes on without); returns the record."""
+    those it goes on without from now on); returns the record."""
     record = {"time": time.time(), "cause": cause, "attempt": attempt,
               "checkpoint_time": checkpoint.stat().st_mtime if checkpoint.is_file() else None,
-              "workers": workers, "dropped": dropped}
+              "workers": workers, "dropped": dropped or []}
     with open(restarts_path(out_dir), "a") as f:
         f.write(json.dumps(record) + "\n")
     return record
@@ -51,12 +51,17 @@ def read_restarts(out_dir: Path) -> list[dict[str, Any]]:
 def without_lost(job: JobSpec, slot: int | None, streak: int) -> tuple[list[int] | None, str]:
     """The survivors to go on with when the worker in ``slot`` was lost ``streak`` attempts in a row and
     cannot come back (``fault.drop_after``), else None; and why not, when it was its turn but it may not."""
-    cfg = job.config
-    if slot is None or not cfg.fault.drop_after or streak < cfg.fault.drop_after:
+    if slot is None or not job.config.fault.drop_after or streak < job.config.fault.drop_after:
         return None, ""
-    if cfg.mode == "asp" and slot == 0:
+    return survivors_without(job, [slot])
+
+
+def survivors_without(job: JobSpec, lost: list[int]) -> tuple[list[int] | None, str]:
+    """The ranks' slots without ``lost``, or None and why the job may not go on without them."""
+    cfg = job.config
+    if cfg.mode == "asp" and 0 in lost:
         return None, "the parameter server cannot be left behind"
-    survivors = [s for s in job.slots if s != slot]
+    survivors = [s for s in job.slots if s not in lost]
     workers = len(survivors) - (1 if cfg.mode == "asp" else 0)
     if workers < cfg.fault.min_workers:
         return None, f"fewer than fault.min_workers ({cfg.fault.min_workers}) would be left"
@@ -90,22 +95,30 @@ def run_with_restarts(job: JobSpec, run_once: Callable[[JobSpec], None], console
             last_lost = e.slot
             cause = str(e).split(";")[0].splitlines()[0]
             path = checkpoint_path(job.out_dir, job.config.mode)
-            survivors, kept_because = without_lost(job, e.slot, streak)
-            dropped = None
+            if e.gone:  # their host is gone: they cannot come back, whatever fault.drop_after says
+                survivors, kept_because = survivors_without(job, e.gone)
+                if survivors is None:
+                    console.print(f"{label}: cannot go on without {', '.join(job.plan.targets[s] for s in e.gone)}: "
+                                  f"{kept_because}", style="red", markup=False)
+                    raise
+                lost, why = e.gone, "their daemon is gone"
+            else:
+                survivors, kept_because = without_lost(job, e.slot, streak)
+                lost, why = [e.slot] if e.slot is not None else [], f"lost {job.config.fault.drop_after} times in a row"
+            dropped: list[str] = []
             if survivors is not None:
-                assert e.slot is not None
-                dropped = job.plan.targets[e.slot]
-                cut_lost_worker(job.out_dir, job.config, e.slot)
+                for slot in lost:
+                    cut_lost_worker(job.out_dir, job.config, slot)
+                dropped = [job.plan.targets[s] for s in lost]
                 job.members, streak, last_lost = survivors, 0, None
             targets = [job.plan.targets[s] for s in job.slots]
             record_restart(job.out_dir, cause, attempt, path, workers=targets, dropped=dropped)
             where = f"its checkpoint {path}" if path.is_file() else "the start (no checkpoint yet)"
             how = ""
-            if dropped is not None:
-                how = (f" without {dropped} (lost {job.config.fault.drop_after} times in a row), with the "
-                       f"{len(targets)} survivors {', '.join(targets)}")
+            if dropped:
+                how = f" without {', '.join(dropped)} ({why}), with the {len(targets)} survivors {', '.join(targets)}"
             elif kept_because:
-                how = f" with every worker ({dropped or job.plan.targets[e.slot or 0]} lost again, but {kept_because})"
+                how = f" with every worker ({job.plan.targets[e.slot or 0]} lost again, but {kept_because})"
             console.print(f"{label}: {cause}; restarting from {where}{how} (restart {attempt} of {limit})",
                           style="yellow", markup=False)
             job.resume = True

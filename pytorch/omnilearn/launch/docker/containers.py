@@ -40,12 +40,15 @@ def container_states(default: Any, remote: dict[str, Any], containers: dict[str,
     return out
 
 
-def save_logs(default: Any, remote: dict[str, Any], containers: dict[str, str], log_dir: Path) -> None:
-    """Keep each container's output (``logs/worker-<rank>.out``) before the container is removed; never
-    written through a link someone planted under that name."""
-    for rank, (target, cid) in enumerate(containers.items()):
+def save_logs(default: Any, remote: dict[str, Any], containers: dict[str, str], log_dir: Path,
+              targets: list[str]) -> None:
+    """Keep each container's output (``logs/worker-<slot>.out``, the slot being its target's index in
+    ``targets``, the plan's) before the container is removed; never written through a link someone
+    planted under that name."""
+    for target, cid in containers.items():
         with contextlib.suppress(Exception):
-            write_in(log_dir, f"worker-{rank}.out", remote.get(target, default).containers.get(cid).logs())
+            write_in(log_dir, f"worker-{targets.index(target)}.out",
+                     remote.get(target, default).containers.get(cid).logs())
 
 
 def tail_logs(client: Any, cid: str, lines: int = 15) -> str:

@@ -1,4 +1,5 @@
-"""The Docker daemon as the container launcher sees it: a client that answered, and small image lookups."""
+"""The Docker daemons as the container launcher sees them: clients that answered (the local one, and one
+per other host a job places targets on), and small image lookups."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from omnilearn.emulator.backends.docker import docker_sdk
 from omnilearn.errors import UserError
+from omnilearn.jobfile import JobSpec
 
 if TYPE_CHECKING:
     import docker
@@ -60,3 +62,40 @@ def split_tag(ref: str) -> tuple[str, str]:
 def emit_to(on_log: LogFn | None) -> LogFn:
     """Where build and debootstrap output goes: ``on_log``, else this module's logger."""
     return on_log if on_log is not None else log.info
+
+
+def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
+    """The local (manager) daemon and one client per remotely placed target that runs (a daemon that ran
+    only workers the job went on without is not asked)."""
+    first = job.plan.targets[job.slots[0]]
+    if first in job.config.docker.hosts:
+        raise UserError(f"{job.config.source}: docker.hosts.{first}: rank 0 ({first}) runs on the launcher's "
+                        f"daemon (it holds the rendezvous, the checkpoints and the server's snapshots); "
+                        f"place only other targets on other hosts")
+    if job.plan.links and job.config.docker.hosts:
+        raise UserError(f"{job.config.source}: links are shaped from the launcher's host, in the overlay's "
+                        f"namespace there: a job with links runs on one daemon (no docker.hosts)")
+    default = daemon_client()
+    remote: dict[str, Any] = {}
+    by_url: dict[str, Any] = {}
+    running = {job.plan.targets[s] for s in job.slots}
+    for target, url in job.config.docker.hosts.items():
+        if target not in job.plan.targets:
+            raise UserError(f"{job.config.source}: docker.hosts.{target}: not a target of this job "
+                            f"({', '.join(job.plan.targets)})")
+        if target not in running:
+            continue
+        if url not in by_url:
+            try:
+                client = url_client(url)
+                client.ping()
+            except Exception as e:  # noqa: BLE001 - any failure to reach a daemon is the same user error
+                raise UserError(f"docker.hosts.{target}: no Docker daemon answers at {url} ({e})") from e
+            by_url[url] = client
+        remote[target] = by_url[url]
+    return default, remote
+
+
+def url_client(url: str) -> Any:
+    """A client for the daemon at ``url``; ``ssh://`` through the ssh client (the user's keys and config)."""
+    return docker_sdk().DockerClient(base_url=url, use_ssh_client=url.startswith("ssh://"))

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,36 +50,49 @@ STOP_VERDICT_S = 5.0
 
 
 class DaemonLost(WorkerFailed):
-    """The Docker daemon went away while the job ran: no restart until it is back."""
+    """A Docker daemon went away while the job ran. The launcher's own: no restart until it is back.
+    Another host's (``gone``: the workers it ran): they cannot come back, and a restart may go on
+    with the others (``fault.max_restarts``, ``fault.min_workers``)."""
 
-    restartable = False
+    @property
+    def restartable(self) -> bool:  # type: ignore[override]
+        return bool(self.gone)
 
 
-def daemon_lost(error: BaseException, out_dir: Path | None = None) -> DaemonLost:
+def daemon_lost(error: BaseException, out_dir: Path | None = None, address: str | None = None,
+                targets: list[str] | None = None, gone: list[int] | None = None) -> DaemonLost:
+    """The message of a lost daemon: the launcher's own (no ``address``), or another host's, with the
+    ``targets`` it ran (their slots ``gone``)."""
     resume = f", then `omnilearn run --resume {out_dir}` to go on from the last checkpoint" if out_dir else ""
-    return DaemonLost(f"the Docker daemon at {daemon_address()} stopped answering while the job ran "
-                      f"({type(error).__name__}: {' '.join(str(error).split())[:200]}); a daemon restart stops the job's containers. "
-                      f"Run `omnilearn cleanup` once it is back to remove what is left{resume}")
+    ran = f" (running {', '.join(targets)})" if targets else ""
+    return DaemonLost(f"the Docker daemon at {address or daemon_address()}{ran} stopped answering while the job "
+                      f"ran ({type(error).__name__}: {' '.join(str(error).split())[:200]}); a daemon restart stops "
+                      f"the job's containers. Run `omnilearn cleanup` once it is back to remove what is "
+                      f"left{resume}", gone=gone)
 
 
 class DaemonWatch:
     """Follows each daemon's event stream (the job's containers only) while a job runs; :meth:`check`
     raises :class:`DaemonLost` once a stream has ended without :meth:`close`: that daemon stopped."""
 
-    def __init__(self, clients: list[Any], job_id: str, out_dir: Path) -> None:
+    def __init__(self, clients: list[Any], job_id: str, out_dir: Path,
+                 blame: Callable[[BaseException, Any], DaemonLost] | None = None) -> None:
         from omnilearn.emulator.backends.docker import LABEL_JOB
 
         self.out_dir = out_dir
+        self.blame = blame or (lambda error, _client: daemon_lost(error, out_dir))
+        """``blame(error, client)``: the DaemonLost naming the daemon behind ``client``."""
         self.lost: BaseException | None = None
+        self.lost_client: Any = None
         self.lost_at: float | None = None
         self._closing = threading.Event()
         self._streams = [c.events(decode=True, filters={"label": f"{LABEL_JOB}={job_id}"}) for c in clients]
-        self._threads = [threading.Thread(target=self._follow, args=(s,), name="docker-events", daemon=True)
-                         for s in self._streams]
+        self._threads = [threading.Thread(target=self._follow, args=(s, c), name="docker-events", daemon=True)
+                         for s, c in zip(self._streams, clients, strict=True)]
         for t in self._threads:
             t.start()
 
-    def _follow(self, stream: Any) -> None:
+    def _follow(self, stream: Any, client: Any) -> None:
         try:
             for _ in stream:
                 pass
@@ -86,11 +100,11 @@ class DaemonWatch:
         except Exception as e:  # noqa: BLE001 - however the stream breaks, the daemon is gone
             error = e
         if not self._closing.is_set() and self.lost is None:
-            self.lost, self.lost_at = error, time.time()
+            self.lost, self.lost_client, self.lost_at = error, client, time.time()
 
     def check(self) -> None:
         if self.lost is not None:
-            raise daemon_lost(self.lost, self.out_dir)
+            raise self.blame(self.lost, self.lost_client)
 
     def check_daemon(self, client: Any, stopped: bool) -> None:
         """Raise DaemonLost when the daemon no longer answers or its event stream ended; a container
@@ -100,7 +114,7 @@ class DaemonWatch:
             try:
                 client.ping()
             except daemon_errors() as e:
-                raise daemon_lost(e, self.out_dir) from None
+                raise self.blame(e, client) from None
             self.check()
             if time.time() >= deadline:
                 return
@@ -125,7 +139,7 @@ def stop_gracefully(containers: dict[str, tuple[Any, str]], timeout: float) -> l
 
     def stop(item: tuple[str, tuple[Any, str]]) -> str | None:
         target, (client, cid) = item
-        with contextlib.suppress(dk.errors.NotFound):
+        with contextlib.suppress(dk.errors.NotFound, *daemon_errors()):  # a daemon gone took its containers
             c = client.containers.get(cid)
             if c.status in ("running", "paused", "restarting"):
                 if c.status == "paused":

@@ -9,6 +9,7 @@ same files at the same places as the bind mounts of :mod:`.mounts`::
     RUN_MOUNT/logs/cpu-<rank>.log        worker, 0644   the request log, pulled as it grows
     RUN_MOUNT/logs/toggler-audit.jsonl   root, 0644     the toggler's answers, pushed as they grow
     RUN_MOUNT/metrics/rank-<rank>.jsonl  worker, 0644   the metrics, pulled every few seconds and at the end
+    RUN_MOUNT/checkpoints/checkpoint.pt  root, 0644     BSP, when the job resumes: the checkpoint it loads
 
 Every folder is root's (0755) and the worker runs unprivileged with no capabilities, so it writes its
 own two files and nothing else: it can create no name, plant no link, replace no file. What comes
@@ -41,6 +42,7 @@ from omnilearn.emulator.requests import AUDIT_NAME, MAX_LOG_BYTES, audit_path, r
 from omnilearn.files import open_in, write_in
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.metrics import METRICS_DIR, metrics_path
+from omnilearn.train.checkpoint import BSP_CHECKPOINT
 
 log = logging.getLogger("omnilearn.remote")
 
@@ -99,6 +101,9 @@ def seed(container: Any, job: JobSpec, rank: int, user: tuple[int, int], run_mou
              (f"logs/{AUDIT_NAME}", _read_local(audit_path(job.log_dir)), 0),
              (f"logs/{request_name(rank)}", _read_local(job.log_dir / request_name(rank)), user[0]),
              (f"{METRICS_DIR}/{metrics_path(out, rank).name}", _read_local(metrics_path(out, rank)), user[0])]
+    checkpoint = out / BSP_CHECKPOINT
+    if job.resume and job.config.mode == "bsp" and checkpoint.is_file():  # rank 0 writes it; every rank loads it
+        files += [(BSP_CHECKPOINT.parent.as_posix(), None, 0), (BSP_CHECKPOINT.as_posix(), checkpoint.read_bytes(), 0)]
     if not container.put_archive(run_mount, _tar(files)):
         raise OSError(f"could not fill the run folder of container {container.name}")
 

@@ -39,7 +39,7 @@ from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.launch.docker.containers import container_states, save_logs, tail_logs
-from omnilearn.launch.docker.daemon import daemon_client, image_or_none
+from omnilearn.launch.docker.daemon import clients_for, daemon_client, image_or_none, url_client
 from omnilearn.launch.docker.faults import (
     DaemonLost,
     DaemonWatch,
@@ -100,39 +100,6 @@ class ClusterState:
         return ClusterState(**json.loads(path.read_text()))
 
 
-def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
-    """The local (manager) daemon and one client per remotely placed target."""
-    first = job.plan.targets[job.slots[0]]
-    if first in job.config.docker.hosts:
-        raise UserError(f"{job.config.source}: docker.hosts.{first}: rank 0 ({first}) runs on the launcher's "
-                        f"daemon (it holds the rendezvous, the checkpoints and the server's snapshots); "
-                        f"place only other targets on other hosts")
-    if job.plan.links and job.config.docker.hosts:
-        raise UserError(f"{job.config.source}: links are shaped from the launcher's host, in the overlay's "
-                        f"namespace there: a job with links runs on one daemon (no docker.hosts)")
-    default = daemon_client()
-    remote: dict[str, Any] = {}
-    by_url: dict[str, Any] = {}
-    for target, url in job.config.docker.hosts.items():
-        if target not in job.plan.targets:
-            raise UserError(f"{job.config.source}: docker.hosts.{target}: not a target of this job "
-                            f"({', '.join(job.plan.targets)})")
-        if url not in by_url:
-            try:
-                client = url_client(url)
-                client.ping()
-            except Exception as e:  # noqa: BLE001 - any failure to reach a daemon is the same user error
-                raise UserError(f"docker.hosts.{target}: no Docker daemon answers at {url} ({e})") from e
-            by_url[url] = client
-        remote[target] = by_url[url]
-    return default, remote
-
-
-def url_client(url: str) -> Any:
-    """A client for the daemon at ``url``; ``ssh://`` through the ssh client (the user's keys and config)."""
-    return docker_sdk().DockerClient(base_url=url, use_ssh_client=url.startswith("ssh://"))
-
-
 def ensure_swarm(client: Any, advertise_addr: str | None) -> bool:
     """Make this daemon a Swarm manager if it is in no swarm; returns True when it initialised one."""
     info = client.info().get("Swarm", {})
@@ -153,7 +120,7 @@ def ensure_swarm(client: Any, advertise_addr: str | None) -> bool:
 
 def _check_names_free(job: JobSpec, default: Any, remote: dict[str, Any]) -> None:
     dk = docker_sdk()
-    for target in job.plan.targets:
+    for target in (job.plan.targets[s] for s in job.slots):
         client = remote.get(target, default)
         try:
             c = client.containers.get(target)
@@ -286,18 +253,26 @@ def status(out_dir: Path) -> list[dict[str, Any]]:
 
 def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = False,
          timeout: float = 10.0) -> list[str]:
-    """Remove every container and network labelled with ``job_id``; returns what was removed."""
+    """Remove every container and network labelled with ``job_id``; returns what was removed. Another
+    host's daemon that does not answer is passed over (what the job has there waits for ``omnilearn
+    cleanup``), then named in a UserError once everything else is removed."""
     dk = docker_sdk()
     default = daemon_client()
-    clients = [default] + [url_client(u) for u in sorted(set((hosts or {}).values()))]
+    clients, silent = [default], []
+    for url in sorted(set((hosts or {}).values())):
+        try:
+            client = url_client(url)
+            client.ping()
+            clients.append(client)
+        except Exception:  # noqa: BLE001 - whatever stops it answering, it is passed over
+            silent.append(url)
     removed: list[str] = []
     for client in clients:
         for c in _job_containers(client, job_id):
             with contextlib.suppress(dk.errors.NotFound):
                 c.remove(force=True)
                 removed.append(f"container {c.name}")
-    for client in clients:  # the run-folder volumes of containers on other daemons
-        for volume in client.volumes.list(filters={"label": f"{LABEL_JOB}={job_id}"}):
+        for volume in client.volumes.list(filters={"label": f"{LABEL_JOB}={job_id}"}):  # run folders elsewhere
             with contextlib.suppress(dk.errors.NotFound):
                 volume.remove(force=True)
                 removed.append(f"volume {volume.name}")
@@ -317,6 +292,9 @@ def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = F
         with contextlib.suppress(dk.errors.APIError):
             default.swarm.leave(force=True)
             removed.append("swarm membership")
+    if silent:
+        raise UserError(f"job {job_id}: removed {', '.join(removed) or 'nothing'}; the Docker daemon at "
+                        f"{', '.join(silent)} does not answer: run `omnilearn cleanup` once it is back")
     return removed
 
 
@@ -339,13 +317,23 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
     daemon_gone = False
     reaper = Reaper(job.job_id, job.config.docker.hosts, job.config.docker.stop_timeout, job.log_dir / "reaper.log")
     sync: RemoteRunFolders | None = None
+
+    def blame(error: BaseException, client: Any) -> DaemonLost:
+        """A lost daemon named: the launcher's, or another host's with the workers it ran (they cannot come back)."""
+        if client is default:
+            return daemon_lost(error, job.out_dir)
+        ran = [t for t in (state.containers if state else remote) if remote.get(t) is client]
+        url = job.config.docker.hosts[ran[0]] if ran else None
+        return daemon_lost(error, job.out_dir, url, ran, [job.plan.targets.index(t) for t in ran])
+
     try:
         with toggler_lock(job.log_dir):
             toggler = Toggler(job.log_dir, backend, job.plan, links=links)
             thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
             thread.start()
             state = up(job, console)  # Ctrl-C here interrupts the image build or the SDK call at once
-            watch = DaemonWatch([default, *{id(c): c for c in remote.values()}.values()], job.job_id, job.out_dir)
+            watch = DaemonWatch([default, *{id(c): c for c in remote.values()}.values()], job.job_id, job.out_dir,
+                                blame)
             if remote:  # the run folders of the containers on other daemons, kept in step
                 sync = RemoteRunFolders(job, remote_containers(job, state.containers, remote), RUN_MOUNT)
                 sync.start()
@@ -358,12 +346,15 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                     try:
                         states = container_states(default, remote, state.containers)
                     except daemon_errors() as e:
+                        for client in [default, *remote.values()]:  # which one stopped answering
+                            watch.check_daemon(client, stopped=False)
                         raise daemon_lost(e, job.out_dir) from None
                     failed = {job.plan.targets.index(t): (when, code) for t, (s, code, when) in states.items()
                               if s in ("exited", "dead", "vanished") and code != 0}
                     if failed:  # a daemon going down stops the containers first: is it the cause?
-                        cause = states[job.plan.targets[first_failure(failed)]][1]
-                        watch.check_daemon(default, stopped=cause in (STOPPED_STATUS, 128 + signal.SIGTERM))
+                        first = job.plan.targets[first_failure(failed)]
+                        watch.check_daemon(remote.get(first, default),  # the daemon that ran it: is it stopping?
+                                           stopped=states[first][1] in (STOPPED_STATUS, 128 + signal.SIGTERM))
                         gone = [t for t, (s, _, _) in states.items() if s == "vanished"]  # the cause, not its peers'
                         if gone:
                             raise vanished(gone[0], job.plan.targets.index(gone[0]))
@@ -402,7 +393,7 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                                 job.config.docker.stop_timeout)
                 if sync is not None:
                     sync.finish()
-                save_logs(default, remote, state.containers, job.log_dir)
+                save_logs(default, remote, state.containers, job.log_dir, list(job.plan.targets))
             removed = down(job.job_id, job.config.docker.hosts,
                            leave_swarm=bool(state and state.swarm_initialized))
             log.info("cluster down: %s", ", ".join(removed))
