@@ -58,14 +58,14 @@ def test_a_level_change_at_a_window_boundary_does_not_overshoot() -> None:
     assert max(final) / min(final) - 1 < 0.15
 
 
-@pytest.mark.parametrize("noise", [0.03, 0.06])
+@pytest.mark.parametrize("noise", [0.03, 0.06, 0.15])
 def test_the_demo_schedule_never_empties_a_worker(noise: float) -> None:
     # The k fitted from pairs that straddled unflagged level changes once dropped every slow worker to
-    # 2 samples, in 1 (noise 0.03) and 3 (noise 0.06) of these 200 seeds.
+    # 3 samples or fewer, in 1 (noise 0.03), 3 (noise 0.06) and 60 (noise 0.15) of these 200 seeds.
     for seed in range(200):
         ctl, decisions = replay(["HL2", "HL4", "HL8"], noise=noise, seed=seed)
         assert min(min(split) for _, split in decisions) > 3, (seed, decisions)
-        assert ctl.overhead < 40, (seed, ctl.overhead)
+        assert ctl.overhead < 48, (seed, ctl.overhead)  # 8 here; it reached 258
 
 
 def straddling() -> tuple[list[int], list[float], list[int], list[float]]:
@@ -76,8 +76,9 @@ def straddling() -> tuple[list[int], list[float], list[int], list[float]]:
     return before, times(before, "HL4"), after, times(after, "HL8")
 
 
-def clean(level: str, before: list[int], after: list[int]) -> tuple[list[int], list[float], list[int], list[float]]:
-    return before, times(before, level), after, times(after, level)
+def clean(level: str, before: list[int], after: list[int], k: float = K) -> tuple[list[int], list[float], list[int],
+                                                                                list[float]]:
+    return before, times(before, level, k), after, times(after, level, k)
 
 
 def test_pairs_that_disagree_give_the_smaller_k_and_agreeing_ones_outvote() -> None:
@@ -86,10 +87,15 @@ def test_pairs_that_disagree_give_the_smaller_k_and_agreeing_ones_outvote() -> N
     assert policies.fit_overhead([bad], cap=B) > 200  # alone it fits a k beyond the global batch
     assert policies.fit_overhead([good, bad], cap=B) > 100  # the median of two without the noise: their mean
     assert policies.fit_overhead([good, bad], cap=B, noise=[0.03, 0.03]) == pytest.approx(K, abs=0.5)
-    other = clean("HL8", [28, 28, 16, 184], [40, 40, 20, 156])
-    got = policies.fit_overhead([bad, good, other, bad], cap=B, noise=[0.03] * 4)  # two against two: the smaller
-    assert got == pytest.approx(K, abs=1)
-    assert policies.fit_overhead([bad, bad, good], cap=B, noise=[0.03] * 3) > 200  # the larger group wins
+    # Open to the cap, it bounds nothing: alone or twice, it is no estimate of k.
+    assert policies.fit_overhead([bad], cap=B, noise=[0.03]) is None
+    assert policies.fit_overhead([bad, bad, good], cap=B, noise=[0.03] * 3) == pytest.approx(K, abs=0.5)
+    # Pairs with bounded ranges: two that agree outvote one; one against one, the smaller k.
+    other = clean("HL8", [28, 28, 16, 184], [40, 40, 20, 156], k=40)
+    assert policies.fit_overhead([other, good], cap=B, noise=[0.03] * 2) == pytest.approx(K, abs=0.5)
+    assert policies.fit_overhead([good, other, other], cap=B, noise=[0.03] * 3) == pytest.approx(40, abs=2)
+    again = clean("HL4", [46, 46, 28, 136], [28, 28, 16, 184])
+    assert policies.fit_overhead([good, other, other, again, bad], cap=B, noise=[0.03] * 5) == pytest.approx(K, abs=1)
 
 
 def test_a_clean_k_is_still_found() -> None:
@@ -105,10 +111,9 @@ def test_a_clean_k_is_still_found() -> None:
         t2 = [t * math.exp(rng.gauss(0, 0.02)) for t in times(after, "HL4")]
         pairs.append((before, times(before, "HL4"), after, t2))
     assert policies.fit_overhead(pairs, cap=B, noise=[0.03] * 3) == pytest.approx(K, abs=3)
-    # A pair whose times hardly followed its batches bounds k from below only: its range's low end.
+    # A pair whose times did not follow its batches bounds k from below only: no estimate.
     flat = ([64] * 4, times([64] * 4, "HL2"), [66, 62, 52, 76], times([64] * 4, "HL2"))
-    got = policies.fit_overhead([flat], cap=B, noise=[0.1])
-    assert got is not None and got < 100
+    assert policies.fit_overhead([flat], cap=B, noise=[0.1]) is None
     # Without level changes the controller still fits k and balances (the staircase's first levels).
     ctl, decisions = replay(["HL8", "HL8", "HL8"], noise=0.02, seed=1)
     assert ctl.overhead == pytest.approx(K, abs=3)

@@ -271,13 +271,20 @@ def fit_overhead(pairs: Sequence[Pair], cap: float, noise: Sequence[float] | Non
     supports (fits worse than its best by less than :data:`OVERHEAD_SIGMAS` standard deviations),
     and only pairs that agree count. A speed that changed unnoticed between a pair's two splits can
     make the pair fit well at a wrong ``k``: a level change that slows the workers a decision has
-    just unloaded looks like times that did not follow the batches, a large ``k``. No pair tells
-    that alone, but two clean pairs agree and a corrupt one disagrees with them: ``k`` comes from the
-    largest group of pairs whose ranges share a value (the median of their fits, within the range
-    they share), and between equal groups from the one with the smaller ``k``. Too small a ``k``
-    costs one more decision (the plain rule's creep, measured and corrected by the next pair); too
-    large a one overshoots (the batches move as if time hardly followed them). One pair, or pairs
-    that all agree, give what they gave before.
+    just unloaded, and speeds up the one it loaded, looks like times that did not follow the
+    batches, a ``k`` as large as the grid allows. No pair tells that alone, but clean pairs agree
+    and a corrupt one disagrees with them. So:
+
+    - only a range bounded below ``cap`` estimates ``k``; one open to the cap (the times hardly
+      followed the batches: a large ``k``, or a speed change) only says ``k`` is at least its low
+      end, and no ``k`` at all (None) when no pair bounds it;
+    - ``k`` comes from the largest group of pairs whose ranges share a value within a bounded range,
+      and between equal groups from the one that shares the smaller ``k``: the median of the group's
+      bounded fits, kept within the range the group shares.
+
+    Too small a ``k`` costs one more decision (the plain rule's creep, measured and corrected by the
+    next pair); too large a one overshoots (the batches move as if time hardly followed them). One
+    bounded pair, or pairs that all agree, give their fits as before.
     """
     if noise is None:
         fits = [f[1] for f in (_pair_overhead(tuple(b), tuple(t), tuple(b2), tuple(t2), cap, 0.0)
@@ -287,13 +294,16 @@ def fit_overhead(pairs: Sequence[Pair], cap: float, noise: Sequence[float] | Non
                           for (b, t, b2, t2), sd in zip(pairs, noise, strict=True)) if f is not None]
     if not ranges:
         return None
-    # The value shared by the most ranges is some range's lower end; the smallest such on ties.
-    best = max(sorted({lo for lo, _, _ in ranges}), key=lambda x: sum(lo <= x <= hi for lo, _, hi in ranges))
+    # Only a range bounded below the cap estimates k; the value shared by the most ranges (counting
+    # open ones too) among those inside a bounded range is some range's lower end: the smallest on ties.
+    bounded = [r for r in ranges if r[2] < cap]
+    if not bounded:
+        return None
+    points = sorted({lo for lo, _, _ in ranges if any(b[0] <= lo <= b[2] for b in bounded)})
+    best = max(points, key=lambda x: sum(lo <= x <= hi for lo, _, hi in ranges))
     group = [r for r in ranges if r[0] <= best <= r[2]]
     low, high = max(r[0] for r in group), min(r[2] for r in group)
-    # A range open to the cap bounds k only from below (the times hardly followed the batches): its low end.
-    fits = [r[1] if r[2] < cap else r[0] for r in group]
-    return min(max(statistics.median(fits), low), high)
+    return min(max(statistics.median(r[1] for r in group if r[2] < cap), low), high)
 
 
 @functools.lru_cache(maxsize=64)
