@@ -38,7 +38,9 @@ class BatchController:
     measurements (:meth:`samples_needed`); the deadband widens while few measurements back the
     estimates (:meth:`deadband`), so a small correction needs more evidence.
     ``dynamic`` balances the time model ``t_i(b) = c_i (b + k)``; ``k`` is fitted from how the
-    workers' times moved between the last splits (:func:`~omnilearn.control.policies.fit_overhead`).
+    workers' times moved between the last splits, where those pairs of splits agree within the
+    step noise (:func:`~omnilearn.control.policies.fit_overhead`): a pair measured across a speed
+    change nobody flagged can fit any ``k``. Without an estimate the last ``k`` stays.
     """
 
     config: ControlConfig
@@ -266,7 +268,7 @@ class BatchController:
         """The standard deviation of a worker's ``log(t2 / t)`` between two splits whose estimates are
         medians of ``n`` and ``n2`` steps (``weight = 1/n + 1/n2``): the median's error, about
         1.25 noise / sqrt(n), on either side, under the measured step noise (BSP) or, until it is
-        measured, :data:`NOISE_PRIOR`. It sets which values of ``k`` a pair supports
+        measured and for ASP, :data:`NOISE_PRIOR`. It sets which values of ``k`` a pair supports
         (:func:`~omnilearn.control.policies.fit_overhead`)."""
         noise = self.steps.noise() if self.relative else None
         return 1.25 * (NOISE_PRIOR if noise is None else noise) * math.sqrt(weight)

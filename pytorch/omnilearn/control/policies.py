@@ -286,14 +286,11 @@ def fit_overhead(pairs: Sequence[Pair], cap: float, noise: Sequence[float] | Non
     next pair); too large a one overshoots (the batches move as if time hardly followed them). One
     bounded pair, or pairs that all agree, give their fits as before.
     """
+    fits = [_pair_fit(tuple(b), tuple(t), tuple(b2), tuple(t2), cap) for b, t, b2, t2 in pairs]
     if noise is None:
-        fits = [f[1] for f in (_pair_overhead(tuple(b), tuple(t), tuple(b2), tuple(t2), cap, 0.0)
-                               for b, t, b2, t2 in pairs) if f is not None]
-        return statistics.median(fits) if fits else None
-    ranges = [f for f in (_pair_overhead(tuple(b), tuple(t), tuple(b2), tuple(t2), cap, float(sd))
-                          for (b, t, b2, t2), sd in zip(pairs, noise, strict=True)) if f is not None]
-    if not ranges:
-        return None
+        found = [f[0] for f in fits if f is not None]
+        return statistics.median(found) if found else None
+    ranges = [_pair_range(f, float(sd)) for f, sd in zip(fits, noise, strict=True) if f is not None]
     # Only a range bounded below the cap estimates k; the value shared by the most ranges (counting
     # open ones too) among those inside a bounded range is some range's lower end: the smallest on ties.
     bounded = [r for r in ranges if r[2] < cap]
@@ -307,13 +304,12 @@ def fit_overhead(pairs: Sequence[Pair], cap: float, noise: Sequence[float] | Non
 
 
 @functools.lru_cache(maxsize=64)
-def _pair_overhead(b: tuple[int, ...], t: tuple[float, ...], b2: tuple[int, ...], t2: tuple[float, ...],
-                   cap: float, sd: float) -> tuple[float, float, float] | None:
-    """One pair's ``k`` for :func:`fit_overhead` as ``(low, best, high)``: the best fit and the range
-    of ``k`` whose squared residuals exceed the best's by at most ``(OVERHEAD_SIGMAS * sd) ** 2`` (on
-    the grid; ``sd`` the noise of a log time ratio). None: the pair does not tell. Pure, so cached:
-    a controller refits the same kept pairs at every decision, and with a thousand workers each fit
-    is a grid of logarithms per worker."""
+def _pair_fit(b: tuple[int, ...], t: tuple[float, ...], b2: tuple[int, ...], t2: tuple[float, ...],
+              cap: float) -> tuple[float, float, np.ndarray, np.ndarray] | None:
+    """One pair's fit for :func:`fit_overhead`: its best ``k``, the sum of squared residuals there, and
+    the grid of ``k`` over ``[0, cap]`` with the sum of squared residuals at each (None: the pair
+    does not tell). Pure, so cached: a controller refits the same kept pairs at every decision, and with
+    a thousand workers each fit is a grid of logarithms per worker."""
     moves = [math.log(y / x) for x, y in zip(b, b2, strict=True)]
     if max(moves) - min(moves) < OVERHEAD_MIN_SPREAD:
         return None
@@ -334,7 +330,15 @@ def _pair_overhead(b: tuple[int, ...], t: tuple[float, ...], b2: tuple[int, ...]
     least = float(losses(np.array([best]))[0])
     if math.sqrt(least) > OVERHEAD_MAX_RESIDUAL:
         return None
-    inside = grid[coarse * len(b) <= least * len(b) + (OVERHEAD_SIGMAS * sd) ** 2]
+    return best, least * len(b), grid, coarse * len(b)
+
+
+def _pair_range(fit: tuple[float, float, np.ndarray, np.ndarray], sd: float) -> tuple[float, float, float]:
+    """``(low, best, high)``: a pair's best ``k`` and the range of ``k`` (on its grid) whose squared
+    residuals exceed the best's by at most ``(OVERHEAD_SIGMAS * sd) ** 2``, ``sd`` the noise of a
+    worker's log time ratio."""
+    best, least, grid, squares = fit
+    inside = grid[squares <= least + (OVERHEAD_SIGMAS * sd) ** 2]
     low, high = (float(inside.min()), float(inside.max())) if inside.size else (best, best)
     return min(low, best), best, max(high, best)
 
