@@ -38,7 +38,9 @@ class BatchController:
     measurements (:meth:`samples_needed`); the deadband widens while few measurements back the
     estimates (:meth:`deadband`), so a small correction needs more evidence.
     ``dynamic`` balances the time model ``t_i(b) = c_i (b + k)``; ``k`` is fitted from how the
-    workers' times moved between the last splits (:func:`~omnilearn.control.policies.fit_overhead`).
+    workers' times moved between the last splits, where those pairs of splits agree within the
+    step noise (:func:`~omnilearn.control.policies.fit_overhead`): a pair measured across a speed
+    change nobody flagged can fit any ``k``. Without an estimate the last ``k`` stays.
     """
 
     config: ControlConfig
@@ -52,11 +54,12 @@ class BatchController:
     speeds: list[float] | None = None
     shares: list[float | None] | None = None
     overhead: float = 0.0
-    # The last split left, with the times measured at it and the workers' regimes then (b, t, regimes),
-    # and pairs of consecutive splits measured under unchanged speeds (b, t, b2, t2): k's evidence.
-    # k belongs to the workload, not to a level: pairs from earlier regimes keep counting.
-    last: tuple[list[int], list[float], list[int]] | None = None
-    pairs: list[tuple[list[int], list[float], list[int], list[float]]] = field(default_factory=list)
+    # The last split left, with the times measured at it, the workers' regimes then and the steps
+    # behind the times (b, t, regimes, n), and pairs of consecutive splits measured under unchanged
+    # speeds, as far as the detector saw (b, t, b2, t2, 1/n + 1/n2): k's evidence, weighed by the
+    # steps behind it. k belongs to the workload, not to a level: pairs from earlier regimes count.
+    last: tuple[list[int], list[float], list[int], int] | None = None
+    pairs: list[tuple[list[int], list[float], list[int], list[float], float]] = field(default_factory=list)
     settled: bool = False
     """A check found the workers within the plain deadband and no split or speed change came since:
     the next split needs ``hysteresis`` times the deadband."""
@@ -114,10 +117,12 @@ class BatchController:
             return []
         if self.relative:
             before, regimes = (self.steps.estimates() if self.steps.count else None), list(self.steps.regimes)
+            count = self.steps.count
             changed = self.steps.add(seconds)
             if changed and before is not None and self.last is not None and self.last[2] == regimes \
                     and self.last[0] != self.batch:  # the current split, measured before the change: k shows
-                self.pairs = [*self.pairs, (self.last[0], self.last[1], list(self.batch), before)][-PAIRS:]
+                pair = (self.last[0], self.last[1], list(self.batch), before, 1 / self.last[3] + 1 / count)
+                self.pairs = [*self.pairs, pair][-PAIRS:]
             if changed:
                 self.last = None
                 self.settled = False
@@ -233,16 +238,18 @@ class BatchController:
             return None
         now = self.regimes()
         pair = None
-        if self.last is not None and self.last[2] == now and self.last[0] != self.batch:
-            pair = (self.last[0], self.last[1], list(self.batch), list(times))  # the same speeds: k shows
+        if self.last is not None and self.last[2] == now and self.last[0] != self.batch:  # the same speeds: k shows
+            pair = (self.last[0], self.last[1], list(self.batch), list(times), 1 / self.last[3] + 1 / n)
         if self.config.fit_overhead:
-            fitted = policies.fit_overhead(self.pairs + ([pair] if pair else []), cap=float(self.global_batch))
+            evidence = self.pairs + ([pair] if pair else [])
+            fitted = policies.fit_overhead([p[:4] for p in evidence], cap=float(self.global_batch),
+                                           noise=[self.pair_noise(p[4]) for p in evidence])
             self.overhead = self.overhead if fitted is None else fitted
         new = policies.dynamic(self.batch, times, self.global_batch, self.bounds, deadband, self.overhead)
         if new != self.batch:
             if pair:
                 self.pairs = [*self.pairs, pair][-PAIRS:]
-            self.last = (list(self.batch), list(times), now)
+            self.last = (list(self.batch), list(times), now, n)
         return self._adopt(new)
 
     def deadband(self, n: int) -> float:
@@ -256,6 +263,15 @@ class BatchController:
             return band
         noise = self.steps.noise()
         return max(band, math.expm1(3 * (NOISE_PRIOR if noise is None else noise) * math.sqrt(2 / n)))
+
+    def pair_noise(self, weight: float) -> float:
+        """The standard deviation of a worker's ``log(t2 / t)`` between two splits whose estimates are
+        medians of ``n`` and ``n2`` steps (``weight = 1/n + 1/n2``): the median's error, about
+        1.25 noise / sqrt(n), on either side, under the measured step noise (BSP) or, until it is
+        measured and for ASP, :data:`NOISE_PRIOR`. It sets which values of ``k`` a pair supports
+        (:func:`~omnilearn.control.policies.fit_overhead`)."""
+        noise = self.steps.noise() if self.relative else None
+        return 1.25 * (NOISE_PRIOR if noise is None else noise) * math.sqrt(weight)
 
     def samples_needed(self) -> int:
         """``min_samples``, or more where the measured noise says so (BSP): enough steps that the

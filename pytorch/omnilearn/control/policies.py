@@ -58,6 +58,9 @@ OVERHEAD_MIN_SPREAD = 0.25
 apart (in log): otherwise every k explains the times alike."""
 OVERHEAD_MAX_RESIDUAL = 0.12
 """A pair of splits whose times the fitted model misses by more (RMS, in log) is not evidence of k."""
+OVERHEAD_SIGMAS = 2.0
+"""A pair supports the values of k that fit its times worse than its best k by less than this many
+standard deviations of the measurement noise (a two-sigma range)."""
 
 
 @dataclass(frozen=True)
@@ -247,8 +250,10 @@ def paper_bounds(workers: int, global_batch: int) -> tuple[int, int]:
     return max(1, math.ceil(share * PAPER_BOUNDS[0])), math.floor(share * PAPER_BOUNDS[1])
 
 
-def fit_overhead(pairs: Sequence[tuple[Sequence[int], Sequence[float], Sequence[int], Sequence[float]]],
-                 cap: float) -> float | None:
+Pair = tuple[Sequence[int], Sequence[float], Sequence[int], Sequence[float]]
+
+
+def fit_overhead(pairs: Sequence[Pair], cap: float, noise: Sequence[float] | None = None) -> float | None:
     """The per-step fixed cost ``k`` (in samples) from how the workers' compute times moved between two
     splits: ``(b, t, b2, t2)`` per pair, the speeds unchanged in between.
 
@@ -256,23 +261,55 @@ def fit_overhead(pairs: Sequence[tuple[Sequence[int], Sequence[float], Sequence[
     is one constant per pair: whatever slowed or sped up every worker alike between the two (a busy
     host, the first step's warm-up, times measured relative to each other) drops out. Each pair's
     ``k`` minimises its squared residuals over the workers (a grid over ``[0, cap]``, then a finer
-    one); a pair the model cannot explain (residuals above :data:`OVERHEAD_MAX_RESIDUAL`: a speed
-    changed unnoticed in between) or that moved every batch alike (every ``k`` explains it) is left
-    out, and ``k`` is the median of the others. One ``k`` for all workers: the fixed work of a step
-    (optimizer update, framework overhead) and the per-sample work both scale with a worker's speed.
-    None when no pair tells.
+    one); a pair the model cannot explain (residuals above :data:`OVERHEAD_MAX_RESIDUAL`) or that
+    moved every batch alike (every ``k`` explains it) is left out. One ``k`` for all workers: the
+    fixed work of a step (optimizer update, framework overhead) and the per-sample work both scale
+    with a worker's speed. None when no pair tells.
+
+    ``noise``: the standard deviation of each pair's ``log(t2_i / t_i)`` (one per pair). Without it,
+    ``k`` is the median of the pairs' fits. With it, each pair also tells the range of ``k`` it
+    supports (fits worse than its best by less than :data:`OVERHEAD_SIGMAS` standard deviations),
+    and only pairs that agree count. A speed that changed unnoticed between a pair's two splits can
+    make the pair fit well at a wrong ``k``: a level change that slows the workers a decision has
+    just unloaded, and speeds up the one it loaded, looks like times that did not follow the
+    batches, a ``k`` as large as the grid allows. No pair tells that alone, but clean pairs agree
+    and a corrupt one disagrees with them. So:
+
+    - only a range bounded below ``cap`` estimates ``k``; one open to the cap (the times hardly
+      followed the batches: a large ``k``, or a speed change) only says ``k`` is at least its low
+      end, and no ``k`` at all (None) when no pair bounds it;
+    - ``k`` comes from the largest group of pairs whose ranges share a value within a bounded range,
+      and between equal groups from the one that shares the smaller ``k``: the median of the group's
+      bounded fits, kept within the range the group shares.
+
+    Too small a ``k`` costs one more decision (the plain rule's creep, measured and corrected by the
+    next pair); too large a one overshoots (the batches move as if time hardly followed them). One
+    bounded pair, or pairs that all agree, give their fits as before.
     """
-    fits = [k for k in (_pair_overhead(tuple(b), tuple(t), tuple(b2), tuple(t2), cap) for b, t, b2, t2 in pairs)
-            if k is not None]
-    return statistics.median(fits) if fits else None
+    fits = [_pair_fit(tuple(b), tuple(t), tuple(b2), tuple(t2), cap) for b, t, b2, t2 in pairs]
+    if noise is None:
+        found = [f[0] for f in fits if f is not None]
+        return statistics.median(found) if found else None
+    ranges = [_pair_range(f, float(sd)) for f, sd in zip(fits, noise, strict=True) if f is not None]
+    # Only a range bounded below the cap estimates k; the value shared by the most ranges (counting
+    # open ones too) among those inside a bounded range is some range's lower end: the smallest on ties.
+    bounded = [r for r in ranges if r[2] < cap]
+    if not bounded:
+        return None
+    points = sorted({lo for lo, _, _ in ranges if any(b[0] <= lo <= b[2] for b in bounded)})
+    best = max(points, key=lambda x: sum(lo <= x <= hi for lo, _, hi in ranges))
+    group = [r for r in ranges if r[0] <= best <= r[2]]
+    low, high = max(r[0] for r in group), min(r[2] for r in group)
+    return min(max(statistics.median(r[1] for r in group if r[2] < cap), low), high)
 
 
 @functools.lru_cache(maxsize=64)
-def _pair_overhead(b: tuple[int, ...], t: tuple[float, ...], b2: tuple[int, ...], t2: tuple[float, ...],
-                   cap: float) -> float | None:
-    """One pair's ``k`` for :func:`fit_overhead` (None: the pair does not tell). Pure, so cached: a
-    controller refits the same kept pairs at every decision, and with a thousand workers each fit is
-    a grid of logarithms per worker."""
+def _pair_fit(b: tuple[int, ...], t: tuple[float, ...], b2: tuple[int, ...], t2: tuple[float, ...],
+              cap: float) -> tuple[float, float, np.ndarray, np.ndarray] | None:
+    """One pair's fit for :func:`fit_overhead`: its best ``k``, the sum of squared residuals there, and
+    the grid of ``k`` over ``[0, cap]`` with the sum of squared residuals at each (None: the pair
+    does not tell). Pure, so cached: a controller refits the same kept pairs at every decision, and with
+    a thousand workers each fit is a grid of logarithms per worker."""
     moves = [math.log(y / x) for x, y in zip(b, b2, strict=True)]
     if max(moves) - min(moves) < OVERHEAD_MIN_SPREAD:
         return None
@@ -286,10 +323,24 @@ def _pair_overhead(b: tuple[int, ...], t: tuple[float, ...], b2: tuple[int, ...]
 
     step = cap / 128
     grid = np.arange(129) * step
-    best = float(grid[int(np.argmin(losses(grid)))])
+    coarse = losses(grid)
+    best = float(grid[int(np.argmin(coarse))])
     fine = np.maximum(0.0, best - step + np.arange(33) * step / 16)
     best = float(fine[int(np.argmin(losses(fine)))])
-    return best if math.sqrt(float(losses(np.array([best]))[0])) <= OVERHEAD_MAX_RESIDUAL else None
+    least = float(losses(np.array([best]))[0])
+    if math.sqrt(least) > OVERHEAD_MAX_RESIDUAL:
+        return None
+    return best, least * len(b), grid, coarse * len(b)
+
+
+def _pair_range(fit: tuple[float, float, np.ndarray, np.ndarray], sd: float) -> tuple[float, float, float]:
+    """``(low, best, high)``: a pair's best ``k`` and the range of ``k`` (on its grid) whose squared
+    residuals exceed the best's by at most ``(OVERHEAD_SIGMAS * sd) ** 2``, ``sd`` the noise of a
+    worker's log time ratio."""
+    best, least, grid, squares = fit
+    inside = grid[squares <= least + (OVERHEAD_SIGMAS * sd) ** 2]
+    low, high = (float(inside.min()), float(inside.max())) if inside.size else (best, best)
+    return min(low, best), best, max(high, best)
 
 
 def imbalance(compute_s: Sequence[float]) -> float:
