@@ -161,3 +161,27 @@ def test_an_asp_worker_lost_twice_is_left_behind_and_the_server_applies_every_pu
         assert steps == sorted(set(steps)) and set(steps) <= set(seqs)
     target = next(r["target_samples"] for r in read_records(server) if r["kind"] == "start")
     assert target <= s["samples"] < target + batch and s["epochs_done"] >= 4
+
+
+def test_workers_whose_host_does_not_answer_are_left_behind_at_the_first_loss(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from omnilearn.launch.failures import WorkerFailed
+    from omnilearn.launch.restart import read_restarts, run_with_restarts
+
+    cfg = config.build(None, [("workers", 4), ("train.global_batch", 96), ("fault.max_restarts", 1)])
+    job = JobSpec("j", cfg, build_plan(cfg), tmp_path, "docker")
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "rank-3.jsonl").write_text('{"kind": "step"}\n')  # before any checkpoint: cut to empty
+    attempts: list[list[int]] = []
+
+    def run_once(j: JobSpec) -> None:
+        attempts.append(j.slots)
+        if len(attempts) == 1:
+            raise WorkerFailed("container worker3 (rank 2) ended: exited, exit code 3; last lines: ...", slot=2)
+
+    run_with_restarts(job, run_once, Console(file=open(os.devnull, "w")), "t", unreachable=lambda j: [2, 3])
+    assert attempts == [[0, 1, 2, 3], [0, 1]] and job.members == [0, 1] and job.resume
+    assert [(r["dropped"], r["workers"]) for r in read_restarts(tmp_path)] == [(["worker3", "worker4"],
+                                                                              ["worker1", "worker2"])]
+    assert (tmp_path / "metrics" / "rank-3.jsonl").read_text() == ""

@@ -71,12 +71,14 @@ def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console
         from omnilearn.launch.tensorboard import LiveTensorBoard
         live = LiveTensorBoard(job)
     with live as board:
+        unreachable = None
         if cfg.emulation.backend == "docker":
+            from omnilearn.launch.docker.daemon import unanswering as unreachable
             from omnilearn.launch.docker.swarm import run_docker as launch
         else:
             from omnilearn.launch.local import run_local as launch
         run_with_restarts(job, lambda j: launch(j, console, label=label, show_progress=show_progress),
-                          console, label)
+                          console, label, unreachable)
         if cfg.mode == "asp":  # after the emulation ends: scoring takes no worker's CPU
             console.print(f"{label}: scoring the server's snapshots on the held-out split", markup=False)
         summary = summarize(run_dir)

@@ -72,12 +72,15 @@ def survivors_without(job: JobSpec, lost: list[int]) -> tuple[list[int] | None, 
     return survivors, ""
 
 
-def run_with_restarts(job: JobSpec, run_once: Callable[[JobSpec], None], console: Console, label: str) -> None:
+def run_with_restarts(job: JobSpec, run_once: Callable[[JobSpec], None], console: Console, label: str,
+                      unreachable: Callable[[JobSpec], list[int]] | None = None) -> None:
     """``run_once(job)`` to the end, restarting it after a worker loss (WorkerFailed) while restarts are
     left; a user error, an interrupt, a failure that is not ``restartable`` (the Docker daemon went
     away) or the last failure is raised. A worker lost ``fault.drop_after`` attempts in a row cannot
     come back: the next attempt goes on with the survivors, re-ranked (its metrics cut back to the
-    checkpoint they go on from)."""
+    checkpoint they go on from). ``unreachable(job)``: the workers that cannot come back now, asked after
+    a failure (Docker: those on another host whose daemon does not answer); the next attempt goes on
+    without them."""
     from omnilearn.train.checkpoint import checkpoint_path
     from omnilearn.train.checkpointers import cut_lost_worker
 
@@ -95,13 +98,14 @@ def run_with_restarts(job: JobSpec, run_once: Callable[[JobSpec], None], console
             last_lost = e.slot
             cause = str(e).split(";")[0].splitlines()[0]
             path = checkpoint_path(job.out_dir, job.config.mode)
-            if e.gone:  # their host is gone: they cannot come back, whatever fault.drop_after says
-                survivors, kept_because = survivors_without(job, e.gone)
+            gone = e.gone or (unreachable(job) if unreachable is not None else [])
+            if gone:  # their host is gone: they cannot come back, whatever fault.drop_after says
+                survivors, kept_because = survivors_without(job, gone)
                 if survivors is None:
-                    console.print(f"{label}: cannot go on without {', '.join(job.plan.targets[s] for s in e.gone)}: "
+                    console.print(f"{label}: cannot go on without {', '.join(job.plan.targets[s] for s in gone)}: "
                                   f"{kept_because}", style="red", markup=False)
                     raise
-                lost, why = e.gone, "their daemon is gone"
+                lost, why = gone, "their daemon does not answer"
             else:
                 survivors, kept_because = without_lost(job, e.slot, streak)
                 lost, why = [e.slot] if e.slot is not None else [], f"lost {job.config.fault.drop_after} times in a row"

@@ -64,6 +64,20 @@ def emit_to(on_log: LogFn | None) -> LogFn:
     return on_log if on_log is not None else log.info
 
 
+def unanswering(job: JobSpec) -> list[int]:
+    """The slots of the running targets placed on another host whose daemon does not answer now: after a
+    failure, workers that cannot come back (a stopping daemon stops its containers a moment before its
+    API goes, so the first failure seen may be a worker's)."""
+    silent: list[int] = []
+    for url in sorted({job.config.docker.hosts[t] for t in (job.plan.targets[s] for s in job.slots)
+                       if t in job.config.docker.hosts}):
+        try:
+            url_client(url).ping()
+        except Exception:  # noqa: BLE001 - whatever stops it answering
+            silent += [s for s in job.slots if job.config.docker.hosts.get(job.plan.targets[s]) == url]
+    return sorted(silent)
+
+
 def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
     """The local (manager) daemon and one client per remotely placed target that runs (a daemon that ran
     only workers the job went on without is not asked)."""

@@ -183,6 +183,9 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
     _check_names_free(job, default, remote)
     net_name = network_name(job)
     labels = {LABEL_JOB: job.job_id}
+    taken = {n.name for n in default.networks.list(filters={"label": f"{LABEL_JOB}={job.job_id}"})}
+    if net_name in taken:  # an earlier attempt's, still held by the tasks of a host that went away
+        net_name = next(f"{net_name}-{i}" for i in range(2, len(taken) + 3) if f"{net_name}-{i}" not in taken)
     state = ClusterState(job_id=job.job_id, network=net_name, subnet=None, hosts=dict(cfg.docker.hosts),
                          swarm_initialized=initialized)
     state.save(job.out_dir)  # before anything is made: `down` can always find the job
@@ -277,7 +280,7 @@ def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = F
                 volume.remove(force=True)
                 removed.append(f"volume {volume.name}")
     for net in default.networks.list(filters={"label": f"{LABEL_JOB}={job_id}"}):
-        for attempt in range(10):  # a just-removed container may still hold its endpoint briefly
+        for attempt in range(40):  # a just-removed container (another host's: its attachment task) holds it briefly
             try:
                 net.remove()
                 removed.append(f"network {net.name}")
@@ -285,7 +288,7 @@ def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = F
             except dk.errors.NotFound:
                 break
             except dk.errors.APIError:
-                if attempt == 9:
+                if attempt == 39:
                     raise
                 time.sleep(0.5)
     if leave_swarm and not default.networks.list(filters={"label": LABEL_JOB}):
@@ -398,8 +401,10 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                            leave_swarm=bool(state and state.swarm_initialized))
             log.info("cluster down: %s", ", ".join(removed))
             record.close()
-        except (UserError, *daemon_errors()) as e:  # the daemon is gone: the job's record stays for cleanup
-            (log.info if daemon_gone else log.warning)("cannot remove the job's containers (%s): run `omnilearn cleanup` when the daemon "
-                        "at %s is back", e, daemon_address())
+        except (UserError, *daemon_errors()) as e:  # a daemon is gone, or a lost host's tasks hold the network:
+            # the job's record stays for cleanup
+            (log.info if daemon_gone else log.warning)(
+                "cannot remove all of the job's containers and networks yet (%s): run `omnilearn cleanup` once "
+                "every daemon answers (the launcher's: %s)", e, daemon_address())
         finally:
             reaper.release()
