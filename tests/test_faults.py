@@ -120,6 +120,30 @@ def test_cleanup_spares_a_live_job_and_clears_a_dead_ones(state_env) -> None:
             p.wait()
 
 
+def test_cleanup_keeps_a_docker_jobs_record_while_another_hosts_daemon_does_not_answer(
+        state_env, monkeypatch: pytest.MonkeyPatch) -> None:
+    from omnilearn.errors import UserError
+    from omnilearn.launch.docker import daemon, swarm
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    record = pidfile.JobRecord("docker-job", Path(state_env[pidfile.STATE_ENV]), "docker",
+                               {"worker3": "unix:///nowhere.sock"})
+    record.data["launcher"] = {"pid": gone.pid, "start": 1}
+    record._write()
+    monkeypatch.setattr(daemon, "daemon_client", lambda: object())
+
+    def silent(job_id: str, hosts: dict[str, str]) -> list[str]:
+        raise UserError(f"job {job_id}: removed container worker1; the Docker daemon at {hosts['worker3']} "
+                        f"does not answer")
+
+    monkeypatch.setattr(swarm, "down", silent)
+    removed = pidfile.cleanup_dead()
+    assert record.path.exists() and any("not all removed" in r and "nowhere.sock" in r for r in removed), removed
+    monkeypatch.setattr(swarm, "down", lambda job_id, hosts: ["container worker3"])
+    assert "container worker3" in pidfile.cleanup_dead() and not record.path.exists()  # once it answers
+
+
 def test_exit_statuses_are_worded() -> None:
     assert describe_status(-9) == "died: SIGKILL"
     assert describe_status(137) == "died: SIGKILL"

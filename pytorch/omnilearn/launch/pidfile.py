@@ -121,16 +121,25 @@ def cleanup_dead() -> list[str]:
         removed += kill_workers(record)
         removed += sweep_stale(jobs=[job_id], min_age=0.0)
         if record.get("backend") == "docker":
-            removed += _docker_down(job_id, record.get("hosts") or {})
+            done, complete = _docker_down(job_id, record.get("hosts") or {})
+            removed += done
+            if not complete:  # another host's daemon did not answer: kept for the next cleanup
+                continue
         with contextlib.suppress(OSError):
             path.unlink()
     return removed
 
 
-def _docker_down(job_id: str, hosts: dict[str, str]) -> list[str]:
+def _docker_down(job_id: str, hosts: dict[str, str]) -> tuple[list[str], bool]:
+    """What was removed of the job's Docker resources, and whether every daemon answered."""
     from omnilearn.errors import UserError
     try:
+        from omnilearn.launch.docker.daemon import daemon_client
         from omnilearn.launch.docker.swarm import down
-        return down(job_id, hosts)
-    except UserError as e:  # no daemon: nothing of the job can be running in it now
-        return [f"(docker resources of job {job_id} not checked: {e})"]
+        daemon_client()
+    except UserError as e:  # no daemon here: nothing of the job can be running in it now
+        return [f"(docker resources of job {job_id} not checked: {e})"], True
+    try:
+        return down(job_id, hosts), True
+    except UserError as e:  # another host's daemon does not answer (or a lost host's tasks hold the network)
+        return [f"(docker resources of job {job_id} not all removed: {e})"], False
