@@ -295,9 +295,11 @@ def test_a_restart_reseeds_remote_ranks_and_a_lost_host_leaves_the_job_to_the_ot
     s = json.loads((out / "summary.json").read_text())
     causes = [(r["cause"], r["dropped"], r["workers"]) for r in s["restarts"]]
     assert causes[0] == ("container worker3 (rank 2) ended: exited, exit code 137", [], TARGETS), causes
-    # The daemon stops its containers a moment before its API goes: which is seen first is a race.
-    assert causes[1][0].startswith((f"the Docker daemon at {other.url} (running worker3, worker4) stopped answering",
-                                    "container worker3 (rank 2) ended", "container worker4 (rank 3) ended")), causes
+    # The daemon stops its containers (SIGTERM: every rank stops after the same step, status 3) a moment
+    # before its API goes: whether the daemon or a container is seen first is a race; either way the
+    # launcher found the daemon silent and went on without its workers.
+    assert causes[1][0].startswith(f"the Docker daemon at {other.url} (running worker3, worker4) stopped answering") \
+        or " ended: exited, exit code " in causes[1][0], causes
     assert causes[1][1:] == (["worker3", "worker4"], ["worker1", "worker2"]), causes
     assert s["worker_targets"] == ["worker1", "worker2"] and s["epochs_done"] == 12
     for rank in (0, 1):  # the survivors kept every step once
