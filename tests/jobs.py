@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 SKEW_SCHEDULE = "unit: epoch\npoints:\n  - {at: 0, level: EVEN}\n  - {at: 1, level: SKEW}\n"
 
@@ -55,3 +57,14 @@ def live_workers(out: Path) -> dict[int, int]:
     workers = json.loads(path.read_text()).get("workers", [])
     return {w["rank"]: w["pid"] for w in workers
             if pidfile.same_process(w["pid"], w["start"]) and pidfile._state(w["pid"]) not in (None, "Z")}
+
+
+def wait_until(proc: Any, until: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    """Poll ``until()`` while the job ``proc`` (a Popen with its output piped) runs: its output if it ends
+    first, an AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while not until():
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.time() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.05)
+

@@ -10,14 +10,13 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from jobs import live_workers
+from jobs import live_workers, wait_until
 from omnilearn import config
 from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
@@ -154,10 +153,7 @@ def test_a_killed_bsp_worker_restarts_from_the_checkpoint_and_sees_the_same_samp
     out = tmp_path / "killed"
     proc = subprocess.Popen(_job(out, 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = out / "metrics" / "rank-1.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (metrics.exists() and '"epoch":1' in metrics.read_text()):
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        time.sleep(0.05)
+    wait_until(proc, lambda: metrics.exists() and '"epoch":1' in metrics.read_text(), "second epoch")
     victim = [live_workers(out)[1]]
     os.kill(victim[0], signal.SIGKILL)
     output, _ = proc.communicate(timeout=300)

@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from jobs import live_workers
+from jobs import live_workers, wait_until
 from omnilearn import config
 from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
@@ -87,14 +86,6 @@ def _step_sums(out: Path, workers: int) -> dict[int, int]:
     return dict(sums)
 
 
-def _wait(proc: subprocess.Popen, until, what: str, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while not until():
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.time() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 def test_a_worker_lost_twice_in_a_row_is_left_behind_and_the_survivors_see_the_same_samples(tmp_path: Path) -> None:
     whole = tmp_path / "whole"
@@ -103,11 +94,11 @@ def test_a_worker_lost_twice_in_a_row_is_left_behind_and_the_survivors_see_the_s
     out = tmp_path / "lost"
     proc = subprocess.Popen(_job(out, 2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = out / "metrics" / "rank-1.jsonl"
-    _wait(proc, lambda: metrics.exists() and '"epoch":1' in metrics.read_text(), "second epoch")
+    wait_until(proc, lambda: metrics.exists() and '"epoch":1' in metrics.read_text(), "second epoch")
     first = live_workers(out)[1]
     os.kill(first, signal.SIGKILL)
     # Its restart: a new process for worker2, which goes on from the checkpoint, then is lost again.
-    _wait(proc, lambda: live_workers(out).get(1, first) != first and '"kind":"resume"' in metrics.read_text(),
+    wait_until(proc, lambda: live_workers(out).get(1, first) != first and '"kind":"resume"' in metrics.read_text(),
           "restarted worker2")
     os.kill(live_workers(out)[1], signal.SIGKILL)
     output, _ = proc.communicate(timeout=300)
@@ -139,10 +130,10 @@ def test_an_asp_worker_lost_twice_is_left_behind_and_the_server_applies_every_pu
            "--set", "checkpoint.every=1", "--set", "fault.max_restarts=2", "--out", str(out), "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     server, mine = out / "metrics" / "rank-0.jsonl", out / "metrics" / "rank-2.jsonl"
-    _wait(proc, lambda: server.exists() and '"reason":"every"' in server.read_text(), "first checkpoint")
+    wait_until(proc, lambda: server.exists() and '"reason":"every"' in server.read_text(), "first checkpoint")
     first = live_workers(out)[2]
     os.kill(first, signal.SIGKILL)
-    _wait(proc, lambda: live_workers(out).get(2, first) != first and mine.exists()
+    wait_until(proc, lambda: live_workers(out).get(2, first) != first and mine.exists()
           and any(r["kind"] == "start" and r["pushes"] > 0 for r in read_records(mine)), "restarted aspworker3")
     os.kill(live_workers(out)[2], signal.SIGKILL)
     output, _ = proc.communicate(timeout=300)

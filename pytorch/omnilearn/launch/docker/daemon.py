@@ -64,17 +64,28 @@ def emit_to(on_log: LogFn | None) -> LogFn:
     return on_log if on_log is not None else log.info
 
 
+def answering(url: str) -> Any:
+    """A client for the daemon at ``url`` that has answered a ping (else whatever the SDK raised)."""
+    client = url_client(url)
+    client.ping()
+    return client
+
+
 def unanswering(job: JobSpec) -> list[int]:
     """The slots of the running targets placed on another host whose daemon does not answer now: after a
     failure, workers that cannot come back (a stopping daemon stops its containers a moment before its
     API goes, so the first failure seen may be a worker's)."""
+    placed: dict[str, list[int]] = {}
+    for slot in job.slots:
+        url = job.config.docker.hosts.get(job.plan.targets[slot])
+        if url is not None:
+            placed.setdefault(url, []).append(slot)
     silent: list[int] = []
-    for url in sorted({job.config.docker.hosts[t] for t in (job.plan.targets[s] for s in job.slots)
-                       if t in job.config.docker.hosts}):
+    for url, slots in placed.items():
         try:
-            url_client(url).ping()
+            answering(url)
         except Exception:  # noqa: BLE001 - whatever stops it answering
-            silent += [s for s in job.slots if job.config.docker.hosts.get(job.plan.targets[s]) == url]
+            silent += slots
     return sorted(silent)
 
 
@@ -101,11 +112,9 @@ def clients_for(job: JobSpec) -> tuple[Any, dict[str, Any]]:
             continue
         if url not in by_url:
             try:
-                client = url_client(url)
-                client.ping()
+                by_url[url] = answering(url)
             except Exception as e:  # noqa: BLE001 - any failure to reach a daemon is the same user error
                 raise UserError(f"docker.hosts.{target}: no Docker daemon answers at {url} ({e})") from e
-            by_url[url] = client
         remote[target] = by_url[url]
     return default, remote
 

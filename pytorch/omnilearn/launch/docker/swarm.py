@@ -39,7 +39,7 @@ from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.launch.docker.containers import container_states, save_logs, tail_logs
-from omnilearn.launch.docker.daemon import clients_for, daemon_client, image_or_none, url_client
+from omnilearn.launch.docker.daemon import answering, clients_for, daemon_client, image_or_none
 from omnilearn.launch.docker.faults import (
     DaemonLost,
     DaemonWatch,
@@ -264,9 +264,7 @@ def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = F
     clients, silent = [default], []
     for url in sorted(set((hosts or {}).values())):
         try:
-            client = url_client(url)
-            client.ping()
-            clients.append(client)
+            clients.append(answering(url))
         except Exception:  # noqa: BLE001 - whatever stops it answering, it is passed over
             silent.append(url)
     removed: list[str] = []
