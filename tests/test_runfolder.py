@@ -114,7 +114,16 @@ def test_cli_force_and_unwritable_out_exit_2_with_one_line(tmp_path: Path) -> No
     one_line_error(run_cli("run", *FAST, "--out", str(other), "--force", cwd=tmp_path), MARKER)
     assert (other / "precious").read_text() == "x"
     one_line_error(run_cli("run", *FAST, "--out", "/proc/omnilearn-run", cwd=tmp_path), "--out /proc/omnilearn-run")
+
+
+@pytest.mark.docker
+def test_cluster_up_refuses_a_folder_it_did_not_make(tmp_path: Path, docker_client: object) -> None:  # noqa: ARG001
+    # `cluster up` asks for a daemon first (nothing is made without one), then checks --out like `run`.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "precious").write_text("x")
     one_line_error(run_cli("cluster", "up", *FAST, "--out", str(other), "--force", cwd=tmp_path), MARKER)
+    assert (other / "precious").read_text() == "x"
 
 
 def test_open_in_never_goes_through_a_planted_link(tmp_path: Path) -> None:

@@ -109,6 +109,11 @@ class ControlConfig:
     fit_overhead: bool = True
     """Fit the per-step fixed cost k of t_i(b) = c_i (b + k) from measurements at two batch sizes
     (false: k = 0, the plain proportional rule)."""
+    damp_reversals: bool = False
+    """A decision that would move the split back against the previous one (an overshoot: the times
+    did not follow the model) moves only half way: steps whose time per sample grows with the batch
+    converge instead of swinging. Off by default: it also slows the answer to a speed change the
+    detector missed (false: adopt every proposal whole)."""
     min_batch: int = 2
     max_batch: int | None = None
     memory_bounds: bool = True
@@ -126,7 +131,7 @@ class ControlConfig:
         lo, hi = paper_bounds(workers, global_batch)
         return dataclasses.replace(self, interval=0, window=1, min_samples=1, deadband=PAPER_DEADBAND, hysteresis=1.0,
                                    skip_after_change=0, change_threshold=0.0, fit_overhead=False,
-                                   min_batch=lo, max_batch=hi)
+                                   damp_reversals=False, min_batch=lo, max_batch=hi)
 
 
 @dataclass

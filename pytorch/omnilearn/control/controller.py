@@ -246,6 +246,8 @@ class BatchController:
                                            noise=[self.pair_noise(p[4]) for p in evidence])
             self.overhead = self.overhead if fitted is None else fitted
         new = policies.dynamic(self.batch, times, self.global_batch, self.bounds, deadband, self.overhead)
+        if new != self.batch and self.config.damp_reversals and self.last is not None and self.last[2] == now:
+            new = policies.damped(self.last[0], self.batch, new, self.global_batch, self.bounds)
         if new != self.batch:
             if pair:
                 self.pairs = [*self.pairs, pair][-PAIRS:]

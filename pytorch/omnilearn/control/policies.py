@@ -231,6 +231,21 @@ def dynamic(
     return new
 
 
+def damped(previous: Sequence[int], batch: Sequence[int], new: Sequence[int], global_batch: int,
+           bounds: Bounds) -> list[int]:
+    """``new``, or half way to it when it moves the split back against the last move (``previous`` to
+    ``batch``): the two moves' dot product is negative. The model behind the last decision then
+    overshot (times that grow faster than the batch, a ``k`` fitted too large); a bisection on the
+    way back converges where whole steps would swing. The half way split sums to B within the
+    bounds (the mean of two that do)."""
+    last = [b - p for p, b in zip(previous, batch, strict=True)]
+    step = [n - b for b, n in zip(batch, new, strict=True)]
+    if sum(x * y for x, y in zip(last, step, strict=True)) >= 0:
+        return list(new)
+    return round_preserving_sum([(b + n) / 2 for b, n in zip(batch, new, strict=True)], global_batch,
+                                bounds.min_batch, bounds.max_batch)
+
+
 def paper(batch: Sequence[int], compute_s: Sequence[float], global_batch: int, bounds: Bounds,
           deadband: float = PAPER_DEADBAND) -> list[int]:
     """The paper's rule: ``b_i <- b_i * t_mean / t_i``, adopted when some worker's batch would move by
