@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Sequence
 
 import pytest
@@ -206,6 +207,20 @@ def test_noisy_steps_need_more_of_them_and_are_no_speed_change() -> None:
     noise = c.steps.noise()
     assert noise is not None and 0.03 < noise < 0.12
     assert c.deadband(1) > 0.2 > c.deadband(8) >= 0.04
+
+
+def test_steps_that_jump_by_a_period_now_and_then_are_noisy() -> None:
+    # Steps within 1%, but one in about sixteen a whole CFS period (2x) longer: the median of the
+    # step-to-step changes stays near 1%, and a controller trusting it alone would chase every jump.
+    rng = random.Random(3)
+    c = BatchController(ControlConfig(policy="dynamic"), global_batch=128, bounds=bounds(4))
+    for _ in range(17):
+        c.observe_step([t * (1 + rng.uniform(-0.01, 0.01)) * (2.0 if rng.random() < 0.06 else 1.0)
+                        for t in (1.0, 1.0, 1.0, 1.0)])
+    flat = [abs(d) for row in c.steps.changes for d in row]
+    by_median = 1.4826 * statistics.median(flat) / math.sqrt(2)
+    assert by_median < 0.015  # what the median alone says
+    assert c.steps.noise() > 5 * by_median and c.deadband(8) > 0.15
 
 
 class Unreadable(Sequence):

@@ -131,11 +131,16 @@ class StepWindow:
 
     def noise(self) -> float | None:
         """Step-to-step noise of one worker's relative time (a standard deviation, in log), or None
-        before a few steps tell: from the median absolute change between consecutive steps."""
+        before a few steps tell: from the absolute changes between consecutive steps, the larger of
+        what their median and their 80th percentile say under normal noise. Steps shorter than a
+        CFS period jump by whole periods now and then; the median alone does not see the jumps, and
+        a controller trusting it chases them."""
         if len(self.changes) < 3:
             return None
         flat = [abs(d) for c in self.changes for d in c]
-        return 1.4826 * statistics.median(flat) / math.sqrt(2)
+        # |d| for d ~ N(0, 2 sigma^2): median 0.6745 sqrt(2) sigma, 80th percentile 1.2816 sqrt(2) sigma.
+        tail = statistics.quantiles(flat, n=5, method="inclusive")[3] / 1.2816
+        return max(1.4826 * statistics.median(flat), tail) / math.sqrt(2)
 
     def add(self, row: Sequence[float]) -> list[int]:
         """Take one step's compute times (one per worker); returns the workers found to change speed."""
