@@ -67,4 +67,3 @@ def wait_until(proc: Any, until: Callable[[], bool], what: str, timeout: float =
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
         assert time.time() < deadline, f"no {what} within {timeout} s"
         time.sleep(0.05)
-

@@ -153,12 +153,13 @@ class StepWindow:
         if self._previous is not None:
             self.changes = [*self.changes, [a - b for a, b in zip(logs, self._previous, strict=True)]][-NOISE_STEPS:]
         self._previous = logs
-        if self.change > 0 and self.rows and self.noise() is not None:
-            ref = self._medians()
-            now = self._departures(row, ref)
+        noise = self.noise() if self.change > 0 and self.rows else None  # once a step: it sorts every change
+        if noise is not None:
+            ref, threshold = self._medians(), max(self.change, math.expm1(3 * noise))
+            now = self._departures(row, ref, threshold)
             if any(now):
                 if self._suspect is not None:
-                    before = self._departures(self._suspect, ref)
+                    before = self._departures(self._suspect, ref, threshold)
                     changed = [i for i in range(self.workers) if now[i] and now[i] == before[i]]
                     if changed:
                         self.rows, self._suspect = [self._suspect, row], None
@@ -172,13 +173,13 @@ class StepWindow:
         del self.rows[: -self.size]
         return []
 
-    def _departures(self, row: list[float], ref: list[float]) -> list[int]:
-        """Which workers' times depart from their relative medians ``ref``: each time against its
-        median, divided by the median of those ratios (what the step did to all workers alike), so
-        that one worker's change does not look like a change of the others."""
+    @staticmethod
+    def _departures(row: list[float], ref: list[float], threshold: float) -> list[int]:
+        """Which workers' times depart by more than ``threshold`` from their relative medians ``ref``:
+        each time against its median, divided by the median of those ratios (what the step did to all
+        workers alike), so that one worker's change does not look like a change of the others."""
         ratios = [t / r for t, r in zip(row, ref, strict=True)]
         common = statistics.median(ratios)
-        threshold = max(self.change, math.expm1(3 * (self.noise() or 0.0)))
         return [_departs(q, common, threshold) for q in ratios]
 
     def _medians(self) -> list[float]:
