@@ -18,7 +18,7 @@ import pytest
 from omnilearn.emulator.backends import NullBackend, cgroup, select_backend
 from omnilearn.emulator.backends.affinity import AffinityBackend
 from omnilearn.emulator.backends.cgroup import CgroupV1Backend, CgroupV2Backend
-from omnilearn.emulator.backends.cgroupfs import CGROUP_ROOT, read_own_allocation, sweep_stale
+from omnilearn.emulator.backends.cgroupfs import CGROUP_ROOT, cfs_limits, read_own_allocation, sweep_stale
 from omnilearn.emulator.client import RequestWriter
 from omnilearn.emulator.levels import Allocation, format_cpuset, parse_cpuset
 from omnilearn.emulator.plan import EmulationPlan
@@ -140,8 +140,8 @@ def test_v1_quota_and_cpuset_are_enforced(v1: CgroupV1Backend, job: str, spawn) 
         eff = v1.apply("w0", Allocation(cpus=0.25))
         assert eff == Allocation(cpus=0.25)
         cpu_dir = CGROUP_ROOT / "cpu/omnilearn" / job / "w0"
-        assert (cpu_dir / "cpu.cfs_quota_us").read_text().strip() == "25000"
-        assert (cpu_dir / "cpu.cfs_period_us").read_text().strip() == "100000"
+        assert (cpu_dir / "cpu.cfs_quota_us").read_text().strip() == "2500"
+        assert (cpu_dir / "cpu.cfs_period_us").read_text().strip() == "10000"
         limited = cpu_rate(child.pid)
     assert free / limited > 2.5, (free, limited)
     assert 0.15 < limited < 0.35, limited
@@ -226,7 +226,7 @@ def test_toggler_through_real_cgroups(v1: CgroupV1Backend, job: str, tmp_path: P
     rec = writer.wait_applied(req, timeout=1)
     assert rec is not None and rec["status"] == "applied"
     assert rec["effective"] == {"cpuset": "1", "cpus": 0.5, "memory": None}
-    assert (CGROUP_ROOT / "cpu/omnilearn" / job / "w1/cpu.cfs_quota_us").read_text().strip() == "50000"
+    assert (CGROUP_ROOT / "cpu/omnilearn" / job / "w1/cpu.cfs_quota_us").read_text().strip() == "5000"
     assert os.sched_getaffinity(child.pid) == {1}
     # What is in force, read back without changing it: w0 was never given a level (its parent's CPUs, no quota).
     assert (v1.current("w1"), v1.current("w0")) == (Allocation(cpuset="1", cpus=0.5), Allocation())
@@ -301,18 +301,18 @@ def test_v2_writes_the_unified_files(tmp_path: Path) -> None:
     assert (root / "omnilearn/job1/cpu.weight").read_text() == "200"  # two workers: two processes' weight
 
     eff = b.apply("w0", Allocation(cpuset="1", cpus=0.25, memory=2**28))
-    assert (w0 / "cpu.max").read_text() == "25000 100000"
+    assert (w0 / "cpu.max").read_text() == "2500 10000"
     assert (w0 / "cpuset.cpus").read_text() == "1"
     assert (w0 / "memory.max").read_text() == str(2**28)
     assert eff == Allocation(cpuset="1", cpus=0.25, memory=2**28)
 
     eff = b.apply("w1", Allocation(cpus=1.5))
-    assert (w1 / "cpu.max").read_text() == "150000 100000"
+    assert (w1 / "cpu.max").read_text() == "15000 10000"
     assert (w1 / "cpuset.cpus").read_text() == ""
     assert (w1 / "memory.max").read_text() == "max"
     assert eff == Allocation(cpus=1.5) == b.current("w1")  # read back again, unchanged
     assert b.apply("w1", Allocation()) == Allocation()
-    assert (w1 / "cpu.max").read_text() == "max 100000"
+    assert (w1 / "cpu.max").read_text() == "max 10000"
 
     b.add_process("w0", os.getpid())
     assert (w0 / "cgroup.procs").read_text() == str(os.getpid())
@@ -437,3 +437,11 @@ def test_v1_stall_stops_the_worker_for_its_duration(v1: CgroupV1Backend, spawn) 
     v1.stall("w1", 60)
     v1.close()  # never leaves a worker stopped
     assert _state(child.pid) in ("R", "S")
+
+
+def test_cfs_limits_keep_the_share_within_the_kernels_ranges() -> None:
+    assert cfs_limits(0.15) == (1_500, 10_000)
+    assert cfs_limits(1.2, 20_000) == (24_000, 20_000)
+    assert cfs_limits(0.05) == (1_000, 20_000)  # a quota under 1 ms stretches the period
+    assert cfs_limits(0.01) == (1_000, 100_000)
+    assert cfs_limits(0.0001) == (1_000, 1_000_000)  # no longer than the kernel's longest period

@@ -80,7 +80,7 @@ def cmd_toggle(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out}: not a run folder (no job.json)")
     job = JobSpec.load(out / "job.json", out_dir=out)
     default, remote = swarm.clients_for(job)
-    backend = DockerBackend(job.job_id, default, clients=remote)
+    backend = DockerBackend(job.job_id, default, clients=remote, period_us=job.config.emulation.cpu_period_us)
     sync = None  # the run folders of containers on other daemons, brought in step before each poll
     if remote:
         state = swarm.ClusterState.load(out)

@@ -123,6 +123,8 @@ class JobConfig:
                       f"must be one of {', '.join(ALLOCATION_MODES)}, not {e.allocation!r}")
         if e.ack_timeout <= 0:
             raise bad("emulation.ack_timeout", "must be positive")
+        if not 1_000 <= e.cpu_period_us <= 1_000_000:  # the kernel's range of CFS periods
+            raise bad("emulation.cpu_period_us", f"must be in 1000-1000000 (microseconds), not {e.cpu_period_us}")
         a = self.asp
         if a.lr_reference_batch is not None and a.lr_reference_batch < 1:
             raise bad("asp.lr_reference_batch", f"must be at least 1, not {a.lr_reference_batch}")

@@ -160,6 +160,12 @@ class EmulationConfig:
     ``schedule`` may name the trace file instead (emulator/trace_plan.py)."""
     calibration: str | None = None
     """A file written by ``omnilearn calibrate``: its calibrated level table replaces the nominal one."""
+    cpu_period_us: int = 10_000
+    """The CFS period of the workers' CPU quotas (cgroup and Docker backends), 1000-1000000 µs;
+    lengthened for a share whose quota would fall below 1 ms. Under a quota a worker runs at a core's
+    speed, then waits out the period: with the kernel's 100 ms, a step of a few tens of ms runs at
+    full speed or waits whole periods by its phase, and its time jumps rather than growing with the
+    batch. A short period makes a share of a core behave like a slower core."""
 
 
 @dataclass

@@ -219,7 +219,7 @@ def calibrate(cfg: JobConfig, out: Path, console: Console, rounds: int = 3, wind
     with tempfile.TemporaryDirectory(prefix="omnilearn-calibrate-") as tmp:
         job.out_dir = Path(tmp)
         job_file = job.save()
-        backend = select_backend(cfg.emulation.backend, job.job_id, targets)
+        backend = select_backend(cfg.emulation.backend, job.job_id, targets, period_us=cfg.emulation.cpu_period_us)
         probes: list[Probe] = []
         try:
             probes = _start_probes(job_file, targets, backend, Path(tmp) / "probes.log")

@@ -160,7 +160,7 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int 
         raise UserError(f"--out {out}: exists and is not empty")
     job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="")
     backend: Backend = (container_backend(job.job_id, list(plan.targets), containers) if containers
-                        else select_backend("auto", job.job_id, list(plan.targets)))
+                        else select_backend("auto", job.job_id, list(plan.targets), period_us=cfg.emulation.cpu_period_us))
     job.backend = backend.name
     job.save()
     stop = threading.Event()

@@ -76,7 +76,8 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
     sweep_stale()
     sweep_netns()
     limits_memory = any(a.memory is not None for allocs in job.plan.levels.values() for a in allocs.values())
-    backend = select_backend(cfg.emulation.backend, job.job_id, list(job.plan.targets), memory=limits_memory)
+    backend = select_backend(cfg.emulation.backend, job.job_id, list(job.plan.targets), memory=limits_memory,
+                             period_us=cfg.emulation.cpu_period_us)
     job.backend = backend.name
     job_file = job.save()
     stop = threading.Event()

@@ -14,10 +14,10 @@ from omnilearn.emulator.backends.cgroupfs import (
     PERIOD_US,
     TOP,
     UNLIMITED_MEMORY,
+    cfs_limits,
     check_name,
     membership,
     move_out,
-    quota_us,
     read,
     try_read,
     write,
@@ -43,13 +43,15 @@ def _weigh(parents: list[Path], name: str, one: int, most: int, workers: int) ->
 
 
 class _CgroupBackend:
-    """What both cgroup versions share: checked names, one cgroup per target, known pids."""
+    """What both cgroup versions share: checked names, one cgroup per target, known pids, the CFS
+    period a quota is given against (:func:`~.cgroupfs.cfs_limits`)."""
 
-    def __init__(self, job_id: str, targets: list[str], root: Path) -> None:
+    def __init__(self, job_id: str, targets: list[str], root: Path, period_us: int = PERIOD_US) -> None:
         check_name("job id", job_id)
         for t in targets:
             check_name("target", t)
         self.job_id = job_id
+        self.period_us = period_us
         self.targets = list(targets)
         self.root = Path(root)
         self._pids: dict[str, list[int]] = {t: [] for t in self.targets}
@@ -71,8 +73,9 @@ class CgroupV1Backend(_CgroupBackend):
 
     name = "cgroup-v1"
 
-    def __init__(self, job_id: str, targets: list[str], root: Path = CGROUP_ROOT, memory: bool = False) -> None:
-        super().__init__(job_id, targets, root)
+    def __init__(self, job_id: str, targets: list[str], root: Path = CGROUP_ROOT, memory: bool = False,
+                 period_us: int = PERIOD_US) -> None:
+        super().__init__(job_id, targets, root, period_us)
         self._origin: dict[str, dict[int, Path]] = {}  # controller -> pid -> cgroup it came from
         # Memory cgroups only when the job limits memory. Then they exist before the workers start: a
         # page is charged where it was first touched (this kernel cannot move charges), so a process
@@ -125,8 +128,12 @@ class CgroupV1Backend(_CgroupBackend):
     def apply(self, target: str, allocation: Allocation) -> Allocation:
         self._known(target)
         cpu, cpuset = self._dir("cpu", target), self._dir("cpuset", target)
-        write(cpu / "cpu.cfs_period_us", str(PERIOD_US))
-        write(cpu / "cpu.cfs_quota_us", "-1" if allocation.cpus is None else str(quota_us(allocation.cpus)))
+        if allocation.cpus is None:
+            write(cpu / "cpu.cfs_quota_us", "-1")
+        else:
+            quota, period = cfs_limits(allocation.cpus, self.period_us)
+            write(cpu / "cpu.cfs_period_us", str(period))
+            write(cpu / "cpu.cfs_quota_us", str(quota))
         full = read(self._dir("cpuset") / "cpuset.cpus")
         write(cpuset / "cpuset.cpus", allocation.cpuset if allocation.cpuset is not None else full)
         if allocation.memory is not None and not self._memory:
@@ -188,8 +195,8 @@ class CgroupV2Backend(_CgroupBackend):
 
     name = "cgroup-v2"
 
-    def __init__(self, job_id: str, targets: list[str], root: Path = CGROUP_ROOT) -> None:
-        super().__init__(job_id, targets, root)
+    def __init__(self, job_id: str, targets: list[str], root: Path = CGROUP_ROOT, period_us: int = PERIOD_US) -> None:
+        super().__init__(job_id, targets, root, period_us)
         self._origin: dict[int, Path] = {}
         try:
             available = read(self.root / "cgroup.controllers").split()
@@ -238,8 +245,8 @@ class CgroupV2Backend(_CgroupBackend):
     def apply(self, target: str, allocation: Allocation) -> Allocation:
         self._known(target)
         d = self._dir(target)
-        quota = "max" if allocation.cpus is None else str(quota_us(allocation.cpus))
-        write(d / "cpu.max", f"{quota} {PERIOD_US}")
+        quota, period = ("max", self.period_us) if allocation.cpus is None else cfs_limits(allocation.cpus, self.period_us)
+        write(d / "cpu.max", f"{quota} {period}")
         # An empty cpuset.cpus means "the parent's CPUs".
         write(d / "cpuset.cpus", allocation.cpuset or "")
         if allocation.memory is not None and "memory" not in self.controllers:
@@ -282,9 +289,10 @@ class CgroupV2Backend(_CgroupBackend):
             pass
 
 
-def make_cgroup(job_id: str, targets: list[str], root: Path = CGROUP_ROOT, memory: bool = False
-                ) -> CgroupV1Backend | CgroupV2Backend:
-    """v2 if the unified hierarchy is mounted at ``root``, else v1; UserError saying why neither works."""
+def make_cgroup(job_id: str, targets: list[str], root: Path = CGROUP_ROOT, memory: bool = False,
+                period_us: int = PERIOD_US) -> CgroupV1Backend | CgroupV2Backend:
+    """v2 if the unified hierarchy is mounted at ``root``, else v1; UserError saying why neither works.
+    ``period_us``: the CFS period of the workers' quotas (``emulation.cpu_period_us``)."""
     if os.geteuid() != 0:
         raise UserError("the cgroup backend needs root (uid 0); use --backend affinity")
     v2 = (root / "cgroup.controllers").exists()
@@ -294,4 +302,6 @@ def make_cgroup(job_id: str, targets: list[str], root: Path = CGROUP_ROOT, memor
             raise UserError(f"no cgroup controller at {d}; use --backend affinity")
         if not os.access(d, os.W_OK):
             raise UserError(f"{d} is not writable (read-only cgroup mount?); use --backend affinity")
-    return CgroupV2Backend(job_id, targets, root) if v2 else CgroupV1Backend(job_id, targets, root, memory)
+    if v2:
+        return CgroupV2Backend(job_id, targets, root, period_us)
+    return CgroupV1Backend(job_id, targets, root, memory, period_us)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import re
 import time
@@ -22,7 +23,13 @@ log = logging.getLogger("omnilearn.backends")
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 TOP = "omnilearn"  # every job's cgroups live under <controller>/omnilearn/<job_id>/
-PERIOD_US = 100_000
+# The CFS period the emulator gives its workers. Under a quota a process runs at a core's speed until
+# its quota for the period is spent, then waits for the next period: a step holding less CPU than a
+# period runs at full speed or waits whole periods, by the step's phase against the period. With a
+# short period a step spans many, and a share of a core behaves like a slower core.
+PERIOD_US = 10_000
+KERNEL_PERIOD_US = 100_000  # the kernel's (and Docker's) period where none was set
+MIN_PERIOD_US, MAX_PERIOD_US = 1_000, 1_000_000  # the kernel takes periods in this range
 MIN_QUOTA_US = 1_000  # the kernel refuses a smaller CFS quota
 UNLIMITED_MEMORY = 2**62  # v1 prints "no limit" as a page-rounded LONG_MAX; anything this big is none
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -123,8 +130,11 @@ def move_out(cgroup: Path, dest_of: dict[int, Path], default: Path, attempts: in
     log.warning("cgroup %s still busy after %d attempts; left in place", cgroup, attempts)
 
 
-def quota_us(cpus: float) -> int:
-    return max(MIN_QUOTA_US, round(cpus * PERIOD_US))
+def cfs_limits(cpus: float, period_us: int = PERIOD_US) -> tuple[int, int]:
+    """The CFS (quota, period) in microseconds for ``cpus`` CPUs: ``period_us``, lengthened where the
+    quota would fall below the kernel's 1 ms (0.05 CPUs get 20 ms periods)."""
+    period = min(MAX_PERIOD_US, max(period_us, math.ceil(MIN_QUOTA_US / cpus - 1e-9)))
+    return max(MIN_QUOTA_US, round(cpus * period)), period
 
 
 def sweep_stale(root: Path = CGROUP_ROOT, jobs: Iterable[str] | None = None, min_age: float = 60.0) -> list[str]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omnilearn.emulator.backends.cgroupfs import try_read
+from omnilearn.emulator.backends.cgroupfs import KERNEL_PERIOD_US, PERIOD_US, cfs_limits, try_read
 from omnilearn.emulator.backends.pauses import Pauses
 from omnilearn.emulator.levels import Allocation
 from omnilearn.errors import UserError
@@ -26,7 +26,6 @@ log = logging.getLogger("omnilearn.docker")
 LABEL_JOB = "omnilearn.job"
 LABEL_TARGET = "omnilearn.target"
 LABEL_RANK = "omnilearn.rank"
-PERIOD_US = 100_000
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -34,12 +33,14 @@ class ForeignContainer(Exception):
     """A container of that name exists but belongs to another job (or to nobody we know)."""
 
 
-def update_kwargs(allocation: Allocation, host_cpus: int) -> dict[str, Any]:
-    """``Container.update`` arguments for an allocation; ``None`` fields lift the limit."""
+def update_kwargs(allocation: Allocation, host_cpus: int, period_us: int = PERIOD_US) -> dict[str, Any]:
+    """``Container.update`` arguments for an allocation; ``None`` fields lift the limit. A quota is
+    given against ``period_us`` (:func:`~.cgroupfs.cfs_limits`)."""
+    # -1 is "no limit" (0 would leave the previous quota in place).
+    quota, period = (-1, period_us) if allocation.cpus is None else cfs_limits(allocation.cpus, period_us)
     kwargs: dict[str, Any] = {
-        "cpu_period": PERIOD_US,
-        # -1 is "no limit" (0 would leave the previous quota in place).
-        "cpu_quota": int(round(allocation.cpus * PERIOD_US)) if allocation.cpus is not None else -1,
+        "cpu_period": period,
+        "cpu_quota": quota,
         "cpuset_cpus": allocation.cpuset if allocation.cpuset is not None else f"0-{host_cpus - 1}",
     }
     if allocation.memory is not None:
@@ -48,11 +49,12 @@ def update_kwargs(allocation: Allocation, host_cpus: int) -> dict[str, Any]:
     return kwargs
 
 
-def run_kwargs(allocation: Allocation) -> dict[str, Any]:
+def run_kwargs(allocation: Allocation, period_us: int = PERIOD_US) -> dict[str, Any]:
     """``containers.run`` arguments giving a new container its first allocation."""
     kwargs: dict[str, Any] = {}
     if allocation.cpus is not None:
-        kwargs.update(cpu_period=PERIOD_US, cpu_quota=int(round(allocation.cpus * PERIOD_US)))
+        quota, period = cfs_limits(allocation.cpus, period_us)
+        kwargs.update(cpu_period=period, cpu_quota=quota)
     if allocation.cpuset is not None:
         kwargs["cpuset_cpus"] = allocation.cpuset
     if allocation.memory is not None:
@@ -63,7 +65,7 @@ def run_kwargs(allocation: Allocation) -> dict[str, Any]:
 def effective_allocation(attrs: Mapping[str, Any], kernel: Mapping[str, str] | None = None) -> Allocation:
     """What a container is limited to: the kernel's cgroup values when given, else the daemon's record."""
     hc = attrs.get("HostConfig", {})
-    quota, period = hc.get("CpuQuota") or 0, hc.get("CpuPeriod") or PERIOD_US
+    quota, period = hc.get("CpuQuota") or 0, hc.get("CpuPeriod") or KERNEL_PERIOD_US
     nano = hc.get("NanoCpus") or 0
     cpuset = hc.get("CpusetCpus") or None
     memory = hc.get("Memory") or None
@@ -96,10 +98,10 @@ def read_kernel(container_id: str, root: Path = CGROUP_ROOT) -> dict[str, str] |
     out: dict[str, str] = {}
     if (root / "cgroup.controllers").exists():
         quota, _, period = (try_read(cpu / "cpu.max") or "max").partition(" ")
-        out.update(quota="-1" if quota == "max" else quota, period=period or str(PERIOD_US))
+        out.update(quota="-1" if quota == "max" else quota, period=period or str(KERNEL_PERIOD_US))
     else:
         out.update(quota=try_read(cpu / "cpu.cfs_quota_us") or "-1",
-                   period=try_read(cpu / "cpu.cfs_period_us") or str(PERIOD_US))
+                   period=try_read(cpu / "cpu.cfs_period_us") or str(KERNEL_PERIOD_US))
     cpuset = container_cgroup(container_id, "cpuset", root)
     text = cpuset and (try_read(cpuset / "cpuset.cpus.effective") or try_read(cpuset / "cpuset.cpus"))
     if text:
@@ -127,13 +129,15 @@ class DockerBackend:
     """Applies allocations to this job's containers; ``clients`` maps a target to its host's daemon.
 
     Targets without an entry use ``default``. A target whose container has vanished, or a daemon
-    that does not answer, raises: the toggler records the request as rejected and goes on.
+    that does not answer, raises: the toggler records the request as rejected and goes on. Quotas
+    are given against ``period_us`` (``emulation.cpu_period_us``).
     """
 
     job_id: str
     default: Any  # docker.DockerClient
     clients: dict[str, Any] = field(default_factory=dict)
     host_cpus: dict[str, int] = field(default_factory=dict)
+    period_us: int = PERIOD_US
     name: str = "docker"
     _pauses: Pauses = field(default_factory=Pauses, init=False, repr=False)
 
@@ -158,7 +162,7 @@ class DockerBackend:
 
     def _update(self, target: str, container: Any, allocation: Allocation) -> None:
         """The ``docker update`` that gives ``container`` ``allocation``."""
-        container.update(**update_kwargs(allocation, self._ncpus(target)))
+        container.update(**update_kwargs(allocation, self._ncpus(target), self.period_us))
 
     def apply(self, target: str, allocation: Allocation) -> Allocation:
         container = self.container(target)

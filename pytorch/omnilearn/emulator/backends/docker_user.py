@@ -20,7 +20,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnilearn.emulator.backends.docker import PERIOD_US, DockerBackend, cpu_usage_seconds, docker_sdk
+from omnilearn.emulator.backends.cgroupfs import KERNEL_PERIOD_US
+from omnilearn.emulator.backends.docker import DockerBackend, cpu_usage_seconds, docker_sdk
 from omnilearn.emulator.levels import Allocation
 from omnilearn.errors import UserError
 
@@ -51,7 +52,7 @@ def cpu_update(original: Limits, cpus: float | None, host_cpus: int) -> dict[str
     if original.nano_cpus > 0:  # set with --cpus: NanoCpus cannot be lifted, only widened to the host
         return {"NanoCpus": round((cpus if cpus is not None else host_cpus) * NANO)}
     # A quota against the container's own period (0: the kernel's default); -1 lifts it.
-    return {"CpuQuota": round(cpus * (original.cpu_period or PERIOD_US)) if cpus is not None else -1}
+    return {"CpuQuota": round(cpus * (original.cpu_period or KERNEL_PERIOD_US)) if cpus is not None else -1}
 
 
 def restore_update(original: Limits, host_cpus: int) -> dict[str, Any]:

@@ -206,7 +206,7 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
         command += ["--data-root", DATA_MOUNT]
     slots = job.slots  # survivors are re-ranked; their containers keep their names, files and allocations
     world = len(slots)
-    first = job.plan.first_level()
+    first, period = job.plan.first_level(), cfg.emulation.cpu_period_us
     for rank, slot in enumerate(slots):
         target = job.plan.targets[slot]
         env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
@@ -217,7 +217,7 @@ def up(job: JobSpec, console: Console | None = None) -> ClusterState:
         run_args = dict(image=image, command=command, name=target, hostname=target, detach=True, init=True,
                         network=net_name, environment=env, working_dir=RUN_MOUNT,
                         labels={**labels, LABEL_TARGET: target, LABEL_RANK: str(rank)},
-                        **confinement(cfg.docker, user), **run_kwargs(job.plan.allocation(first, target)))
+                        **confinement(cfg.docker, user), **run_kwargs(job.plan.allocation(first, target), period))
         if target in remote:  # no bind mount of this host's files: a volume on its own daemon, synced
             mounts = remote_mounts(job, make_volume(remote[target], job.job_id, target), data_root)
             container = run_remote(remote[target], job, slot, user, RUN_MOUNT, mounts, **run_args)
@@ -309,7 +309,7 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
     job.save()
     record = JobRecord(job.job_id, job.out_dir, "docker", job.config.docker.hosts)  # for `omnilearn cleanup`
     default, remote = clients_for(job)
-    backend = DockerBackend(job.job_id, default, clients=remote)
+    backend = DockerBackend(job.job_id, default, clients=remote, period_us=job.config.emulation.cpu_period_us)
     links = link_applier(job, backend)
     stop = threading.Event()
     thread: threading.Thread | None = None
