@@ -10,15 +10,20 @@ from pathlib import Path
 
 import pytest
 
+from omnilearn.config.sections import EmulationConfig
+from omnilearn.emulator.backends.cgroupfs import cfs_limits
+
 ROOT = Path(__file__).resolve().parents[1]
 
-# The rank process reports the CPU quota of the cgroup it finds itself in, then exits 3.
+# The rank process reports the CPU quota and period of the cgroup it finds itself in, then exits 3.
 PROBE = """
 import sys, time
 from pathlib import Path
 time.sleep(1.5)  # emulate scans every 0.2 s: it has found this process by now
 path = [l.split(':', 2)[2] for l in Path('/proc/self/cgroup').read_text().splitlines() if l.split(':')[1] == 'cpu'][0]
-print('CGROUP', path, Path('/sys/fs/cgroup/cpu' + path, 'cpu.cfs_quota_us').read_text().strip(), flush=True)
+cpu = Path('/sys/fs/cgroup/cpu' + path)
+print('CGROUP', path, (cpu / 'cpu.cfs_quota_us').read_text().strip(), (cpu / 'cpu.cfs_period_us').read_text().strip(),
+      flush=True)
 sys.exit(3)
 """
 
@@ -35,7 +40,8 @@ def test_emulate_places_the_rank_in_its_cgroup_and_passes_the_exit_status(tmp_pa
     assert line[1].startswith("/omnilearn/")
     summary = json.loads((out / "summary.json").read_text())
     cpus = summary["allocations"][0][0]["cpus"]
-    assert int(line[2]) == round(cpus * 100_000)  # the level's allocation, as the kernel holds it
+    # The level's allocation, as the kernel holds it, against the emulator's CFS period.
+    assert (int(line[2]), int(line[3])) == cfs_limits(cpus, EmulationConfig().cpu_period_us)
     assert not Path("/sys/fs/cgroup/cpu" + line[1]).exists()  # removed afterwards
     assert summary["cpu_seconds"][0] > 0
     assert summary["busy_seconds"][0] > 0  # ran or waited for a CPU, from the kernel's schedstat
