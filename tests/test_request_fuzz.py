@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends.cgroup import CgroupV2Backend
+from omnilearn.emulator.backends.cgroupfs import PERIOD_US, cfs_limits
 from omnilearn.emulator.client import append_line
 from omnilearn.emulator.levels import Allocation, format_cpuset, parse_cpuset
 from omnilearn.emulator.plan import EmulationPlan
@@ -64,10 +65,10 @@ PLAN = EmulationPlan(
 )
 # What the fake kernel files say for each target's plan allocations (cpu.max, cpuset.cpus, memory.max).
 KERNEL = {
-    "HL1": ("max 100000", "", "max"),
-    ("worker1", "HL2"): ("50000 100000", "0", "max"),
-    ("worker1", "HL4"): ("25000 100000", "0", "max"),
-    ("worker2", "HL4"): ("max 100000", "1-3", "max"),
+    "HL1": ("max 10000", "", "max"),
+    ("worker1", "HL2"): ("5000 10000", "0", "max"),
+    ("worker1", "HL4"): ("2500 10000", "0", "max"),
+    ("worker2", "HL4"): ("max 10000", "1-3", "max"),
 }
 
 
@@ -599,8 +600,8 @@ def test_toggler_applies_only_what_the_plan_allows(steps: list[tuple]) -> None:
                 files = root / "omnilearn" / "fuzz" / t
                 a = applied_in_force[t]
                 if (files / "cpu.max").exists():
-                    quota = "max" if a.cpus is None else str(round(a.cpus * 100_000))
-                    assert (files / "cpu.max").read_text() == f"{quota} 100000"
+                    quota, period = ("max", PERIOD_US) if a.cpus is None else cfs_limits(a.cpus)
+                    assert (files / "cpu.max").read_text() == f"{quota} {period}"
                     assert (files / "cpuset.cpus").read_text() == (a.cpuset or "")
                     assert (files / "memory.max").read_text() == ("max" if a.memory is None else str(a.memory))
         tog.close()
