@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol, runtime_checkable
 
+from omnilearn.emulator.backends.cgroupfs import PERIOD_US
 from omnilearn.emulator.levels import Allocation
 from omnilearn.emulator.links import Link
 from omnilearn.errors import UserError
@@ -77,26 +78,24 @@ class NullBackend:
 
 
 def select_backend(name: str, job_id: str, targets: list[str], memory: bool = False,
-                   period_us: int | None = None) -> Backend:
+                   period_us: int = PERIOD_US) -> Backend:
     """The backend called ``name``; "auto" is cgroups when possible, else affinity.
 
     ``memory``: the job limits memory, so memory cgroups are set up before any worker starts.
-    ``period_us``: the CFS period of the cgroup backend's quotas (default
-    :data:`~.cgroupfs.PERIOD_US`); the affinity backend's throttle keeps its own.
+    ``period_us``: the CFS period of the cgroup backend's quotas; the affinity backend's throttle
+    keeps its own.
     """
     from omnilearn.emulator.backends.affinity import AffinityBackend
     from omnilearn.emulator.backends.cgroup import make_cgroup
-    from omnilearn.emulator.backends.cgroupfs import PERIOD_US
 
-    period = PERIOD_US if period_us is None else period_us
     if name == "auto":
         try:
-            return make_cgroup(job_id, targets, memory=memory, period_us=period)
+            return make_cgroup(job_id, targets, memory=memory, period_us=period_us)
         except UserError as e:
             log.info("cgroup backend unavailable (%s); using affinity", e)
             return AffinityBackend()
     if name == "cgroup":
-        return make_cgroup(job_id, targets, memory=memory, period_us=period)
+        return make_cgroup(job_id, targets, memory=memory, period_us=period_us)
     if name == "affinity":
         return AffinityBackend()
     if name == "none":

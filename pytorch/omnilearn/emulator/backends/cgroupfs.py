@@ -29,7 +29,7 @@ TOP = "omnilearn"  # every job's cgroups live under <controller>/omnilearn/<job_
 # short period a step spans many, and a share of a core behaves like a slower core.
 PERIOD_US = 10_000
 KERNEL_PERIOD_US = 100_000  # the kernel's (and Docker's) period where none was set
-MIN_PERIOD_US, MAX_PERIOD_US = 1_000, 1_000_000  # the kernel takes periods in this range
+MAX_PERIOD_US = 1_000_000  # the kernel's longest CFS period (the config checks the range a user asks for)
 MIN_QUOTA_US = 1_000  # the kernel refuses a smaller CFS quota
 UNLIMITED_MEMORY = 2**62  # v1 prints "no limit" as a page-rounded LONG_MAX; anything this big is none
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
