@@ -114,6 +114,14 @@ class JobConfig:
             raise bad("control.memory_margin", f"must be in [0, 1), not {c.memory_margin}")
         if not 0 <= c.deadband < 1:
             raise bad("control.deadband", f"must be in [0, 1), not {c.deadband}")
+        if c.confidence < 0:
+            raise bad("control.confidence", f"must be >= 0, not {c.confidence}")
+        if not 0 < c.drift < 1:
+            raise bad("control.drift", f"must be in (0, 1), not {c.drift}")
+        if not 0 < c.hazard < 1:
+            raise bad("control.hazard", f"must be in (0, 1), not {c.hazard}")
+        if c.probe_steps < 0:
+            raise bad("control.probe_steps", f"must be >= 0, not {c.probe_steps}")
         if c.skip_after_change < 0:
             raise bad("control.skip_after_change", "must be >= 0")
         if e.backend not in BACKENDS:

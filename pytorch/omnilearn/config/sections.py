@@ -86,34 +86,48 @@ class TrainConfig:
 @dataclass
 class ControlConfig:
     policy: str = "dynamic"
-    """uniform | static (knows allocations) | dynamic (measured times only, equal start) | dynamic+prior
-    (both) | paper (measured times, the paper's settings: see :meth:`effective`) | ddp (plain
-    DistributedDataParallel with equal batches, BSP only: the peer to compare with)."""
+    """uniform | static (knows allocations) | dynamic (measured times only: a start-up probe, then every
+    step) | dynamic-v1 (the earlier heuristic controller, measured times only) | dynamic+prior (dynamic-v1
+    told the allocations) | paper (measured times, the paper's settings: see :meth:`effective`) | ddp
+    (plain DistributedDataParallel with equal batches, BSP only: the peer to compare with)."""
     interval: int = 1
-    """Consider a decision every N steps (once every worker has min_samples fresh ones); 0: epoch ends."""
+    """Consider a decision every N steps (0: at epoch ends)."""
+    confidence: float = 2.0
+    """dynamic: standard deviations of the predicted gain a move must clear: it moves only when the
+    step time it saves, less this many sds, exceeds the measured cost of a re-split spread over the
+    steps the new split serves."""
+    drift: float = 0.02
+    """dynamic: how far a worker's speed may wander in one step without a level change (sd of its log,
+    a random walk): larger follows slow drifts sooner, smaller averages more steps."""
+    hazard: float = 0.01
+    """dynamic: the prior probability, per worker and step, that its speed jumps (a level change, a
+    neighbour's job): larger believes one surprising step sooner. 1 / hazard also bounds the steps a
+    new split is expected to serve."""
+    probe_steps: int = 1
+    """dynamic: rounds of the start-up probe (each worker times one step at B/(4n) and one at B/(2n)
+    after a warm-up, once its first allocation is in force); 0: no probe, the equal split until
+    steps are measured."""
     window: int = 16
-    """Compute-time measurements kept per worker (median)."""
+    """dynamic-v1, paper: compute-time measurements kept per worker (median)."""
     min_samples: int = 1
-    """Fresh measurements each worker needs before a decision."""
+    """dynamic-v1: fresh measurements each worker needs before a decision."""
     deadband: float = 0.04
-    """Relative compute-time spread (max/min - 1) below which nothing changes, with a full window;
-    with n < window fresh measurements it is deadband * sqrt(window / n) (0.16 after one step)."""
+    """dynamic-v1: relative compute-time spread (max/min - 1) below which nothing changes, with a full
+    window; with n < window fresh measurements it is deadband * sqrt(window / n)."""
     hysteresis: float = 2.0
-    """Once a check finds the workers within the plain deadband (settled), the next split needs a spread of
-    hysteresis x deadband, until a speed change is detected: no chasing the noise of a balanced job."""
+    """dynamic-v1: once a check finds the workers within the plain deadband (settled), the next split
+    needs a spread of hysteresis x deadband, until a speed change is detected."""
     skip_after_change: int = 1
-    """Steps not measured after a batch change (and at the start)."""
+    """dynamic-v1: steps not measured after a batch change (and at the start)."""
     change_threshold: float = 0.15
-    """A worker whose step time departs from its window's median by more than this, two steps in a
-    row, has changed speed: its old measurements are dropped (0: never)."""
+    """dynamic-v1: a worker whose step time departs from its window's median by more than this, two
+    steps in a row, has changed speed: its old measurements are dropped (0: never)."""
     fit_overhead: bool = True
-    """Fit the per-step fixed cost k of t_i(b) = c_i (b + k) from measurements at two batch sizes
-    (false: k = 0, the plain proportional rule)."""
+    """dynamic-v1: fit the per-step fixed cost k of t_i(b) = c_i (b + k) from measurements at two
+    batch sizes (false: k = 0, the plain proportional rule)."""
     damp_reversals: bool = False
-    """A decision that would move the split back against the previous one (an overshoot: the times
-    did not follow the model) moves only half way: steps whose time per sample grows with the batch
-    converge instead of swinging. Off by default: it also slows the answer to a speed change the
-    detector missed (false: adopt every proposal whole)."""
+    """dynamic-v1: a decision that would move the split back against the previous one moves only half
+    way (false: adopt every proposal whole)."""
     min_batch: int = 2
     max_batch: int | None = None
     memory_bounds: bool = True

@@ -8,12 +8,14 @@ name; the others decide from what a real cluster gives them, measured compute ti
 
 - ``uniform``: equal batches (the data-parallel baseline).
 - ``static``: batches proportional to each worker's allocated CPU share.
-- ``dynamic`` (OmniLearn, reactive): starts from equal batches and balances measured compute times
-  with a fitted per-worker time model ``t_i(b) = c_i (b + k)`` (:func:`dynamic`): with ``k = 0`` it
-  is the paper's ``b_i <- b_i * t_mean / t_i``, whose fixed point gives each worker a batch
-  proportional to its measured throughput; ``k``, the per-step fixed cost in samples, removes the
-  creep that fixed costs give the plain rule.
-- ``dynamic+prior``: ``dynamic`` told the allocations: it starts from batches proportional to the
+- ``dynamic``: the model-based controller of :mod:`omnilearn.control.dynamic` (a start-up probe, an
+  estimator of ``t_i(b) = c_i (b + k)``, one decision rule); it uses :func:`balanced` from here.
+- ``dynamic-v1`` (OmniLearn, reactive, the earlier controller): starts from equal batches and balances
+  measured compute times with a fitted per-worker time model ``t_i(b) = c_i (b + k)``
+  (:func:`dynamic`): with ``k = 0`` it is the paper's ``b_i <- b_i * t_mean / t_i``, whose fixed point
+  gives each worker a batch proportional to its measured throughput; ``k``, the per-step fixed cost
+  in samples, removes the creep that fixed costs give the plain rule.
+- ``dynamic+prior``: ``dynamic-v1`` told the allocations: it starts from batches proportional to the
   allocated CPU and rescales by the new shares when the level changes.
 - ``paper``: the paper's own controller as a preset (:func:`paper`, :data:`PAPER_DEADBAND`,
   :data:`PAPER_BOUNDS`): once per epoch, from each worker's mean compute time over the epoch.
@@ -33,19 +35,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-POLICIES = ("uniform", "static", "dynamic", "dynamic+prior", "paper")
+POLICIES = ("uniform", "static", "dynamic", "dynamic-v1", "dynamic+prior", "paper")
 
 KNOWS = {
     "uniform": "nothing: equal batches, never changed",
     "static": "the allocated CPU shares (the emulator's allocations); nothing measured",
-    "dynamic": "measured compute times only: equal batches at the start, no allocations, no level events",
+    "dynamic": "measured compute times only (a start-up probe at two batch sizes, then every step's): no "
+               "allocations, no level events",
+    "dynamic-v1": "measured compute times only: equal batches at the start, no allocations, no level events "
+                  "(the heuristic controller that preceded dynamic, kept for comparison)",
     "dynamic+prior": "measured compute times and the allocated CPU shares (its start and its level changes)",
     "paper": "measured compute times only (per-epoch means), with the paper's fixed settings",
     "ddp": "nothing: plain DistributedDataParallel with equal batches (the peer, not a policy of ours)",
 }
 USES_ALLOCATION = frozenset({"static", "dynamic+prior"})
 """Policies that read the emulator's allocations: only these are ever given them."""
-MEASURED = frozenset({"dynamic", "dynamic+prior", "paper"})
+MEASURED = frozenset({"dynamic", "dynamic-v1", "dynamic+prior", "paper"})
 """Policies that decide from measured compute times."""
 
 PAPER_DEADBAND = 0.2

@@ -32,8 +32,6 @@ import numpy as np
 import torch
 
 from omnilearn.config import JobConfig
-from omnilearn.control import policies
-from omnilearn.control.controller import BatchController
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 
@@ -147,52 +145,17 @@ class RunProgress:
 
 
 class ControllerState:
-    """The controller's batches, bounds, measurement windows and fitted time model."""
+    """The controller's whole state, as the controller itself gives it (``state_dict`` /
+    ``load_state_dict``); ``keep``: the saved workers that still run, in rank order (survivors)."""
 
-    FIELDS = ("batch", "speeds", "shares", "overhead", "last", "pairs")
-
-    def __init__(self, controller: BatchController) -> None:
+    def __init__(self, controller: Any) -> None:
         self.controller = controller
 
     def state_dict(self) -> dict[str, Any]:
-        c = self.controller
-        return {**{k: copy_plain(getattr(c, k)) for k in self.FIELDS},
-                "bounds": {"min_batch": c.bounds.min_batch, "max_batch": list(c.bounds.max_batch)},
-                "steps": copy_plain(vars(c.steps)), "windows": [copy_plain(vars(w)) for w in c.windows]}
+        return copy_plain(self.controller.state_dict())
 
     def load_state_dict(self, d: dict[str, Any], keep: list[int] | None = None) -> None:
-        """Load ``d``; with ``keep`` (the saved workers that still run, in rank order) only theirs, as
-        :meth:`load_survivors` does."""
-        if keep is not None and keep != list(range(len(d["batch"]))):
-            self.load_survivors(d, keep)
-            return
-        c = self.controller
-        assert len(d["batch"]) == c.workers, (d["batch"], c.workers)
-        for k in self.FIELDS:
-            setattr(c, k, copy_plain(d[k]))
-        c.bounds = dataclasses.replace(c.bounds, min_batch=d["bounds"]["min_batch"],
-                                       max_batch=tuple(d["bounds"]["max_batch"]))
-        vars(c.steps).update(copy_plain(d["steps"]))
-        for w, saved in zip(c.windows, d["windows"], strict=True):
-            vars(w).update(copy_plain(saved))
-
-    def load_survivors(self, d: dict[str, Any], keep: list[int]) -> None:
-        """After a worker was lost for good: the survivors' batches scaled up to the global batch (their
-        ratios are what the controller had learnt of their speeds), their bounds, speeds and shares, their
-        measured step noise, and the fitted fixed cost k (the workload's, not a worker's). Measurement
-        windows and the pairs of splits behind k described another set of workers: they start empty."""
-        c = self.controller
-        assert len(keep) == c.workers, (keep, c.workers)
-        c.bounds = dataclasses.replace(c.bounds, min_batch=d["bounds"]["min_batch"],
-                                       max_batch=tuple(d["bounds"]["max_batch"][i] for i in keep))
-        c.batch = policies.split([float(d["batch"][i]) for i in keep], c.global_batch, c.bounds)
-        c.speeds = [d["speeds"][i] for i in keep] if d["speeds"] is not None else None
-        c.shares = [d["shares"][i] for i in keep] if d["shares"] is not None else None
-        c.overhead, c.last, c.pairs, c.settled = float(d["overhead"]), None, [], False
-        c.forget()
-        # The step-to-step noise measured so far is the survivors' own: without it, decisions would
-        # wait on no more than min_samples steps until it is measured again.
-        c.steps.changes = [[row[i] for i in keep] for row in d["steps"].get("changes", [])]
+        self.controller.load_state_dict(copy_plain(d), keep=keep)
 
 
 def copy_plain(value: Any) -> Any:

@@ -1,0 +1,268 @@
+"""``dynamic``: the batch controller on a stated model, measured before the first step, deciding by
+expected gain.
+
+It estimates ``t_i(b) = c_i (b + k)`` (:class:`~omnilearn.control.model.SpeedModel`) from what a real
+cluster gives it: the start-up probe (every worker times a few steps at two batch sizes once its first
+allocation is in force) and every step's compute times. One rule decides
+(:meth:`DynamicController.decide`):
+
+    move to the balanced split b* iff  E[G] - confidence * sd[G]  >  C / H
+
+``G`` is the step time the move saves (the slowest worker's predicted time now, less at b*), its mean
+and spread from posterior draws of the speeds and k; ``C`` the measured cost of a re-split (the first
+step at new shapes against the second, seconds); ``H`` the steps the new split is expected to serve
+(to the end of the run, at most ``1 / hazard``: the steps until a speed is expected to change). A
+balanced job, equal speeds, steps dominated by fixed cost or a noise the evidence cannot resolve give
+``G`` small against its spread: the split is kept, and the reason counted (:attr:`holds`).
+
+A trust region keeps every worker within :data:`TRUST` times the batches it has been measured at: a
+worker whose time per sample grows with the batch converges in bounded steps instead of swinging.
+Identical inputs give identical decisions on every rank (the posterior draws are seeded by the count
+of decisions considered).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omnilearn.config import ControlConfig
+from omnilearn.control import policies
+from omnilearn.control.model import SpeedModel
+from omnilearn.control.policies import Bounds
+
+TRUST = 4.0
+"""A new batch stays within [lowest measured / TRUST, highest measured * TRUST] of that worker."""
+DRAWS = 64
+"""Posterior draws behind a decision's expected gain and its spread."""
+COST_PRIOR = 0.1
+"""The cost of a re-split, as a share of the predicted step, until one has been measured."""
+COSTS_KEPT = 8
+"""Measured re-split costs kept (their median is C)."""
+
+
+@dataclass
+class DynamicController:
+    """The ``dynamic`` policy (see the module). Same interface as the other policies' controller
+    (:class:`~omnilearn.control.v1.BatchController`), plus the start-up probe."""
+
+    config: ControlConfig
+    global_batch: int
+    bounds: Bounds
+    synchronous: bool = True
+    batch: list[int] = field(default_factory=list)
+    holds: dict[str, int] = field(default_factory=dict)
+    """Decisions considered that kept the split, by reason: ``balanced`` (the model sees nothing to
+    gain), ``uncertain`` (the gain is within the confidence of the estimate), ``cost`` (the gain does
+    not pay the re-split over the steps it would serve), ``unmeasured`` (no measurement yet)."""
+    costs: list[float] = field(default_factory=list)
+    considered: int = 0
+    last: dict[str, Any] | None = None
+    """The last decision taken: expected gain, its sd and the cost it had to beat (seconds)."""
+
+    def __post_init__(self) -> None:
+        assert self.config.policy == "dynamic", self.config.policy
+        n = len(self.bounds.max_batch)
+        if not self.batch:
+            self.batch = policies.uniform(n, self.global_batch, self.bounds)
+        self.model = SpeedModel(n, self.global_batch, drift=self.config.drift, hazard=self.config.hazard,
+                                relative=self.synchronous)
+        self._first: list[float] | None = None  # the first step's times at a new split (BSP)
+        self._moved: tuple[list[int], np.ndarray] | None = None  # the old split and its predicted log times
+        self._fresh: dict[int, float] = {}  # ASP: a worker's first time at its new batch
+
+    # ------------------------------------------------------------------ what the policy is
+    policy = property(lambda self: "dynamic")
+    workers = property(lambda self: len(self.batch))
+    knows_allocation = False
+    measures = True
+    times_update = True
+
+    @property
+    def relative(self) -> bool:
+        return self.synchronous
+
+    @property
+    def overhead(self) -> float:
+        """The posterior mean of k, in samples."""
+        return self.model.k
+
+    def allocations(self, read: Callable[[], Sequence[float | None]]) -> None:
+        return None  # measured times only
+
+    def initial(self, cpu_shares: object) -> list[int]:
+        return list(self.batch)
+
+    def reallocate(self, cpu_shares: object) -> None:
+        return None  # level changes show in the measured times
+
+    def regimes(self) -> list[int]:
+        return list(self.model.regimes)
+
+    # ------------------------------------------------------------------ the probe
+    def probe_sizes(self) -> tuple[int, int] | None:
+        """The two batch sizes every worker times before the first step (None: no probe)."""
+        if self.config.probe_steps <= 0 or self.model.measured:
+            return None
+        share = self.global_batch / self.workers
+        small = max(self.bounds.min_batch, 1, round(share / 4))
+        large = max(small + 1, round(share / 2))
+        large = min(large, min(self.bounds.max_batch))
+        return (small, large) if large > small else None
+
+    def observe_probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float]
+                      ) -> list[int] | None:
+        """Every worker's probe times (the median of its steps at each size): k and the speeds; returns
+        the first split, balanced before step 1 (None: the equal split stays)."""
+        if self.synchronous:
+            self.model.k_from_probe(small, large, t_small, t_large)
+        self.model.speeds_from_probe(large, t_large, small, large)
+        if self.synchronous:
+            # times of one moment: the probe's common scale says how long a step takes
+            self.model.scale = float(np.median(np.log(np.asarray(t_large)) - self.model.u
+                                               - math.log(large + self.model.k)))
+        new = self._balanced()
+        return self._adopt(new, reason=None) if new != self.batch else None
+
+    # ------------------------------------------------------------------ measurements
+    def observe_step(self, seconds: Sequence[float]) -> list[int]:
+        """BSP: every worker's compute time of one full step at the current split. Returns the workers
+        whose speed jumped."""
+        times = [float(t) for t in seconds]
+        if self._first is not None:  # the second step at a new split: what the first one cost more
+            self.costs = [*self.costs, max(max(self._first) - max(times), 0.0)][-COSTS_KEPT:]
+            self._first = None
+        if self._moved is not None:  # the first step at a new split: evidence on k
+            old, predicted = self._moved
+            self._moved = None
+            self._first = times
+            observed = np.log(np.maximum(np.asarray(times), 1e-9))
+            sd = np.sqrt(self.model.var + 2 * self.model.noise2)
+            self.model.k_from_move(old, self.batch, predicted, observed, sd)
+        changed, _ = self.model.update(self.batch, times)
+        return changed
+
+    def observe(self, worker: int, batch: int, seconds: float) -> bool:
+        """ASP: one worker's compute time of a step at ``batch`` (ignored unless its current batch)."""
+        if batch != self.batch[worker]:
+            return False
+        first = self._fresh.pop(worker, None)
+        if first is not None and math.isinf(first):  # its first step at the new batch
+            self._fresh[worker] = seconds
+        elif first is not None:  # its second: what the first one cost more
+            self.costs = [*self.costs, max(first - seconds, 0.0)][-COSTS_KEPT:]
+        return self.model.update_one(worker, batch, seconds)
+
+    def estimates(self) -> tuple[list[float] | None, list[int]]:
+        """Every worker's predicted compute time at its current batch (seconds), and the measurements
+        behind the model."""
+        if not self.model.measured:
+            return None, [0] * self.workers
+        return self._seconds(self.batch).tolist(), [self.model.measured] * self.workers
+
+    def _seconds(self, batch: Sequence[int]) -> np.ndarray:
+        return np.exp(self.model.predict_log(batch) + (self.model.scale or 0.0))
+
+    # ------------------------------------------------------------------ decisions
+    def due(self, step_in_run: int, end_of_epoch: bool) -> bool:
+        interval = self.config.interval
+        return end_of_epoch if interval <= 0 else step_in_run % interval == 0
+
+    def decide(self, cpu_shares: object = None, steps_left: int | None = None) -> list[int] | None:
+        """The balanced split if moving to it pays (the module's rule), else None."""
+        if not self.model.measured:
+            return self._hold("unmeasured")
+        new = self._balanced()
+        if new == self.batch:
+            return self._hold("balanced")
+        self.considered += 1
+        rng = np.random.default_rng(self.considered)
+        u, k = self.model.samples(DRAWS, rng)
+        scale = math.exp(self.model.scale or 0.0)
+        now = np.asarray(self.batch, float)[None, :] + k[:, None]
+        then = np.asarray(new, float)[None, :] + k[:, None]
+        cost = np.exp(u)
+        gain = scale * ((cost * now).max(axis=1) - (cost * then).max(axis=1))
+        mean, sd = float(gain.mean()), float(gain.std())
+        step = float(self._seconds(self.batch).max())
+        resplit = statistics.median(self.costs) if self.costs else COST_PRIOR * step
+        horizon = 1.0 / self.config.hazard
+        if steps_left is not None:
+            horizon = max(min(horizon, steps_left), 1.0)
+        if mean <= 0:
+            return self._hold("balanced")
+        if mean - self.config.confidence * sd <= 0:
+            return self._hold("uncertain")
+        if mean - self.config.confidence * sd <= resplit / horizon:
+            return self._hold("cost")
+        self.last = {"gain_s": round(mean, 6), "gain_sd_s": round(sd, 6), "cost_s": round(resplit, 6),
+                     "horizon": round(horizon, 1)}
+        return self._adopt(new, reason=None)
+
+    def _hold(self, reason: str) -> None:
+        self.holds[reason] = self.holds.get(reason, 0) + 1
+        return None
+
+    def _balanced(self) -> list[int]:
+        """The water-filled split at the posterior mean, within the bounds and the trust region."""
+        m = self.model
+        lo = np.where(m.lo > 0, np.floor(m.lo / TRUST), self.bounds.min_batch)
+        hi = np.where(m.hi > 0, np.ceil(m.hi * TRUST), self.global_batch)
+        trusted = Bounds(self.bounds.min_batch, tuple(int(min(h, mx)) for h, mx in zip(hi, self.bounds.max_batch,
+                                                                                      strict=True)))
+        bounds = trusted if trusted.feasible(self.global_batch) else self.bounds
+        times = self._seconds(self.batch).tolist()
+        new = policies.balanced(self.batch, times, m.k, self.global_batch, bounds)
+        if min(lo) > self.bounds.min_batch:  # the lower side of the trust region: never below it
+            floor = [max(int(x), self.bounds.min_batch) for x in lo]
+            if sum(floor) <= self.global_batch and any(b < f for b, f in zip(new, floor, strict=True)):
+                lifted = Bounds(self.bounds.min_batch, bounds.max_batch)
+                new = [max(b, f) for b, f in zip(new, floor, strict=True)]
+                new = policies.round_preserving_sum(new, self.global_batch, lifted.min_batch, lifted.max_batch)
+        return new
+
+    def _adopt(self, new: list[int], reason: str | None) -> list[int] | None:
+        if new == self.batch:
+            return None
+        self._moved = (list(self.batch), self.model.predict_log(self.batch))
+        self._first = None
+        if not self.synchronous:
+            self._fresh.update({i: math.inf for i, (a, b) in enumerate(zip(self.batch, new, strict=True)) if a != b})
+        self.batch = list(new)
+        return list(new)
+
+    def set_bounds(self, bounds: Bounds) -> list[int] | None:
+        """Adopt new bounds (memory-aware limits); re-split if the current batch breaks them."""
+        self.bounds = bounds
+        if all(bounds.min_batch <= b <= m for b, m in zip(self.batch, bounds.max_batch, strict=True)):
+            return None
+        return self._adopt(policies.split(self.batch, self.global_batch, bounds), reason=None)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"policy": "dynamic", "batch": list(self.batch),
+                "bounds": {"min_batch": self.bounds.min_batch, "max_batch": list(self.bounds.max_batch)},
+                "model": self.model.state_dict(), "holds": dict(self.holds), "costs": list(self.costs),
+                "considered": self.considered, "last": self.last}
+
+    def load_state_dict(self, d: dict[str, Any], keep: list[int] | None = None) -> None:
+        """Load ``d``; with ``keep`` (the saved workers that still run, in rank order) only theirs: the
+        survivors' batches scaled up to the global batch, their speeds, noise and ranges, and k."""
+        self.bounds = Bounds(d["bounds"]["min_batch"], tuple(d["bounds"]["max_batch"]))
+        self.model = SpeedModel(len(d["batch"]), self.global_batch, drift=self.config.drift,
+                                hazard=self.config.hazard, relative=self.synchronous)
+        self.model.load_state_dict(d["model"])
+        self.holds, self.costs = dict(d["holds"]), list(d["costs"])
+        self.considered, self.last = int(d["considered"]), d["last"]
+        self.batch = list(d["batch"])
+        if keep is not None and keep != list(range(len(d["batch"]))):
+            self.bounds = dataclasses.replace(self.bounds, max_batch=tuple(self.bounds.max_batch[i] for i in keep))
+            self.model.keep(keep)
+            self.batch = policies.split([float(self.batch[i]) for i in keep], self.global_batch, self.bounds)
+        self._first, self._moved, self._fresh = None, None, {}

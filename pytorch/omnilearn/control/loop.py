@@ -1,0 +1,129 @@
+"""The one control loop: level events, the start-up probe, measurements and decisions, and the records
+they leave.
+
+The BSP trainer, ``omnilearn.torch``, the simulator (replays and the scenario benchmark) and the
+parameter server drive their controller through a :class:`ControlLoop`, so each decides exactly as the
+others do on the same times, by construction. The loop writes the ``batch_change`` and
+``speed_change`` records (:mod:`omnilearn.records` names their fields) through the ``write`` callable
+its owner gives it, and measures its own cost (``overhead_ms``: wall time spent in the controller).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnilearn.control.controller import Controller
+
+Write = Callable[..., None]
+"""``write(kind, **fields)``: one record (the trainers' MetricsWriter.write, the simulator's recorder)."""
+Shares = Callable[[], Sequence[float | None]]
+
+
+def _ms(times: Sequence[float] | None) -> list[float] | None:
+    return None if times is None else [round(t * 1e3, 3) for t in times]
+
+
+@dataclass
+class ControlLoop:
+    """Drives one controller (see the module); ``where``: fields every record of this owner carries
+    (BSP: the step; ASP: the server's version and epoch are given per call)."""
+
+    controller: Controller
+    write: Write
+    overhead_s: float = 0.0
+    """Seconds spent in the controller (observing, deciding) so far."""
+    calls: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch(self) -> list[int]:
+        return list(self.controller.batch)
+
+    @property
+    def overhead_ms(self) -> float:
+        """Mean milliseconds of controller work per step measured."""
+        return 1e3 * self.overhead_s / self.calls if self.calls else 0.0
+
+    # ------------------------------------------------------------------ start and levels
+    def start(self, shares: Shares, resumed: bool, **where: Any) -> None:
+        """The first level's allocation is in force: the allocation-aware policies split by it; the
+        run's first ``batch_change`` record (the equal split, or the resumed one)."""
+        if not resumed:
+            self.controller.initial(self.controller.allocations(shares))
+        self.write("batch_change", **where, batch=self.batch, reason="resumed" if resumed else "initial")
+
+    def level(self, shares: Shares, **where: Any) -> list[int] | None:
+        """A level change (the emulator's event): only a policy told of allocations moves."""
+        new = self.controller.reallocate(self.controller.allocations(shares))
+        if new is not None:
+            self.write("batch_change", **where, batch=list(new), reason="allocation")
+        return new
+
+    def probe_sizes(self) -> tuple[int, int] | None:
+        return self.controller.probe_sizes()
+
+    def probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float], cost_s: float,
+              **where: Any) -> list[int] | None:
+        """Every worker's probe times (seconds, medians at each size) and what the probe cost (the
+        slowest worker's seconds): the split before step 1, recorded with reason ``probe``."""
+        t0 = time.perf_counter()
+        new = self.controller.observe_probe(small, large, t_small, t_large)
+        self.overhead_s += time.perf_counter() - t0
+        ctl = self.controller
+        self.write("batch_change", **where, batch=self.batch, reason="probe", sizes=[small, large],
+                   compute_ms=_ms(t_large), probe_ms=[_ms(t_small), _ms(t_large)], overhead=round(ctl.overhead, 2),
+                   speeds=[round(large / t, 3) for t in t_large], probe_s=round(cost_s, 4))
+        return new
+
+    # ------------------------------------------------------------------ steps
+    def step(self, times: Sequence[float] | None, due: bool, steps_left: int | None, shares: Shares,
+             **where: Any) -> list[int] | None:
+        """BSP: one step done. ``times``: every worker's compute time of it (None: a partial step, not
+        measured); ``due``: a decision point. Returns the new split, or None."""
+        t0 = time.perf_counter()
+        ctl = self.controller
+        changed = ctl.observe_step(times) if times is not None and ctl.measures else []
+        new = None
+        if due:
+            estimates, counts = ctl.estimates()
+            old = self.batch
+            new = ctl.decide(ctl.allocations(shares), steps_left=steps_left)
+        self.overhead_s += time.perf_counter() - t0
+        self.calls += 1
+        if changed:
+            self.write("speed_change", **where, workers=changed, regimes=ctl.regimes())
+        if new is not None:
+            self.write("batch_change", **where, old=old, batch=list(new), reason="compute-time",
+                       compute_ms=_ms(estimates), samples=counts, overhead=round(ctl.overhead, 2),
+                       **(getattr(ctl, "last", None) or {}))
+        return new
+
+    def push(self, worker: int, batch: int, seconds: float, due: bool, shares: Shares, worker_name: Any,
+             **where: Any) -> list[int] | None:
+        """ASP: one worker's compute time of a step at ``batch``; ``due``: may decide now."""
+        t0 = time.perf_counter()
+        ctl = self.controller
+        changed = ctl.observe(worker, batch, seconds)
+        new = None
+        if due:
+            estimates, counts = ctl.estimates()
+            old = self.batch
+            new = ctl.decide(ctl.allocations(shares))
+        self.overhead_s += time.perf_counter() - t0
+        self.calls += 1
+        if changed:
+            self.write("speed_change", **where, worker=worker_name, regimes=ctl.regimes())
+        if new is not None:
+            self.write("batch_change", **where, old=old, batch=list(new), reason="compute-time",
+                       compute_ms=_ms(estimates), samples=counts, overhead=round(ctl.overhead, 2),
+                       **(getattr(ctl, "last", None) or {}))
+        return new
+
+    def summary(self) -> dict[str, Any]:
+        """What the end record says of the controller: its cost and the decisions it held."""
+        holds = dict(self.controller.holds)
+        return {"controller_overhead_ms": round(self.overhead_ms, 4),
+                "holds": {"count": sum(holds.values()), "reasons": holds}}

@@ -1,0 +1,285 @@
+"""The controller's stated model and its estimator.
+
+**Model.** Worker i computes a step of ``b`` samples in ``t_i(b) = c_i (b + k)``: ``c_i`` is its cost per
+sample (1 / its speed), ``k`` the workload's fixed cost of a step, in samples (optimizer update, framework
+overhead), shared by every worker because it is work done on the same kind of core. A busy host slows
+every worker of a step alike: a step's times carry one common factor ``exp(m_t)``.
+
+**Estimator.** State: ``u_i = log c_i`` for every worker (a mean and a variance each: workers are
+estimated independently given ``k``) and ``k`` (a posterior on a grid). One step's observation of
+worker i is ``z_i = log t_i - log(b_i + k)``; its residual against the prediction, ``z_i - u_i``, holds
+the step's common factor (their weighted median, removed: BSP) and the worker's innovation.
+
+- *Noise.* Measurement noise is Student-t (:data:`DOF` degrees of freedom) with a per-worker scale
+  estimated from its own innovations (a forgetting mean, :data:`NOISE_MEMORY` steps, started from
+  :data:`NOISE_PRIOR`): a step that jumps by whole CFS periods is down-weighted, not chased.
+- *Drift and jumps.* Between steps ``u_i`` drifts (a random walk of variance ``drift**2`` a step) and,
+  with probability ``hazard``, jumps (its variance grows by :data:`JUMP` squared). Each step weighs the
+  two hypotheses by the innovation's likelihood under each (a normalised innovation far in the tails
+  is a jump), and the estimate is their mixture: a level change needs one step of evidence, an
+  outlier moves the estimate a little. Only the changed worker's speed reopens.
+- *k.* A log-posterior on a grid over ``[0, K_MAX_FACTOR * B]`` (prior uniform in ``sqrt(k)``): the
+  start-up probe (every worker timed at two batch sizes) and every re-split (each worker's time
+  before and after, the step's common factor profiled out) add their Student-t log-likelihood. Only
+  moves of a worker's batch tell ``k``; steps at one split never do.
+
+Everything here is plain numpy on a few arrays of length n: a thousand workers update in well under a
+millisecond, and identical inputs give identical estimates on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+DOF = 4.0
+"""Degrees of freedom of the Student-t measurement noise (heavy tails: CFS-period jumps)."""
+NOISE_PRIOR = 0.05
+"""Measurement noise (sd of a log time) assumed until a worker's own innovations have measured it."""
+NOISE_FLOOR = 0.005
+"""The smallest measurement noise believed: timers and schedulers are never exact."""
+NOISE_MEMORY = 32
+"""Steps over which the measurement noise is averaged (a forgetting mean)."""
+PRIOR_WEIGHT = 4.0
+"""The prior noise counts as this many steps of evidence."""
+JUMP = 1.0
+"""The sd (in log) of a speed jump: a level change moves a speed by a factor of 1.5-8."""
+START_VAR = 4.0
+"""The variance of a speed nobody has measured (log scale): anything from 1/7 to 7 times the others."""
+K_POINTS = 97
+K_MAX_FACTOR = 4.0
+"""k's grid reaches this many global batches: a fixed cost beyond it is 'time does not follow the batch'."""
+
+
+def _t_logpdf(e: np.ndarray) -> np.ndarray:
+    """Student-t log density (up to a constant) of standardised residuals ``e``."""
+    return -0.5 * (DOF + 1) * np.log1p(e * e / DOF)
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order]
+    cum = np.cumsum(w)
+    return float(v[int(np.searchsorted(cum, 0.5 * cum[-1]))])
+
+
+@dataclass
+class SpeedModel:
+    """The posterior over every worker's speed and the workload's fixed cost (see the module)."""
+
+    workers: int
+    global_batch: int
+    drift: float = 0.02
+    hazard: float = 0.01
+    relative: bool = True
+    """BSP: times of one step are compared with each other (the common factor removed); ASP: each
+    worker's times stand alone."""
+    u: np.ndarray = field(default=None)  # type: ignore[assignment]
+    var: np.ndarray = field(default=None)  # type: ignore[assignment]
+    noise2: np.ndarray = field(default=None)  # type: ignore[assignment]
+    k_log: np.ndarray = field(default=None)  # type: ignore[assignment]
+    lo: np.ndarray = field(default=None)  # type: ignore[assignment]
+    hi: np.ndarray = field(default=None)  # type: ignore[assignment]
+    scale: float | None = None
+    """log of the common factor of recent steps: turns relative predictions into seconds."""
+    measured: int = 0
+    regimes: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = self.workers
+        if self.u is None:
+            self.u = np.zeros(n)
+            self.var = np.full(n, START_VAR)
+            self.noise2 = np.full(n, NOISE_PRIOR ** 2)
+            self.lo = np.zeros(n)
+            self.hi = np.zeros(n)
+        if self.k_log is None:
+            self.k_log = np.zeros(K_POINTS)
+        self.k_grid = K_MAX_FACTOR * self.global_batch * np.linspace(0.0, 1.0, K_POINTS) ** 2
+        if not self.regimes:
+            self.regimes = [0] * n
+
+    # ------------------------------------------------------------------ k's posterior
+
+    def k_posterior(self) -> np.ndarray:
+        p = np.exp(self.k_log - self.k_log.max())
+        return p / p.sum()
+
+    @property
+    def k(self) -> float:
+        return float(self.k_posterior() @ self.k_grid)
+
+    @property
+    def k_sd(self) -> float:
+        p = self.k_posterior()
+        mean = p @ self.k_grid
+        return float(math.sqrt(max(p @ (self.k_grid - mean) ** 2, 0.0)))
+
+    def _add_k_evidence(self, loglik: np.ndarray) -> None:
+        """Add one piece of evidence (a log-likelihood over the grid), keeping the speeds' predictions
+        at the batches they were measured at (``u`` is defined against ``k``)."""
+        before = self.k
+        self.k_log = self.k_log + loglik
+        self.k_log -= self.k_log.max()
+        after = self.k
+        ref = np.maximum(self.hi, 1.0)
+        self.u = self.u + np.log(ref + before) - np.log(ref + after)
+
+    def k_from_probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float]) -> None:
+        """Evidence on k from every worker timed at two batch sizes (medians of its probe steps)."""
+        d = np.log(np.asarray(t_large, float)) - np.log(np.asarray(t_small, float))
+        spread = 1.4826 * float(np.median(np.abs(d - np.median(d)))) if len(d) > 2 else 0.0
+        sd = max(spread, math.sqrt(2) * NOISE_PRIOR / 2, NOISE_FLOOR)
+        pred = np.log((large + self.k_grid) / (small + self.k_grid))
+        self.k_log = self.k_log + _t_logpdf((d[:, None] - pred[None, :]) / sd).sum(axis=0)
+        self.k_log -= self.k_log.max()
+
+    def k_from_move(self, old: Sequence[int], new: Sequence[int], predicted_old: np.ndarray,
+                    observed: np.ndarray, sd: np.ndarray) -> None:
+        """Evidence on k from one re-split: each worker's log time at ``new`` against the log time its
+        estimate predicted at ``old`` (``sd``: the uncertainty of each difference). BSP profiles out the
+        common factor of the step (the median over workers, at each k)."""
+        b0, b1 = np.asarray(old, float), np.asarray(new, float)
+        moved = b0 != b1
+        if not moved.any():
+            return
+        ratio = np.log((b1[:, None] + self.k_grid[None, :]) / (b0[:, None] + self.k_grid[None, :]))
+        resid = (observed - predicted_old)[:, None] - ratio
+        if self.relative:
+            if self.workers < 3:
+                return  # two workers' relative times cannot tell k from a change of their ratio
+            resid = resid - np.median(resid, axis=0, keepdims=True)
+        self._add_k_evidence(_t_logpdf(resid / sd[:, None]).sum(axis=0))
+
+    # ------------------------------------------------------------------ speeds
+
+    def predict_log(self, batch: Sequence[int], k: float | None = None) -> np.ndarray:
+        """Each worker's relative log time at ``batch`` under the posterior mean."""
+        k = self.k if k is None else k
+        return self.u + np.log(np.asarray(batch, float) + k)
+
+    def speeds_from_probe(self, batch: int, times: Sequence[float], small: int, large: int) -> None:
+        """Every worker's speed from its probe times at ``batch`` (relative to the others), and the
+        batch range it was measured over."""
+        t = np.log(np.asarray(times, float))
+        z = t - math.log(batch + self.k)
+        common = float(np.median(z)) if self.relative else 0.0
+        self.u = z - common
+        self.var = np.full(self.workers, NOISE_PRIOR ** 2)
+        self.lo[:] = small
+        self.hi[:] = large
+        self.scale = common
+        self.measured += 1
+
+    def update(self, batch: Sequence[int], times: Sequence[float]) -> tuple[list[int], np.ndarray]:
+        """One step's compute times at ``batch`` (every worker's: BSP). Returns the workers whose speed
+        jumped (posterior probability above one half) and the innovations (log)."""
+        b = np.asarray(batch, float)
+        live = b > 0
+        z = np.log(np.maximum(np.asarray(times, float), 1e-9)) - np.log(np.maximum(b, 1e-9) + self.k)
+        resid = z - self.u
+        common = self._common(resid, live) if self.relative else 0.0
+        share = 1.0 - 1.0 / max(int(live.sum()), 2) if self.relative else 1.0
+        changed = self._filter(np.where(live, resid - common, 0.0), live, share)
+        self.scale = common if self.scale is None else 0.7 * self.scale + 0.3 * common
+        self.lo = np.where(live & ((self.lo == 0) | (b < self.lo)), b, self.lo)
+        self.hi = np.where(live & (b > self.hi), b, self.hi)
+        self.measured += 1
+        if self.relative:
+            shift = float(self.u.mean())
+            self.u -= shift
+            self.scale += shift
+        return changed, resid - common
+
+    def _common(self, resid: np.ndarray, live: np.ndarray) -> float:
+        """The step's common factor: a Student-t weighted mean of the live workers' residuals (a few
+        reweighting passes from their weighted median), so one changed worker does not move it."""
+        r = resid[live]
+        if r.size == 1:
+            return float(r[0])
+        s = self.var[live] + self.noise2[live]
+        m = weighted_median(r, 1.0 / s)
+        for _ in range(3):
+            w = (DOF + 1) / (DOF + (r - m) ** 2 / s) / s
+            m = float((w * r).sum() / w.sum())
+        return m
+
+    def update_one(self, worker: int, batch: int, seconds: float) -> bool:
+        """ASP: one worker's compute time at ``batch``; True when its speed jumped."""
+        live = np.zeros(self.workers, bool)
+        live[worker] = True
+        z = math.log(max(seconds, 1e-9)) - math.log(batch + self.k)
+        resid = np.zeros(self.workers)
+        resid[worker] = z - self.u[worker]
+        changed = self._filter(resid, live)
+        self.scale = 0.0
+        self.lo[worker] = batch if self.lo[worker] == 0 else min(self.lo[worker], batch)
+        self.hi[worker] = max(self.hi[worker], batch)
+        self.measured += 1
+        return bool(changed)
+
+    def _filter(self, nu: np.ndarray, live: np.ndarray, share: float = 1.0) -> list[int]:
+        """The Kalman step of every live worker on its innovation ``nu``, a mixture of 'no jump' (a
+        Student-t weighted update) and 'jump' (the variance reopened), weighed by their likelihoods.
+        ``share``: the part of a worker's noise left in its innovation once the step's common factor
+        (estimated from the same n times) is removed, about ``1 - 1/n``."""
+        prior = self.var + self.drift ** 2
+        s = (prior + self.noise2) * share
+        e2 = nu * nu / s
+        w = (DOF + 1) / (DOF + e2)  # the Student-t's weight of this residual
+        log_stay = math.log1p(-self.hazard) + _t_logpdf(np.sqrt(e2)) - 0.5 * np.log(s)
+        s_jump = s + JUMP ** 2
+        log_jump = math.log(self.hazard) - 0.5 * nu * nu / s_jump - 0.5 * np.log(s_jump) - 0.5 * math.log(
+            2 * math.pi) + 0.5 * math.log(math.pi * DOF) + math.lgamma(DOF / 2) - math.lgamma((DOF + 1) / 2)
+        p_jump = 1.0 / (1.0 + np.exp(np.clip(log_stay - log_jump, -50, 50)))
+        gain0 = prior / (prior + self.noise2 / w)
+        u0, v0 = self.u + gain0 * nu, (1 - gain0) * prior
+        jumped = prior + JUMP ** 2
+        gain1 = jumped / (jumped + self.noise2)
+        u1, v1 = self.u + gain1 * nu, (1 - gain1) * jumped
+        u = (1 - p_jump) * u0 + p_jump * u1
+        v = (1 - p_jump) * (v0 + (u0 - u) ** 2) + p_jump * (v1 + (u1 - u) ** 2)
+        self.u = np.where(live, u, self.u)
+        self.var = np.where(live, v, prior)
+        # The noise scale learns from steps that were no jump: a forgetting mean of weighted squares.
+        steady = live & (p_jump < 0.5)
+        alpha = 1.0 / NOISE_MEMORY
+        sample = np.maximum(w * nu * nu / share - prior, 0.0)
+        target = np.where(steady, sample, self.noise2)
+        self.noise2 = np.maximum((1 - alpha) * self.noise2 + alpha * target, NOISE_FLOOR ** 2)
+        changed = [int(i) for i in np.flatnonzero(live & (p_jump >= 0.5))]
+        for i in changed:
+            self.regimes[i] += 1
+        return changed
+
+    # ------------------------------------------------------------------ samples and state
+
+    def samples(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``count`` draws of (u, k) from the posterior: u of shape (count, n), k of shape (count,)."""
+        u = self.u[None, :] + np.sqrt(self.var)[None, :] * rng.standard_normal((count, self.workers))
+        k = rng.choice(self.k_grid, size=count, p=self.k_posterior())
+        return u, k
+
+    def keep(self, workers: Sequence[int]) -> None:
+        """Only ``workers`` remain (the survivors of a lost one), in this order."""
+        idx = np.asarray(workers, int)
+        self.workers = len(idx)
+        self.u, self.var, self.noise2 = self.u[idx], self.var[idx], self.noise2[idx]
+        self.lo, self.hi = self.lo[idx], self.hi[idx]
+        self.regimes = [self.regimes[i] for i in workers]
+        if self.relative:
+            self.u -= self.u.mean()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"u": self.u.tolist(), "var": self.var.tolist(), "noise2": self.noise2.tolist(),
+                "k_log": self.k_log.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(), "scale": self.scale,
+                "measured": self.measured, "regimes": list(self.regimes)}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        for key in ("u", "var", "noise2", "k_log", "lo", "hi"):
+            setattr(self, key, np.asarray(d[key], float))
+        self.scale, self.measured, self.regimes = d["scale"], int(d["measured"]), list(d["regimes"])
