@@ -100,12 +100,12 @@ def test_the_trainers_controller_class_takes_the_decisions(run: Path, tmp_path: 
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
 
-    class Counting(control.BatchController):
-        def decide(self, cpu_shares=None):
+    class Counting(control.DynamicController):
+        def decide(self, cpu_shares=None, steps_left=None):
             calls.append(self.workers)
-            return super().decide(cpu_shares)
+            return super().decide(cpu_shares, steps_left)
 
-    monkeypatch.setattr(control, "BatchController", Counting)
+    monkeypatch.setattr(control, "DynamicController", Counting)
     sim = simulate(run, tmp_path / "sim", noise=0.0, figures=False)
     assert len(calls) == sim["simulated"]["decisions"] == sim["steps"] and set(calls) == {2}
 

@@ -249,7 +249,9 @@ class DynamicController:
         return {"policy": "dynamic", "batch": list(self.batch),
                 "bounds": {"min_batch": self.bounds.min_batch, "max_batch": list(self.bounds.max_batch)},
                 "model": self.model.state_dict(), "holds": dict(self.holds), "costs": list(self.costs),
-                "considered": self.considered, "last": self.last}
+                "considered": self.considered, "last": self.last, "first": self._first,
+                "moved": None if self._moved is None else [self._moved[0], self._moved[1].tolist()],
+                "fresh": {str(i): t for i, t in self._fresh.items()}}
 
     def load_state_dict(self, d: dict[str, Any], keep: list[int] | None = None) -> None:
         """Load ``d``; with ``keep`` (the saved workers that still run, in rank order) only theirs: the
@@ -261,8 +263,12 @@ class DynamicController:
         self.holds, self.costs = dict(d["holds"]), list(d["costs"])
         self.considered, self.last = int(d["considered"]), d["last"]
         self.batch = list(d["batch"])
+        moved = d.get("moved")
+        self._first = d.get("first")
+        self._moved = None if moved is None else (list(moved[0]), np.asarray(moved[1], float))
+        self._fresh = {int(i): float(t) for i, t in (d.get("fresh") or {}).items()}
         if keep is not None and keep != list(range(len(d["batch"]))):
             self.bounds = dataclasses.replace(self.bounds, max_batch=tuple(self.bounds.max_batch[i] for i in keep))
             self.model.keep(keep)
             self.batch = policies.split([float(self.batch[i]) for i in keep], self.global_batch, self.bounds)
-        self._first, self._moved, self._fresh = None, None, {}
+            self._first, self._moved, self._fresh = None, None, {}

@@ -18,7 +18,7 @@ the step's common factor (their weighted median, removed: BSP) and the worker's 
   two hypotheses by the innovation's likelihood under each (a normalised innovation far in the tails
   is a jump), and the estimate is their mixture: a level change needs one step of evidence, an
   outlier moves the estimate a little. Only the changed worker's speed reopens.
-- *k.* A log-posterior on a grid over ``[0, K_MAX_FACTOR * B]`` (prior uniform in ``sqrt(k)``): the
+- *k.* A log-posterior on a grid over ``[0, K_MAX_FACTOR * B]`` (prior: :data:`K_PRIOR`): the
   start-up probe (every worker timed at two batch sizes) and every re-split (each worker's time
   before and after, the step's common factor profiled out) add their Student-t log-likelihood. Only
   moves of a worker's batch tell ``k``; steps at one split never do.
@@ -51,6 +51,9 @@ JUMP = 1.0
 START_VAR = 4.0
 """The variance of a speed nobody has measured (log scale): anything from 1/7 to 7 times the others."""
 K_POINTS = 97
+K_PRIOR = 0.25
+"""k's prior: exponential, its mean this share of a worker's equal share B/n: small until measured
+(a fixed cost large against the batch shows in the probe or the first re-split)."""
 K_MAX_FACTOR = 4.0
 """k's grid reaches this many global batches: a fixed cost beyond it is 'time does not follow the batch'."""
 
@@ -97,9 +100,13 @@ class SpeedModel:
             self.noise2 = np.full(n, NOISE_PRIOR ** 2)
             self.lo = np.zeros(n)
             self.hi = np.zeros(n)
-        if self.k_log is None:
-            self.k_log = np.zeros(K_POINTS)
         self.k_grid = K_MAX_FACTOR * self.global_batch * np.linspace(0.0, 1.0, K_POINTS) ** 2
+        if self.k_log is None:
+            # The prior: exponential with mean K_PRIOR of a worker's equal share, as a mass per grid cell.
+            mean = K_PRIOR * self.global_batch / self.workers
+            cells = np.gradient(self.k_grid)
+            self.k_log = -self.k_grid / mean + np.log(cells)
+            self.k_log -= self.k_log.max()
         if not self.regimes:
             self.regimes = [0] * n
 

@@ -17,8 +17,9 @@ from omnilearn.report.targets import target_report
 
 FINAL_WINDOW = 8  # steps per worker behind the "final" compute time (at the final batch size)
 SETTLED = 0.10  # a level change is settled once the compute-time imbalance is at most this
-CONTROL_KEYS = ("interval", "window", "min_samples", "deadband", "skip_after_change", "change_threshold",
-                "fit_overhead", "min_batch", "max_batch")
+CONTROL_KEYS = ("interval", "confidence", "drift", "hazard", "probe_steps", "window", "min_samples", "deadband",
+                "hysteresis", "skip_after_change", "change_threshold", "fit_overhead", "damp_reversals",
+                "min_batch", "max_batch")
 
 
 def _by_kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -183,6 +184,17 @@ def level_speeds(per_rank_steps: list[list[dict[str, Any]]]) -> dict[str, dict[s
     return out
 
 
+def controller_cost(end: dict[str, Any], batch_changes: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the controller cost and held: ``controller_overhead_ms`` (its measured milliseconds per
+    step, observing and deciding), ``holds`` (decisions considered that kept the split: count and
+    reasons), and ``probe`` (dynamic's start-up probe: its seconds, sizes, and the k it measured)."""
+    probe = next((b for b in batch_changes if b.get("reason") == "probe"), None)
+    return {"controller_overhead_ms": end.get("controller_overhead_ms"),
+            "holds": end.get("holds"),
+            "probe": None if probe is None else {"seconds": probe.get("probe_s"), "sizes": probe.get("sizes"),
+                                                 "k": probe.get("overhead"), "batch": probe.get("batch")}}
+
+
 def summarize(out_dir: Path) -> dict[str, Any]:
     """Build ``summary.json`` for one finished run folder and write it (atomically)."""
     job = JobSpec.load(out_dir / "job.json", out_dir=out_dir)
@@ -240,6 +252,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
                        for e in hl_events],
         "batch_changes": sum(1 for e in _by_kind(r0, "batch_change") if e.get("reason") != "initial"),
         "settle": settle(steps, hl_events, _by_kind(r0, "batch_change")),
+        **controller_cost(end0, _by_kind(r0, "batch_change")),
         "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan, [job.plan.targets[s] for s in job.slots]),
         "allocation_changes": change_outcomes(out_dir / "logs"),
         "schedule": job.plan.schedule.name,
@@ -349,6 +362,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
                        for e in _by_kind(server, "hl_change")],
         "batch_changes": sum(1 for e in _by_kind(server, "batch_change") if e.get("reason") != "initial"),
         "settle": None,  # BSP only: ASP workers step alone, there is no common step to measure balance on
+        **controller_cost(end, _by_kind(server, "batch_change")),
         "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan, [job.plan.targets[s] for s in job.slots]),
         "allocation_changes": change_outcomes(out_dir / "logs"),
         "schedule": job.plan.schedule.name,
