@@ -96,9 +96,10 @@ class ControlConfig:
     """dynamic: standard deviations of the predicted gain a move must clear: it moves only when the
     step time it saves, less this many sds, exceeds the measured cost of a re-split spread over the
     steps the new split serves."""
-    drift: float = 0.02
+    drift: float = 0.005
     """dynamic: how far a worker's speed may wander in one step without a level change (sd of its log,
-    a random walk): larger follows slow drifts sooner, smaller averages more steps."""
+    a random walk): larger follows slow drifts sooner, smaller averages more steps (the estimate's sd
+    settles near sqrt(drift x noise): the smallest imbalance it resolves)."""
     hazard: float = 0.01
     """dynamic: the prior probability, per worker and step, that its speed jumps (a level change, a
     neighbour's job): larger believes one surprising step sooner. 1 / hazard also bounds the steps a

@@ -183,7 +183,7 @@ class DynamicController:
             return self._hold("balanced")
         self.considered += 1
         rng = np.random.default_rng(self.considered)
-        u, k = self.model.samples(DRAWS, rng)
+        u, k = self.model.samples(DRAWS, rng, self.batch)
         scale = math.exp(self.model.scale or 0.0)
         now = np.asarray(self.batch, float)[None, :] + k[:, None]
         then = np.asarray(new, float)[None, :] + k[:, None]

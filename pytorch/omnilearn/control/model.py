@@ -76,7 +76,7 @@ class SpeedModel:
 
     workers: int
     global_batch: int
-    drift: float = 0.02
+    drift: float = 0.005
     hazard: float = 0.01
     relative: bool = True
     """BSP: times of one step are compared with each other (the common factor removed); ASP: each
@@ -141,6 +141,9 @@ class SpeedModel:
         d = np.log(np.asarray(t_large, float)) - np.log(np.asarray(t_small, float))
         spread = 1.4826 * float(np.median(np.abs(d - np.median(d)))) if len(d) > 2 else 0.0
         sd = max(spread, math.sqrt(2) * NOISE_PRIOR / 2, NOISE_FLOOR)
+        # What the probe says of the noise of one time (d is the difference of two): a floor under
+        # every worker's noise until its steps measure it.
+        self.noise2 = np.maximum(self.noise2, (spread / math.sqrt(2)) ** 2)
         pred = np.log((large + self.k_grid) / (small + self.k_grid))
         self.k_log = self.k_log + _t_logpdf((d[:, None] - pred[None, :]) / sd).sum(axis=0)
         self.k_log -= self.k_log.max()
@@ -176,7 +179,7 @@ class SpeedModel:
         z = t - math.log(batch + self.k)
         common = float(np.median(z)) if self.relative else 0.0
         self.u = z - common
-        self.var = np.full(self.workers, NOISE_PRIOR ** 2)
+        self.var = self.noise2.copy()
         self.lo[:] = small
         self.hi[:] = large
         self.scale = common
@@ -265,10 +268,16 @@ class SpeedModel:
 
     # ------------------------------------------------------------------ samples and state
 
-    def samples(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """``count`` draws of (u, k) from the posterior: u of shape (count, n), k of shape (count,)."""
+    def samples(self, count: int, rng: np.random.Generator, measured_at: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``count`` draws of (u, k) from the posterior: u of shape (count, n), k of shape (count,).
+
+        ``u`` and ``k`` are not independent: a speed was estimated from times at ``measured_at`` under
+        the mean k, so a draw of k moves each u with it and leaves the prediction at ``measured_at``
+        where the times put it: k's uncertainty shows only in how far a move extrapolates."""
         u = self.u[None, :] + np.sqrt(self.var)[None, :] * rng.standard_normal((count, self.workers))
         k = rng.choice(self.k_grid, size=count, p=self.k_posterior())
+        at = np.asarray(measured_at, float)[None, :]
+        u = u + np.log(at + self.k) - np.log(at + k[:, None])
         return u, k
 
     def keep(self, workers: Sequence[int]) -> None:
