@@ -50,6 +50,11 @@ JUMP = 1.0
 """The sd (in log) of a speed jump: a level change moves a speed by a factor of 1.5-8."""
 START_VAR = 4.0
 """The variance of a speed nobody has measured (log scale): anything from 1/7 to 7 times the others."""
+SHIFT_STEPS = 6
+"""Recent innovations a worker's shift test looks back over."""
+SHIFT_Z = 4.5
+"""Standard errors a mean of recent innovations must reach to count as a shift of speed (a 4.5-sigma
+test over up to five windows: about one false alarm in ten thousand steps a worker)."""
 K_POINTS = 97
 K_PRIOR = 0.25
 """k's prior: exponential, its mean this share of a worker's equal share B/n: small until measured
@@ -109,6 +114,10 @@ class SpeedModel:
             self.k_log -= self.k_log.max()
         if not self.regimes:
             self.regimes = [0] * n
+        # Each worker's recent innovations and their variances (oldest first), and how many are its own.
+        self.hist_nu = np.zeros((SHIFT_STEPS, n))
+        self.hist_s = np.ones((SHIFT_STEPS, n))
+        self.hist_count = np.zeros(n, int)
 
     # ------------------------------------------------------------------ k's posterior
 
@@ -251,20 +260,50 @@ class SpeedModel:
         jumped = prior + JUMP ** 2
         gain1 = jumped / (jumped + self.noise2)
         u1, v1 = self.u + gain1 * nu, (1 - gain1) * jumped
-        u = (1 - p_jump) * u0 + p_jump * u1
-        v = (1 - p_jump) * (v0 + (u0 - u) ** 2) + p_jump * (v1 + (u1 - u) ** 2)
-        self.u = np.where(live, u, self.u)
-        self.var = np.where(live, v, prior)
+        # The more likely hypothesis wins (a mixture's variance would hold the ambiguity of one step
+        # for many and delay the answer to a jump it already saw).
+        jump = live & (p_jump >= 0.5)
+        self.u = np.where(live, np.where(jump, u1, u0), self.u)
+        self.var = np.where(live, np.where(jump, v1, v0), prior)
+        self.hist_count[jump] = 0
+        shifted = self._shifts(nu, s, live & ~jump)
+        jump = jump | shifted
         # The noise scale learns from steps that were no jump: a forgetting mean of weighted squares.
-        steady = live & (p_jump < 0.5)
+        steady = live & ~jump
         alpha = 1.0 / NOISE_MEMORY
         sample = np.maximum(w * nu * nu / share - prior, 0.0)
         target = np.where(steady, sample, self.noise2)
         self.noise2 = np.maximum((1 - alpha) * self.noise2 + alpha * target, NOISE_FLOOR ** 2)
-        changed = [int(i) for i in np.flatnonzero(live & (p_jump >= 0.5))]
+        changed = [int(i) for i in np.flatnonzero(jump)]
         for i in changed:
             self.regimes[i] += 1
         return changed
+
+    def _shifts(self, nu: np.ndarray, s: np.ndarray, live: np.ndarray) -> np.ndarray:
+        """A change too small to show in one step shows in several: the mean of a worker's last m
+        innovations (m = 2..:data:`SHIFT_STEPS`) against its standard error (a windowed likelihood-ratio
+        test). Past :data:`SHIFT_Z` the worker's speed has moved by that mean since m steps ago: its
+        estimate takes the shift, with the variance of an m-step mean. Returns the workers shifted."""
+        h_nu, h_s, count = self.hist_nu, self.hist_s, self.hist_count
+        h_nu[:-1, live], h_s[:-1, live] = h_nu[1:, live], h_s[1:, live]
+        h_nu[-1, live], h_s[-1, live] = nu[live], s[live]
+        count[live] = np.minimum(count[live] + 1, SHIFT_STEPS)
+        best_z, best_mean, best_var = np.zeros(self.workers), np.zeros(self.workers), np.zeros(self.workers)
+        for m in range(2, SHIFT_STEPS + 1):
+            ok = live & (count >= m)
+            mean = h_nu[-m:].mean(axis=0)
+            se2 = h_s[-m:].mean(axis=0) / m
+            z = np.where(ok, np.abs(mean) / np.sqrt(se2), 0.0)
+            better = z > best_z
+            best_z = np.where(better, z, best_z)
+            best_mean = np.where(better, mean, best_mean)
+            best_var = np.where(better, se2, best_var)
+        shifted = best_z > SHIFT_Z
+        if shifted.any():
+            self.u = np.where(shifted, self.u + best_mean, self.u)
+            self.var = np.where(shifted, best_var + self.drift ** 2, self.var)
+            count[shifted] = 0
+        return shifted
 
     # ------------------------------------------------------------------ samples and state
 
@@ -286,6 +325,7 @@ class SpeedModel:
         self.workers = len(idx)
         self.u, self.var, self.noise2 = self.u[idx], self.var[idx], self.noise2[idx]
         self.lo, self.hi = self.lo[idx], self.hi[idx]
+        self.hist_nu, self.hist_s, self.hist_count = self.hist_nu[:, idx], self.hist_s[:, idx], self.hist_count[idx]
         self.regimes = [self.regimes[i] for i in workers]
         if self.relative:
             self.u -= self.u.mean()
@@ -293,9 +333,11 @@ class SpeedModel:
     def state_dict(self) -> dict[str, Any]:
         return {"u": self.u.tolist(), "var": self.var.tolist(), "noise2": self.noise2.tolist(),
                 "k_log": self.k_log.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(), "scale": self.scale,
-                "measured": self.measured, "regimes": list(self.regimes)}
+                "measured": self.measured, "regimes": list(self.regimes), "hist_nu": self.hist_nu.tolist(),
+                "hist_s": self.hist_s.tolist(), "hist_count": self.hist_count.tolist()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        for key in ("u", "var", "noise2", "k_log", "lo", "hi"):
+        for key in ("u", "var", "noise2", "k_log", "lo", "hi", "hist_nu", "hist_s"):
             setattr(self, key, np.asarray(d[key], float))
+        self.hist_count = np.asarray(d["hist_count"], int)
         self.scale, self.measured, self.regimes = d["scale"], int(d["measured"]), list(d["regimes"])
