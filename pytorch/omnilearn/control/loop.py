@@ -98,7 +98,7 @@ class ControlLoop:
         if new is not None:
             self.write("batch_change", **where, old=old, batch=list(new), reason="compute-time",
                        compute_ms=_ms(estimates), samples=counts, overhead=round(ctl.overhead, 2),
-                       **(getattr(ctl, "last", None) or {}))
+                       **(getattr(ctl, "decision", None) or {}))
         return new
 
     def push(self, worker: int, batch: int, seconds: float, due: bool, shares: Shares, worker_name: Any,
@@ -119,7 +119,7 @@ class ControlLoop:
         if new is not None:
             self.write("batch_change", **where, old=old, batch=list(new), reason="compute-time",
                        compute_ms=_ms(estimates), samples=counts, overhead=round(ctl.overhead, 2),
-                       **(getattr(ctl, "last", None) or {}))
+                       **(getattr(ctl, "decision", None) or {}))
         return new
 
     def summary(self) -> dict[str, Any]:
