@@ -29,7 +29,7 @@ from omnilearn.emulator.links import Link
 from omnilearn.emulator.plan import SERVER_TARGET, EmulationPlan
 from omnilearn.emulator.requests import MAX_JSON_DEPTH, MAX_LINE_BYTES, request_log
 from omnilearn.files import read_lines
-from omnilearn.report.worker_models import fit_worker_models
+from omnilearn.report.worker_models import WorkerModels, fit_worker_models
 
 QUOTA_TOLERANCE = 0.02
 
@@ -87,8 +87,7 @@ def level_speeds(per_rank_steps: list[list[dict[str, Any]]]) -> dict[str, dict[s
     the level's steps, the figure without a model. ``speed_batch``, ``k`` and ``k_status``: the batch
     the speeds are read at and the run's ``k``.
     """
-    models = fit_worker_models([per_rank_steps], ["this run"])
-    at = models.mean_batch
+    modelled = model_speeds(fit_worker_models([per_rank_steps], ["this run"]), len(per_rank_steps))
     out: dict[str, dict[str, Any]] = {}
     levels = {r.get("level") for steps in per_rank_steps for r in steps} - {None}
     for level in sorted(levels):
@@ -97,15 +96,20 @@ def level_speeds(per_rank_steps: list[list[dict[str, Any]]]) -> dict[str, dict[s
             vals = [r["batch"] / (r["compute_ms"] / 1e3) for r in steps
                     if r.get("level") == level and r["compute_ms"] > 0 and r["batch"] > 0]
             raw.append(statistics.median(vals) if vals else None)
-        speeds = [models.speed(i, level, at) if (i, level) in models.c else None
-                  for i in range(len(per_rank_steps))]
-        out[level] = {
-            "samples_per_s": [round(s, 2) if s else None for s in speeds],
-            "measured_ratio": _spread(speeds),
-            "samples_per_s_raw": [round(s, 2) if s else None for s in raw],
-            "measured_ratio_raw": _spread(raw),
-            "speed_batch": round(at, 2), "k": round(models.k, 3), "k_status": models.k_status,
-        }
+        out[level] = {**modelled.get(level, {"samples_per_s": [None] * len(raw), "measured_ratio": None}),
+                      "samples_per_s_raw": [round(s, 2) if s else None for s in raw], "measured_ratio_raw": _spread(raw)}
+    return out
+
+
+def model_speeds(models: WorkerModels, workers: int) -> dict[str, dict[str, Any]]:
+    """Per level of ``models``: each worker's ``samples_per_s`` at the models' mean local batch, the
+    ``measured_ratio`` of the fastest to the slowest, the batch read at (``speed_batch``), ``k``, ``k_status``."""
+    at = models.mean_batch
+    out = {}
+    for level in sorted({lv for _, lv in models.c}):
+        speeds = [models.speed(i, level, at) if (i, level) in models.c else None for i in range(workers)]
+        out[level] = {"samples_per_s": [round(s, 2) if s else None for s in speeds], "measured_ratio": _spread(speeds),
+                      "speed_batch": round(at, 2), "k": round(models.k, 3), "k_status": models.k_status}
     return out
 
 

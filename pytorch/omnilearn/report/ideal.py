@@ -23,6 +23,7 @@ from omnilearn.config.sections import PEERS
 from omnilearn.control.policies import bounded_shares
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
+from omnilearn.report.fidelity import model_speeds
 from omnilearn.report.worker_models import WorkerModels, fit_worker_models, run_steps, same_job
 
 
@@ -93,7 +94,9 @@ def group_ideal(runs: dict[str, Path], reference: str = "uniform") -> dict[str, 
     Returns ``ideal_speedup`` and ``ideal_compute_speedup`` (with and without the all-reduce) and
     ``ideal_from``: the runs the models came from (name, path, steps kept), their total steps, k with
     its standard error and status (:class:`~omnilearn.report.worker_models.WorkerModels`), the
-    reference and its steps, the batch bounds of the balance, and the runs left out.
+    reference and its steps, the batch bounds of the balance, and the runs left out; and
+    ``level_speeds``, the workers' speeds per level from the same models
+    (:func:`~omnilearn.report.fidelity.model_speeds`).
     """
     if reference not in runs or not (Path(runs[reference]) / "job.json").is_file():
         return None
@@ -127,7 +130,8 @@ def group_ideal(runs: dict[str, Path], reference: str = "uniform") -> dict[str, 
     source["runs"] = [{**r, "path": paths[r["run"]]} for r in source["runs"]]
     return {"ideal_speedup": ideal[0], "ideal_compute_speedup": ideal[1],
             "ideal_from": {**source, "reference": reference, "reference_steps": ideal[2],
-                           "bounds": [lo, hi], "left_out": left_out}}
+                           "bounds": [lo, hi], "left_out": left_out},
+            "level_speeds": model_speeds(models, len(ref_steps))}
 
 
 def describe_source(source: dict[str, Any]) -> str:

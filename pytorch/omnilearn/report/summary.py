@@ -358,7 +358,8 @@ def compare(out_dir: Path, runs: dict[str, Path], target: float | None = None, t
     per-worker models fitted over all the BSP runs compared, one ideal for every policy, and
     ``ideal_from`` says which runs and steps, and ``k`` (:func:`~omnilearn.report.ideal.group_ideal`);
     ``ideal_speedup_uniform_run`` and ``ideal_compute_speedup_uniform_run`` are the figures from the
-    uniform run's raw speeds alone (:func:`~omnilearn.report.ideal.ideal_speedups`).
+    uniform run's raw speeds alone (:func:`~omnilearn.report.ideal.ideal_speedups`). ``level_speeds``:
+    the workers' speeds per level from the same models (a summary's are from its own run alone).
 
     ``policies`` holds, for every policy other than uniform, its ``speedup`` (samples/s over
     uniform's), ``fraction_of_ideal`` (of the model-based ideal), ``fraction_of_ideal_uniform_run``

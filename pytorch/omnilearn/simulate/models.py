@@ -28,6 +28,7 @@ from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
 from omnilearn.report.worker_models import fit_worker_models
 
+
 @dataclass(frozen=True)
 class ComputeModel:
     """One worker's compute time at one level: ``a + c * b`` seconds, log-normal noise ``sigma``."""
