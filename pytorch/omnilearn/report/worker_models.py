@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
 
@@ -115,19 +117,31 @@ def _kept(per_rank: Sequence[Sequence[dict[str, Any]]]) -> list[list[dict[str, A
     return out
 
 
-def _profile(points: list[tuple[Cell, float, float, int]], k: float) -> tuple[float, dict[Cell, float]]:
+class _Points:
+    """The fit's data: per worker-level and batch size, the median time and its number of steps."""
+
+    def __init__(self, points: list[tuple[Cell, float, float, int]]) -> None:
+        self.cells = sorted({p[0] for p in points})
+        index = {cell: j for j, cell in enumerate(self.cells)}
+        self.cell = np.array([index[p[0]] for p in points], dtype=np.int64)
+        self.b = np.array([p[1] for p in points], dtype=float)
+        self.logt = np.log(np.array([p[2] for p in points], dtype=float))
+        self.n = np.array([p[3] for p in points], dtype=float)
+        self.weight = np.bincount(self.cell, self.n, minlength=len(self.cells))
+
+    def __len__(self) -> int:
+        return len(self.b)
+
+
+def _profile(points: _Points, k: float) -> tuple[float, dict[Cell, float]]:
     """Weighted residual sum in log space at ``k``, and each cell's best ``log c`` there."""
-    sums: dict[Cell, list[float]] = {}
-    for cell, b, t, n in points:
-        acc = sums.setdefault(cell, [0.0, 0.0])
-        acc[0] += n * (math.log(t) - math.log(b + k))
-        acc[1] += n
-    logc = {cell: s / w for cell, (s, w) in sums.items()}
-    rss = sum(n * (math.log(t) - logc[cell] - math.log(b + k)) ** 2 for cell, b, t, n in points)
-    return rss, logc
+    y = points.logt - np.log(points.b + k)
+    logc = np.bincount(points.cell, points.n * y, minlength=len(points.cells)) / points.weight
+    rss = float(np.sum(points.n * (y - logc[points.cell]) ** 2))
+    return rss, {cell: float(v) for cell, v in zip(points.cells, logc, strict=True)}
 
 
-def _minimise(points: list[tuple[Cell, float, float, int]], k_max: float, scale: float) -> float:
+def _minimise(points: _Points, k_max: float, scale: float) -> float:
     """The k in [0, k_max] of least residual: the best of a log-spaced grid, then a golden section
     between its neighbours (the profile can have more than one dip; the grid picks the deepest)."""
     top = math.log1p(k_max / scale)
@@ -153,7 +167,7 @@ def _minimise(points: list[tuple[Cell, float, float, int]], k_max: float, scale:
     return min((best, 0.0, k_max), key=lambda k: _profile(points, k)[0])
 
 
-def _k_se(points: list[tuple[Cell, float, float, int]], k: float, noise_var: float) -> float | None:
+def _k_se(points: _Points, k: float, noise_var: float) -> float | None:
     """Standard error of k: ``sqrt(2 sigma^2 / S''(k))``, S the profiled residual sum."""
     h = max(1e-4 * k, 1e-4)
     if k - h < 0:
@@ -179,7 +193,8 @@ def fit_worker_models(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], names:
                 batches_seen.append(r["batch"])
                 full = max(full, r.get("global_batch") or 0)
         used.append({"run": name, "steps": min((len(s) for s in kept), default=0)})
-    points = [(cell, float(b), statistics.median(ts), len(ts)) for cell, bs in by_batch.items() for b, ts in bs.items()]
+    points = _Points([(cell, float(b), statistics.median(ts), len(ts))
+                      for cell, bs in by_batch.items() for b, ts in bs.items()])
     logs = {cell: [math.log(t / statistics.median(ts)) for ts in bs.values() for t in ts]
             for cell, bs in by_batch.items()}
     informative = any(len(bs) >= 2 and max(bs) / min(bs) >= MIN_SPREAD for bs in by_batch.values())
