@@ -11,8 +11,8 @@ import pytest
 
 from omnilearn.config import ControlConfig
 from omnilearn.control import policies
-from omnilearn.control.v1 import BatchController
 from omnilearn.control.policies import Bounds
+from omnilearn.control.v1 import BatchController
 from omnilearn.control.windows import ComputeWindow, StepWindow
 
 

@@ -15,8 +15,8 @@ import pytest
 from omnilearn import config
 from omnilearn.config import ControlConfig
 from omnilearn.control import policies
-from omnilearn.control.v1 import BatchController
 from omnilearn.control.policies import Bounds
+from omnilearn.control.v1 import BatchController
 from omnilearn.errors import UserError
 
 SPEEDS = [16.0, 16.0, 10.0, 62.0]

@@ -16,8 +16,8 @@ import pytest
 
 from omnilearn.config import ControlConfig
 from omnilearn.control import policies
-from omnilearn.control.v1 import BatchController
 from omnilearn.control.policies import Bounds
+from omnilearn.control.v1 import BatchController
 
 CORES = {"HL1": [12, 12, 12, 12], "HL2": [12, 12, 8, 16], "HL4": [9, 9, 6, 24], "HL8": [6, 6, 4, 32]}
 K = 8.0  # samples' worth of fixed cost per step

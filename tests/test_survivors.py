@@ -14,8 +14,8 @@ import pytest
 
 from jobs import live_workers, wait_until
 from omnilearn import config
-from omnilearn.control.v1 import BatchController
 from omnilearn.control.policies import Bounds
+from omnilearn.control.v1 import BatchController
 from omnilearn.emulator.plan import build_plan
 from omnilearn.files import read_records
 from omnilearn.jobfile import JobSpec
