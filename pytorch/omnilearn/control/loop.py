@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from omnilearn.control.controller import Controller
@@ -36,7 +36,9 @@ class ControlLoop:
     overhead_s: float = 0.0
     """Seconds spent in the controller (observing, deciding) so far."""
     calls: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    inputs: bool = False
+    """Write a ``measurement`` record of each step's inputs (every worker's time, the decision point,
+    the steps left): one rank does, so a run's decisions can be replayed and checked."""
 
     @property
     def batch(self) -> list[int]:
@@ -74,7 +76,9 @@ class ControlLoop:
         self.overhead_s += time.perf_counter() - t0
         ctl = self.controller
         self.write("batch_change", **where, batch=self.batch, reason="probe", sizes=[small, large],
-                   compute_ms=_ms(t_large), probe_ms=[_ms(t_small), _ms(t_large)], overhead=round(ctl.overhead, 2),
+                   probe_ms=[_ms(t_small), _ms(t_large)], probe_times_s=[[float(t) for t in t_small],
+                                                                         [float(t) for t in t_large]],
+                   overhead=round(ctl.overhead, 2),
                    speeds=[round(large / t, 3) for t in t_large], probe_s=round(cost_s, 4))
         return new
 
@@ -83,6 +87,9 @@ class ControlLoop:
              **where: Any) -> list[int] | None:
         """BSP: one step done. ``times``: every worker's compute time of it (None: a partial step, not
         measured); ``due``: a decision point. Returns the new split, or None."""
+        if self.inputs:
+            self.write("measurement", **where, times_s=None if times is None else [float(t) for t in times],
+                       due=due, steps_left=steps_left)
         t0 = time.perf_counter()
         ctl = self.controller
         changed = ctl.observe_step(times) if times is not None and ctl.measures else []
@@ -127,3 +134,23 @@ class ControlLoop:
         holds = dict(self.controller.holds)
         return {"controller_overhead_ms": round(self.overhead_ms, 4),
                 "holds": {"count": sum(holds.values()), "reasons": holds}}
+
+
+def replay(controller: Controller, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The decisions a fresh ``controller`` takes on the inputs one rank recorded (its ``batch_change``
+    records of reason ``probe`` and its ``measurement`` records, in order): the ``batch_change``
+    records it writes, without times. Equal to the run's own when the run decided through this loop."""
+    out: list[dict[str, Any]] = []
+    loop = ControlLoop(controller, lambda kind, **f: out.append({"kind": kind, **f}) if kind == "batch_change"
+                       else None)
+    none: Shares = lambda: [None] * controller.workers  # noqa: E731 - measured policies only
+    for r in records:
+        if r.get("kind") == "batch_change" and r.get("reason") in ("initial", "resumed"):
+            loop.start(none, r["reason"] == "resumed", step=r["step"])
+        elif r.get("kind") == "batch_change" and r.get("reason") == "probe":
+            small, large = r["sizes"]
+            t_small, t_large = r["probe_times_s"]
+            loop.probe(small, large, t_small, t_large, r["probe_s"], step=r["step"])
+        elif r.get("kind") == "measurement":
+            loop.step(r["times_s"], r["due"], r["steps_left"], none, step=r["step"])
+    return out

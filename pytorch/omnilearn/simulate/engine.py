@@ -74,7 +74,7 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
     out = Replay()
     state: dict[str, Any] = {"level": None, "eval": 0.0}
     clock = 0.0
-    loop = ControlLoop(ctl, lambda kind, **f: rec.write(0, kind, **f))
+    loop = ControlLoop(ctl, lambda kind, **f: rec.write(0, kind, **f), inputs=True)
 
     def shares(level: str) -> list[float | None]:
         return [plan.allocation(level, tg).share for tg in targets]

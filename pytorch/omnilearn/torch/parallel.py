@@ -102,7 +102,7 @@ class HeteroDataParallel(torch.nn.Module):
         self.sampler = GlobalBatchSampler(dataset_size, global_batch, seed, drop_last=drop_last,
                                           min_local=c.min_batch)
         self.metrics = MetricsWriter(metrics_path(self.job.out_dir, self.rank))
-        self.loop = ControlLoop(self.controller, self.metrics.write)
+        self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0)
         self.metrics.write("start", rank=self.rank, world=self.world, target=self.levels.target,
                            params=sum(p.numel() for p in self.params), train_samples=dataset_size,
                            steps_per_epoch=self.sampler.steps_per_epoch, device=str(self.device),

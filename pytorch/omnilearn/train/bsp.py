@@ -96,7 +96,7 @@ class BSPTrainer:
         self.augment_rng = torch.Generator().manual_seed(t.seed * 1000 + self.slot)  # per-worker, reproducible
         self.ckpt = BSPCheckpoint(self)  # a resumed run cuts its metrics back to the checkpoint first
         self.metrics = MetricsWriter(metrics_path(job.out_dir, self.slot))
-        self.loop = ControlLoop(self.controller, self.metrics.write)
+        self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0)
         self.memory: memory.MemoryModel | None = None
         self.oom_cap: int | None = None  # this rank's bound after an out-of-memory error (GPU)
         self.oom_seen = False  # any rank ran out of memory: bounds are enforced whatever the policy
