@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-docker lint clean
+.PHONY: install demo test test-docker check lint docs docs-check clean
 
 install: $(STAMP)
 
@@ -26,6 +26,18 @@ test: $(STAMP)
 # Only the Docker integration suite; a missing daemon is a failure here, not a skip.
 test-docker: $(STAMP)
 	OMNILEARN_REQUIRE_DOCKER=1 $(PY) -m pytest -q -m docker tests
+
+# The quick unit tier (under 3 minutes): no training runs, no Docker.
+check: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+# The generated references, docs/reference/config.md and cli.md, from the config dataclasses and the
+# argument parser; tests/unit/test_docs_reference.py fails when the committed files differ.
+docs: $(STAMP)
+	$(PY) -m omnilearn.docs_gen
+
+docs-check: $(STAMP)
+	$(PY) -m omnilearn.docs_gen --check
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pytorch tests
