@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-docker check lint docs docs-check clean
+.PHONY: install demo test test-docker check lint docs docs-check docs-site docs-serve clean
 
 install: $(STAMP)
 
@@ -39,8 +39,17 @@ docs: $(STAMP)
 docs-check: $(STAMP)
 	$(PY) -m omnilearn.docs_gen --check
 
+# The Markdown as a site (mkdocs, material theme; pins in docs/requirements.txt, installed on demand).
+docs-site: docs
+	$(PY) -m pip install --quiet -r docs/requirements.txt
+	MKDOCS=$(VENV)/bin/mkdocs scripts/docs_site.sh build
+
+docs-serve: docs
+	$(PY) -m pip install --quiet -r docs/requirements.txt
+	MKDOCS=$(VENV)/bin/mkdocs scripts/docs_site.sh serve
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pytorch tests
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache build site

@@ -99,7 +99,7 @@ def config_markdown() -> str:
              "A job config is YAML. Every key has the default below; `--set KEY=VALUE` overrides any key",
              "from the command line. An unknown key, a wrong type or an impossible value stops the run before",
              "anything starts, with one message naming the file and the key (exit status 2).",
-             "The how-to pages are in [the guide](../guide/).\n"]
+             "The how-to pages begin at [compare policies](../guide/compare-policies.md).\n"]
     top = [(k, f, c) for k, f, c in config_keys() if c is config.JobConfig]
     lines += ["## Top level\n", "| key | type | default | doc |", "|---|---|---|---|"]
     docs = attribute_docs(config.JobConfig)
@@ -208,8 +208,8 @@ def cli_markdown() -> str:
              "# Command reference\n",
              _cell(parser.description or "") + "\n",
              "Every command exits 0 on success, 2 on a user error (one line naming the file, key or value,",
-             "nothing started), 1 when a job fails and 130 on Ctrl-C. The how-to pages are in",
-             "[the guide](../guide/).\n",
+             "nothing started), 1 when a job fails and 130 on Ctrl-C.",
+             "The how-to pages begin at [compare policies](../guide/compare-policies.md).\n",
              "| command | what it does |", "|---|---|"]
     commands = cli_commands()
     for cmd, _, h in commands:
