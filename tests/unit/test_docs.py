@@ -312,3 +312,58 @@ def test_every_results_file_is_listed() -> None:
     index = (ROOT / "results" / "README.md").read_text()
     unlisted = [p.name for p in RESULTS if p.name != "README.md" and f"({p.name})" not in index]
     assert not unlisted
+
+
+# ---------------------------------------------------------------- the request protocol's limits
+
+
+def limits_table() -> dict[str, list[str]]:
+    """Row label -> cells of the limits table in docs/design/request-protocol.md."""
+    text = (ROOT / "docs" / "design" / "request-protocol.md").read_text().split("## The limits", 1)[1]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
+    return {r[0]: r[1:] for r in rows[1:]}
+
+
+def test_request_limits_match_the_code() -> None:
+    from omnilearn.emulator import requests as rq
+
+    table = limits_table()
+    value = {k: v[0] for k, v in table.items()}
+    assert value["line length, on the raw bytes, before decoding"] == f"{rq.MAX_LINE_BYTES} bytes"
+    assert value["depth: one flat JSON object"] == str(rq.MAX_JSON_DEPTH)
+    assert value["numbers: text length before conversion; `NaN`, `Infinity`, `-0`"] == (
+        f"{rq.MAX_INT_DIGITS} characters") and rq.MAX_FLOAT_CHARS == rq.MAX_INT_DIGITS
+    assert value["`seq`"] == "integer in [0, 2^53 − 1]" and rq.MAX_SEQ == 2**53 - 1
+    assert value["`rank`"] == f"integer in [0, {rq.MAX_RANK}]"
+    assert value["`level`, `target`"].startswith(f"1 to {rq.MAX_NAME_CHARS} printable characters")
+    assert value["`cpuset`"].startswith(f"≤ {rq.MAX_CPUSET_CHARS} characters")
+    assert f"each number ≤ {rq.MAX_CPU_DIGITS} digits" in value["`cpuset`"]
+    assert value["`epoch`, `time`"] == "finite, in [0, 10^12]" and rq.MAX_STAMP == 1e12
+    assert f"last + {rq.MAX_SEQ_STEP} " in value["`seq` step"]
+    assert value["log size"] == f"{rq.MAX_LOG_BYTES // 2**20} MiB"
+    assert value["refused lines per log"] == str(rq.MAX_REFUSALS_PER_LOG)
+    assert value["reading per poll and log"] == f"{rq.MAX_READ_BYTES // 2**10} KiB, {rq.MAX_LINES_PER_POLL} lines"
+    assert value["quoted values"].startswith(f"{rq.MAX_ECHO_CHARS} characters")
+
+
+def test_refusal_reasons_match_the_code() -> None:
+    """Every reason the parser raises is in the table, and every code the table names is in the code."""
+    table = limits_table()
+    documented = {code for cells in table.values() for code in re.findall(r"`([a-z]+(?:-[a-z0-9]+)*)`", cells[-1])}
+    sources = "".join((PACKAGE / "emulator" / name).read_text() for name in ("requests.py", "toggler.py"))
+    raised = set(re.findall(r'_Refused\(\s*"([a-z-]+)"', sources))
+    assert raised and raised <= documented, f"reasons missing from the table: {sorted(raised - documented)}"
+    literals = set(re.findall(r"\"([a-z]+(?:-[a-z0-9]+)*)\"", sources))
+    if 'f"{key}-out-of-range"' in sources:  # _check_range names the key it bounds
+        from omnilearn.emulator.requests import REQUEST_KEYS
+
+        literals |= {f"{key}-out-of-range" for key in REQUEST_KEYS}
+    assert documented <= literals, f"the table names reasons the code lacks: {sorted(documented - literals)}"
+
+
+def test_retry_constants_match_the_emulator_page() -> None:
+    from omnilearn.emulator import retry
+
+    text = (ROOT / "docs" / "design" / "emulator.md").read_text()
+    assert f"is tried again after {retry.RETRY_FIRST_S} s." in text
+    assert f"The wait doubles up to {retry.RETRY_CAP_S:g} s, for at most {retry.MAX_RETRIES} attempts" in text
