@@ -27,8 +27,8 @@ PACKAGE = ROOT / "pytorch" / "omnilearn"
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").rglob("*.md"))
 RESULTS = sorted((ROOT / "results").glob("*.md"))
-PAGES = [README, *DOCS]  # what a user reads as describing this checkout
-GUIDE = [README, *(p for p in DOCS if "reference" not in p.parts)]  # prose written by hand
+PAGES = [README, ROOT / "cpus_allocation.md", *DOCS]  # what a user reads as describing this checkout
+GUIDE = [README, ROOT / "cpus_allocation.md", *(p for p in DOCS if "reference" not in p.parts)]  # prose written by hand
 
 ROOT_DIRS = ("pytorch", "configs", "examples", "scripts", "tests", "docs", "results", "figures", "docker")
 PACKAGE_DIRS = tuple(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
