@@ -162,6 +162,9 @@ def named_paths(text: str) -> list[str]:
         elif token in ("Makefile", "Dockerfile", "docker_install.sh", "cpus_allocation.md", "pyproject.toml",
                        "requirements.lock"):
             out.append(token)
+    for block in code_blocks(text):  # diagrams name modules by package-relative paths
+        out += [f"pytorch/omnilearn/{m}" for m in
+                re.findall(rf"(?<![\w./-])((?:{'|'.join(PACKAGE_DIRS)})/[\w/]*\.py)\b", block)]
     return [p.rstrip(".,;:") for p in out]
 
 
