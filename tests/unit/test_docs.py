@@ -370,3 +370,12 @@ def test_retry_constants_match_the_emulator_page() -> None:
     text = (ROOT / "docs" / "design" / "emulator.md").read_text()
     assert f"is tried again after {retry.RETRY_FIRST_S} s." in text
     assert f"The wait doubles up to {retry.RETRY_CAP_S:g} s, for at most {retry.MAX_RETRIES} attempts" in text
+
+
+def test_audit_limits_match_the_request_protocol_page() -> None:
+    from omnilearn.emulator import requests as rq
+
+    text = (ROOT / "docs" / "design" / "request-protocol.md").read_text()
+    assert f"{rq.MAX_AUDIT_LINE_BYTES // 2**10} KiB a line, depth {rq.MAX_AUDIT_DEPTH}." in text
+    assert f"at most {rq.MAX_STRAY_REPORTS} stray names" in text
+    assert f"past {rq.MAX_LOG_BYTES // 2**20} MiB" in (ROOT / "docs" / "design" / "security.md").read_text()
