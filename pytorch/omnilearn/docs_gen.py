@@ -178,6 +178,26 @@ def _flag_row(a: argparse.Action, keys: dict[str, str]) -> str | None:
     return f"| {names} | {_cell(help_text)}{_cell(extra)} |"
 
 
+def usage(cmd: str, p: argparse.ArgumentParser) -> str:
+    """A one-line synopsis built from the parser's actions (argparse's own wording differs between Pythons)."""
+    parts = [cmd]
+    for a in p._actions:
+        if isinstance(a, argparse._HelpAction):
+            continue
+        if isinstance(a, argparse._SubParsersAction):
+            parts.append("{" + ",".join(a.choices) + "} ...")
+            continue
+        if not a.option_strings:
+            parts.append("-- COMMAND ..." if a.nargs == argparse.REMAINDER else a.dest)
+            continue
+        text = a.option_strings[0]
+        if a.nargs != 0:
+            metavar = a.metavar or ("{" + ",".join(map(str, a.choices)) + "}" if a.choices else a.dest.upper())
+            text += f" [{metavar}]" if a.nargs == "?" else f" {metavar}"
+        parts.append(text if a.required else f"[{text}]")
+    return " ".join(parts)
+
+
 def cli_commands() -> list[tuple[str, argparse.ArgumentParser, str]]:
     """(full command, parser, help) of every command and sub-command."""
     from omnilearn.cli import build_parser
@@ -217,7 +237,7 @@ def cli_markdown() -> str:
     for cmd, p, h in commands:
         keys = shorthand_keys(p)
         rows = [r for r in (_flag_row(a, keys) for a in p._actions) if r]
-        lines += ["", f"## {cmd}\n", _cell(h) + "\n", "```", _cell(p.format_usage().replace("usage: ", "")), "```"]
+        lines += ["", f"## {cmd}\n", _cell(h) + "\n", "```", usage(cmd, p), "```"]
         if rows:
             lines += ["", "| flag | doc |", "|---|---|", *rows]
     return "\n".join(lines) + "\n"
