@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+from omnilearn.config.sections import ControlConfig
 from omnilearn.control.policies import KNOWS
 from omnilearn.emulator.plan import SERVER_TARGET
 from omnilearn.files import read_records, write_atomic
@@ -18,9 +20,10 @@ from omnilearn.report.targets import target_report
 
 FINAL_WINDOW = 8  # steps per worker behind the "final" compute time (at the final batch size)
 SETTLED = 0.10  # a level change is settled once the compute-time imbalance is at most this
-CONTROL_KEYS = ("interval", "confidence", "drift", "hazard", "probe_steps", "window", "min_samples", "deadband",
-                "hysteresis", "skip_after_change", "change_threshold", "fit_overhead", "damp_reversals",
-                "min_batch", "max_batch")
+# What ``summary.json``'s ``control`` says the policy ran with: every field of the control section but the
+# policy's name (its own key) and the memory keys (the same whatever the policy). Derived, so a new field shows.
+CONTROL_KEYS = tuple(f.name for f in dataclasses.fields(ControlConfig)
+                     if f.name not in ("policy", "memory_bounds", "memory_margin"))
 
 
 def _by_kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
