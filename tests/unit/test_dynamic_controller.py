@@ -131,7 +131,7 @@ def test_equal_speeds_hold_whatever_the_noise() -> None:
         moves += ctl.decide(steps_left=100) is not None
     # A posterior this uncertain finds a small gain now and then (a few samples each way): rarely.
     assert moves <= 4 and max(ctl.batch) - min(ctl.batch) <= 8
-    assert sum(ctl.holds.values()) >= 98
+    assert sum(ctl.holds.values()) >= 96
 
 
 def test_time_that_does_not_follow_the_batch_is_left_alone() -> None:

@@ -43,7 +43,7 @@ NOISE_PRIOR = 0.05
 NOISE_FLOOR = 0.005
 """The smallest measurement noise believed: timers and schedulers are never exact."""
 NOISE_MEMORY = 32
-"""Steps over which the measurement noise is averaged (a forgetting mean)."""
+"""Steps of each worker's innovations behind its measurement noise."""
 PRIOR_WEIGHT = 4.0
 """The prior noise counts as this many steps of evidence."""
 JUMP = 1.0
@@ -118,6 +118,10 @@ class SpeedModel:
         self.hist_nu = np.zeros((SHIFT_STEPS, n))
         self.hist_s = np.ones((SHIFT_STEPS, n))
         self.hist_count = np.zeros(n, int)
+        self.noise_abs = np.zeros((NOISE_MEMORY, n))  # each worker's recent |innovation| (oldest first)
+        self.noise_count = np.zeros(n, int)
+        self.last_nu = np.full(n, np.nan)  # each worker's innovation at its last steady step
+        self.last_b = np.zeros(n)  # and the batch it was at
 
     # ------------------------------------------------------------------ k's posterior
 
@@ -203,7 +207,7 @@ class SpeedModel:
         resid = z - self.u
         common = self._common(resid, live) if self.relative else 0.0
         share = 1.0 - 1.0 / max(int(live.sum()), 2) if self.relative else 1.0
-        changed = self._filter(np.where(live, resid - common, 0.0), live, share)
+        changed = self._filter(np.where(live, resid - common, 0.0), live, b, share)
         self.scale = common if self.scale is None else 0.7 * self.scale + 0.3 * common
         self.lo = np.where(live & ((self.lo == 0) | (b < self.lo)), b, self.lo)
         self.hi = np.where(live & (b > self.hi), b, self.hi)
@@ -234,14 +238,16 @@ class SpeedModel:
         z = math.log(max(seconds, 1e-9)) - math.log(batch + self.k)
         resid = np.zeros(self.workers)
         resid[worker] = z - self.u[worker]
-        changed = self._filter(resid, live)
+        at = np.zeros(self.workers)
+        at[worker] = batch
+        changed = self._filter(resid, live, at)
         self.scale = 0.0
         self.lo[worker] = batch if self.lo[worker] == 0 else min(self.lo[worker], batch)
         self.hi[worker] = max(self.hi[worker], batch)
         self.measured += 1
         return bool(changed)
 
-    def _filter(self, nu: np.ndarray, live: np.ndarray, share: float = 1.0) -> list[int]:
+    def _filter(self, nu: np.ndarray, live: np.ndarray, batch: np.ndarray, share: float = 1.0) -> list[int]:
         """The Kalman step of every live worker on its innovation ``nu``, a mixture of 'no jump' (a
         Student-t weighted update) and 'jump' (the variance reopened), weighed by their likelihoods.
         ``share``: the part of a worker's noise left in its innovation once the step's common factor
@@ -268,16 +274,34 @@ class SpeedModel:
         self.hist_count[jump] = 0
         shifted = self._shifts(nu, s, live & ~jump)
         jump = jump | shifted
-        # The noise scale learns from steps that were no jump: a forgetting mean of weighted squares.
-        steady = live & ~jump
-        alpha = 1.0 / NOISE_MEMORY
-        sample = np.maximum(w * nu * nu / share - prior, 0.0)
-        target = np.where(steady, sample, self.noise2)
-        self.noise2 = np.maximum((1 - alpha) * self.noise2 + alpha * target, NOISE_FLOOR ** 2)
+        self._learn_noise(nu / math.sqrt(share), live & ~jump, live, batch)
         changed = [int(i) for i in np.flatnonzero(jump)]
         for i in changed:
             self.regimes[i] += 1
         return changed
+
+    def _learn_noise(self, nu: np.ndarray, steady: np.ndarray, live: np.ndarray, batch: np.ndarray) -> None:
+        """Each worker's measurement noise from how its innovation (``nu``, scaled back to one worker's)
+        changes from one step to the next at the same batch: a bias of the estimate (a speed that moved
+        a little, a k slightly off) is the same in both and drops out, the noise does not. The median
+        of the last :data:`NOISE_MEMORY` changes, as a normal sd (1.4826 MAD / sqrt(2): robust to the
+        heavy tails it is the scale of), shrunk towards the pool of every worker's (a worker with few
+        steps borrows the others' scale; :data:`PRIOR_WEIGHT` steps of :data:`NOISE_PRIOR` before any)."""
+        b = np.asarray(batch, float)
+        pair = steady & ~np.isnan(self.last_nu) & (b == self.last_b)
+        self.noise_abs[:-1, pair] = self.noise_abs[1:, pair]
+        self.noise_abs[-1, pair] = np.abs(nu[pair] - self.last_nu[pair]) / math.sqrt(2)
+        self.noise_count[pair] = np.minimum(self.noise_count[pair] + 1, NOISE_MEMORY)
+        self.last_nu = np.where(steady, nu, np.where(live, np.nan, self.last_nu))
+        self.last_b = np.where(steady, b, self.last_b)
+        n = self.noise_count
+        own = np.full(self.workers, NOISE_PRIOR ** 2)
+        for i in np.flatnonzero(n):
+            own[i] = max((1.4826 * float(np.median(self.noise_abs[-n[i]:, i]))) ** 2, NOISE_FLOOR ** 2)
+        pool_n = float(n.sum())
+        pool = float(np.median(own[n > 0])) if pool_n else NOISE_PRIOR ** 2
+        pool = (pool * pool_n + NOISE_PRIOR ** 2 * PRIOR_WEIGHT) / (pool_n + PRIOR_WEIGHT)
+        self.noise2 = np.maximum((own * n + pool * PRIOR_WEIGHT) / (n + PRIOR_WEIGHT), NOISE_FLOOR ** 2)
 
     def _shifts(self, nu: np.ndarray, s: np.ndarray, live: np.ndarray) -> np.ndarray:
         """A change too small to show in one step shows in several: the mean of a worker's last m
@@ -326,6 +350,8 @@ class SpeedModel:
         self.u, self.var, self.noise2 = self.u[idx], self.var[idx], self.noise2[idx]
         self.lo, self.hi = self.lo[idx], self.hi[idx]
         self.hist_nu, self.hist_s, self.hist_count = self.hist_nu[:, idx], self.hist_s[:, idx], self.hist_count[idx]
+        self.noise_abs, self.noise_count = self.noise_abs[:, idx], self.noise_count[idx]
+        self.last_nu, self.last_b = self.last_nu[idx], self.last_b[idx]
         self.regimes = [self.regimes[i] for i in workers]
         if self.relative:
             self.u -= self.u.mean()
@@ -334,10 +360,15 @@ class SpeedModel:
         return {"u": self.u.tolist(), "var": self.var.tolist(), "noise2": self.noise2.tolist(),
                 "k_log": self.k_log.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(), "scale": self.scale,
                 "measured": self.measured, "regimes": list(self.regimes), "hist_nu": self.hist_nu.tolist(),
-                "hist_s": self.hist_s.tolist(), "hist_count": self.hist_count.tolist()}
+                "hist_s": self.hist_s.tolist(), "hist_count": self.hist_count.tolist(),
+                "noise_abs": self.noise_abs.tolist(), "noise_count": self.noise_count.tolist(),
+                "last_nu": [None if math.isnan(x) else x for x in self.last_nu], "last_b": self.last_b.tolist()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        for key in ("u", "var", "noise2", "k_log", "lo", "hi", "hist_nu", "hist_s"):
+        for key in ("u", "var", "noise2", "k_log", "lo", "hi", "hist_nu", "hist_s", "noise_abs"):
             setattr(self, key, np.asarray(d[key], float))
         self.hist_count = np.asarray(d["hist_count"], int)
+        self.noise_count = np.asarray(d["noise_count"], int)
+        self.last_nu = np.asarray([np.nan if x is None else x for x in d["last_nu"]], float)
+        self.last_b = np.asarray(d["last_b"], float)
         self.scale, self.measured, self.regimes = d["scale"], int(d["measured"]), list(d["regimes"])
