@@ -124,10 +124,10 @@ class ControlConfig:
     """dynamic: the prior probability, per worker and step, that its speed jumps (a level change, a
     neighbour's job): larger believes one surprising step sooner. 1 / hazard also bounds the steps a
     new split is expected to serve."""
-    probe_steps: int = 1
-    """dynamic: rounds of the start-up probe (each worker times one step at B/(4n) and one at B/(2n)
-    after a warm-up, once its first allocation is in force); 0: no probe, the equal split until
-    steps are measured."""
+    probe_steps: int = 2
+    """dynamic: rounds of the start-up probe (each worker times one step at B/(4n) and one at B/(2n) a
+    round, once its first allocation is in force; the least of two rounds counts, the median of more);
+    0: no probe, the equal split until steps are measured."""
     window: int = 16
     """dynamic-v1, paper: compute-time measurements kept per worker (median)."""
     min_samples: int = 1

@@ -10,6 +10,7 @@ its owner gives it, and measures its own cost (``overhead_ms``: wall time spent 
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,12 @@ from omnilearn.control.controller import Controller
 Write = Callable[..., None]
 """``write(kind, **fields)``: one record (the trainers' MetricsWriter.write, the simulator's recorder)."""
 Shares = Callable[[], Sequence[float | None]]
+
+
+def probe_time(times: Sequence[float]) -> float:
+    """One worker's probe time at one size from its rounds: the least of up to two (an interruption
+    only adds time), the median of more."""
+    return min(times) if len(times) <= 2 else statistics.median(times)
 
 
 def _ms(times: Sequence[float] | None) -> list[float] | None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from omnilearn.config import JobConfig
 from omnilearn.control.controller import make_controller
-from omnilearn.control.loop import ControlLoop
+from omnilearn.control.loop import ControlLoop, probe_time
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.plan import EmulationPlan
 from omnilearn.metrics import METRICS_DIR, metrics_path
@@ -106,14 +106,14 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
     change_level(plan.schedule.level_at(0), 0.0, 0)
     loop.start(lambda: shares(state["level"]), False, step=0, time=0.0)
     sizes = loop.probe_sizes()
-    if sizes is not None:  # dynamic's start-up probe: a warm-up, then rounds at the two sizes, every worker
+    if sizes is not None:  # dynamic's start-up probe: rounds at the two sizes, every worker
         small, large = sizes
         rounds = c.probe_steps
-        probe = [([timed(r, state["level"], small) for _ in range(rounds + 1)],
+        probe = [([timed(r, state["level"], small) for _ in range(rounds)],
                   [timed(r, state["level"], large) for _ in range(rounds)]) for r in range(n)]
         cost = max(sum(a) + sum(b) for a, b in probe)
-        loop.probe(small, large, [statistics.median(a[1:]) for a, _ in probe],
-                   [statistics.median(b) for _, b in probe], cost, step=0, time=0.0)
+        loop.probe(small, large, [probe_time(a) for a, _ in probe], [probe_time(b) for _, b in probe], cost,
+                   step=0, time=0.0)
         clock += cost
     position, eval_time = 0.0, 0.0
     per_level: dict[str, list[tuple[str, int]]] = {}

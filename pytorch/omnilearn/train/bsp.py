@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import copy
 import logging
-import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
 from omnilearn.control.controller import make_controller
-from omnilearn.control.loop import ControlLoop
+from omnilearn.control.loop import ControlLoop, probe_time
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.client import AllocationClient
 from omnilearn.jobfile import JobSpec
@@ -222,8 +221,9 @@ class BSPTrainer:
                        lambda: self.shares(self.client.level), step=step)
 
     def probe(self, step: int) -> None:
-        """``dynamic``: once the first allocation is in force, every worker times a warm-up step and
-        ``control.probe_steps`` rounds of one step at each of two batch sizes (forward, backward and
+        """``dynamic``: once the first allocation is in force, every worker times ``control.probe_steps``
+        rounds of one step at each of two batch sizes (the least of two rounds: the first also carries
+        the new allocation, threads and shapes) (forward, backward and
         update, on its own, no collective), then one gather gives every rank every worker's times: k
         and the speeds, and a balanced split before step 1. The model and optimizer are restored after."""
         sizes = self.controller.probe_sizes()
@@ -242,13 +242,11 @@ class BSPTrainer:
             self._sync_cuda()
             return time.perf_counter() - t0
 
-        timed(small)  # warm-up: the first step under the new allocation and thread count
         rounds = [(timed(small), timed(large)) for _ in range(self.cfg.control.probe_steps)]
         self.model.load_state_dict(saved[0])
         self.optimizer.load_state_dict(saved[1])
         self.grads.zero()
-        own = [statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds),
-               time.perf_counter() - t_start]
+        own = [probe_time([r[0] for r in rounds]), probe_time([r[1] for r in rounds]), time.perf_counter() - t_start]
         every = distributed.all_gather_floats(own, self.env.device)
         self.loop.probe(small, large, [g[0] for g in every], [g[1] for g in every], max(g[2] for g in every),
                         step=step)
