@@ -125,8 +125,21 @@ def test_batchnorm_statistics_add_up_as_changes(tmp_path: Path) -> None:
     assert int(server.model.bn.num_batches_tracked) == 2
 
 
+def test_server_dynamic_rebalances_on_one_measurement_of_each_worker(tmp_path: Path) -> None:
+    server = make_server(tmp_path, ("control.policy", "dynamic"))
+    flat = torch.zeros_like(server.state)
+    push(server, 1, 1, 0, flat, batch=8, compute_s=0.4)
+    push(server, 1, 2, 1, flat, batch=8, compute_s=0.4)  # worker 2 has no measurement yet: no decision
+    assert server.controller.batch == [8, 8] and server.controller.holds == {"uncertain": 2}
+    reply = push(server, 2, 1, 2, flat, batch=8, compute_s=0.1)  # worker 1 is 4x slower
+    assert server.controller.batch[0] <= 3 and reply["batch"] == server.controller.batch[1]
+    assert sum(server.controller.batch) == 16
+    change = records(tmp_path, "batch_change")[-1]
+    assert change["old"] == [8, 8] and change["reason"] == "compute-time" and change["gain_s"] > 0
+
+
 def test_server_controller_rebalances_without_a_barrier(tmp_path: Path) -> None:
-    server = make_server(tmp_path, ("control.policy", "dynamic"), ("control.min_samples", 2),
+    server = make_server(tmp_path, ("control.policy", "dynamic-v1"), ("control.min_samples", 2),
                          ("control.deadband", 0.05))
     flat = torch.zeros_like(server.state)
     assert server.controller.batch == [8, 8]
@@ -150,7 +163,7 @@ def test_server_dynamic_is_never_told_the_allocations_or_the_level(tmp_path: Pat
     server = make_server(tmp_path, ("emulation.hl", None), ("emulation.schedule", str(schedule)),
                          ("emulation.backend", "auto"), ("emulation.allocation", "quota"),
                          ("emulation.levels", {"EVEN": [0.5, 0.5], "SKEW": [0.2, 0.6]}),
-                         ("control.policy", "dynamic"), ("control.min_samples", 2))
+                         ("control.policy", "dynamic-v1"), ("control.min_samples", 2))
 
     def unreadable(level: str) -> list[float | None]:
         raise AssertionError("the dynamic policy was given the allocations")

@@ -274,7 +274,8 @@ class SpeedModel:
         self.hist_count[jump] = 0
         shifted = self._shifts(nu, s, live & ~jump)
         jump = jump | shifted
-        self._learn_noise(nu / math.sqrt(share), live & ~jump, live, batch)
+        # an estimate that existed before this step (not a first measurement, not a reopened one)
+        self._learn_noise(nu / math.sqrt(share), live & ~jump & (prior < JUMP ** 2), live, batch)
         changed = [int(i) for i in np.flatnonzero(jump)]
         for i in changed:
             self.regimes[i] += 1
