@@ -355,6 +355,8 @@ def run_suite(out: Path, scenarios: str | Path | None = None, policies: Sequence
     tasks = [(sc, list(range(s, min(s + CHUNK, sc.seeds))), chosen) for sc in suite for s in range(0, sc.seeds, CHUNK)]
     tasks.sort(key=lambda t: -t[0].workers * t[0].steps * len(t[1]))
     jobs = jobs if jobs is not None else min(2, os.cpu_count() or 1)
+    if jobs < 1:
+        raise UserError(f"--jobs {jobs}: must be at least 1")
     if jobs > 1 and len(tasks) > 1:
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
             parts = pool.map(_task, tasks, chunksize=1)

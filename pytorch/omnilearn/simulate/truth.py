@@ -26,13 +26,14 @@ and the benchmark's settling is measured against (:mod:`.scenarios`).
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from omnilearn.emulator.levels import load_tables, parse_cpuset
+from omnilearn.emulator.levels import LevelTable, load_tables, parse_cpuset
 from omnilearn.emulator.schedule import load_schedule
 from omnilearn.emulator.trace_parse import load_trace
 from omnilearn.errors import UserError
@@ -128,10 +129,15 @@ class Scenario:
 
 # ---------------------------------------------------------------------------------------------- speeds
 
+@functools.lru_cache(maxsize=1)
+def _bsp_table() -> LevelTable:
+    return load_tables()["bsp"]
+
+
 def level_shares(level: str, workers: int, cpus_per_worker: float, where: str) -> np.ndarray:
     """Every worker's share (cores) at ``level``: its cores against an HL1 worker's, times
     ``cpus_per_worker``."""
-    table = load_tables()["bsp"]
+    table = _bsp_table()
     if level not in table.levels:
         raise UserError(f"{where}: level {level!r} is not in the BSP table (known: {', '.join(table.levels)})")
     if table.clusters and workers % table.per_server == 0:
