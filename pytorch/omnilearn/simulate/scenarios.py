@@ -170,8 +170,10 @@ class Run:
     """Decisions taken before each step (cumulative), and after the last at index ``steps``."""
 
 
-def run_policy(world: World, policy: str, oracle_step_s: np.ndarray) -> Run:
-    """``policy`` on ``world`` through the trainers' loop (see the module)."""
+def run_policy(world: World, policy: str, oracle_step_s: np.ndarray,
+               records: list[dict[str, Any]] | None = None) -> Run:
+    """``policy`` on ``world`` through the trainers' loop (see the module); ``records``: a list to
+    receive every record the loop writes (``{"kind": ..., **fields}``), to see why a policy did what it did."""
     sc, line = world.sc, world.line
     n, B = sc.workers, sc.global_batch
     assert B is not None
@@ -180,6 +182,8 @@ def run_policy(world: World, policy: str, oracle_step_s: np.ndarray) -> Run:
     count = [0]
 
     def write(kind: str, **fields: Any) -> None:
+        if records is not None:
+            records.append({"kind": kind, **fields})
         if kind == "batch_change" and fields.get("reason") == "compute-time":
             count[0] += 1
 
