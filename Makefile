@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-docker lint clean
+.PHONY: install demo test test-docker check lint docs docs-check docs-site docs-serve clean
 
 install: $(STAMP)
 
@@ -27,8 +27,29 @@ test: $(STAMP)
 test-docker: $(STAMP)
 	OMNILEARN_REQUIRE_DOCKER=1 $(PY) -m pytest -q -m docker tests
 
+# The quick unit tier (under 3 minutes): no training runs, no Docker.
+check: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+# The generated references, docs/reference/config.md and cli.md, from the config dataclasses and the
+# argument parser; tests/unit/test_docs_reference.py fails when the committed files differ.
+docs: $(STAMP)
+	$(PY) -m omnilearn.docs_gen
+
+docs-check: $(STAMP)
+	$(PY) -m omnilearn.docs_gen --check
+
+# The Markdown as a site (mkdocs, material theme; pins in docs/requirements.txt, installed on demand).
+docs-site: docs
+	$(PY) -m pip install --quiet -r docs/requirements.txt
+	MKDOCS=$(VENV)/bin/mkdocs scripts/docs_site.sh build
+
+docs-serve: docs
+	$(PY) -m pip install --quiet -r docs/requirements.txt
+	MKDOCS=$(VENV)/bin/mkdocs scripts/docs_site.sh serve
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pytorch tests
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache build site

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from omnilearn.config import ControlConfig
-from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
+from omnilearn.control.v1 import BatchController
 from omnilearn.emulator.levels import load_tables, resolve_level
 from omnilearn.train.sampler import GlobalBatchSampler
 

@@ -11,8 +11,8 @@ import pytest
 
 from omnilearn.config import ControlConfig
 from omnilearn.control import policies
-from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
+from omnilearn.control.v1 import BatchController
 from omnilearn.control.windows import ComputeWindow, StepWindow
 
 
@@ -97,7 +97,7 @@ def simulate(speeds: list[float], k: float, B: int, steps: int, noise: float, se
     ``new_speeds`` and nobody is told. Returns the controller, the per-step imbalance and the steps
     after which batches changed."""
     rng = random.Random(seed)
-    ctl = BatchController(ControlConfig(policy="dynamic", fit_overhead=fit), global_batch=B,
+    ctl = BatchController(ControlConfig(policy="dynamic-v1", fit_overhead=fit), global_batch=B,
                           bounds=bounds(len(speeds), 2, B=B))
     history, changed = [], []
     for step in range(1, steps + 1):
@@ -144,14 +144,14 @@ def test_a_speed_change_nobody_announces_is_found_and_balanced() -> None:
 
 
 def test_controller_decision_is_identical_for_identical_inputs() -> None:
-    a = BatchController(ControlConfig(policy="dynamic"), global_batch=100, bounds=bounds(3, B=100))
-    b = BatchController(ControlConfig(policy="dynamic"), global_batch=100, bounds=bounds(3, B=100))
+    a = BatchController(ControlConfig(policy="dynamic-v1"), global_batch=100, bounds=bounds(3, B=100))
+    b = BatchController(ControlConfig(policy="dynamic-v1"), global_batch=100, bounds=bounds(3, B=100))
     assert measured(a, [0.3, 0.9, 0.31]).decide() == measured(b, [0.3, 0.9, 0.31]).decide()
     assert a.batch == b.batch
 
 
 def test_controller_waits_for_enough_samples() -> None:
-    c = BatchController(ControlConfig(policy="dynamic", min_samples=2), global_batch=100, bounds=bounds(2, B=100))
+    c = BatchController(ControlConfig(policy="dynamic-v1", min_samples=2), global_batch=100, bounds=bounds(2, B=100))
     assert measured(c, [0.1, 0.5]).decide() is None
     assert measured(c, [0.1, 0.5]).decide() is not None
     # After a change the next step carries the new sizes (skipped), then measuring starts again.
@@ -159,7 +159,7 @@ def test_controller_waits_for_enough_samples() -> None:
 
 
 def test_asp_windows_are_per_worker_and_take_only_the_current_batch() -> None:
-    c = BatchController(ControlConfig(policy="dynamic", min_samples=2), global_batch=100, bounds=bounds(2, B=100),
+    c = BatchController(ControlConfig(policy="dynamic-v1", min_samples=2), global_batch=100, bounds=bounds(2, B=100),
                         synchronous=False)
     for _ in range(2):
         c.observe(0, 50, 0.1)
@@ -173,14 +173,14 @@ def test_asp_windows_are_per_worker_and_take_only_the_current_batch() -> None:
 
 def test_deadband_widens_with_few_measurements() -> None:
     # A 10% spread is noise with one measurement (0.04 * sqrt(16 / 1) = 0.16), a real imbalance with eight.
-    one = BatchController(ControlConfig(policy="dynamic"), global_batch=128, bounds=bounds(4))
+    one = BatchController(ControlConfig(policy="dynamic-v1"), global_batch=128, bounds=bounds(4))
     assert measured(one, [1.0, 1.0, 1.0, 1.1]).decide() is None
-    eight = BatchController(ControlConfig(policy="dynamic"), global_batch=128, bounds=bounds(4))
+    eight = BatchController(ControlConfig(policy="dynamic-v1"), global_batch=128, bounds=bounds(4))
     assert measured(eight, [1.0, 1.0, 1.0, 1.1], steps=8).decide() is not None
 
 
 def test_relative_times_ignore_what_slows_every_worker_alike() -> None:
-    c = BatchController(ControlConfig(policy="dynamic"), global_batch=128, bounds=bounds(4))
+    c = BatchController(ControlConfig(policy="dynamic-v1"), global_batch=128, bounds=bounds(4))
     for host in (1.0, 1.6, 0.8, 1.3, 1.0, 2.0, 1.0, 1.1):
         c.observe_step([host * t for t in (1.0, 1.0, 1.0, 1.0)])
     assert c.steps.count == 8 and c.regimes() == [0, 0, 0, 0] and c.decide() is None
@@ -189,19 +189,19 @@ def test_relative_times_ignore_what_slows_every_worker_alike() -> None:
 def test_noisy_steps_need_more_of_them_and_are_no_speed_change() -> None:
     # Steps a few CFS periods long: each worker's time jumps by up to 2x either way from step to step.
     rng = random.Random(3)
-    c = BatchController(ControlConfig(policy="dynamic"), global_batch=128, bounds=bounds(4))
+    c = BatchController(ControlConfig(policy="dynamic-v1"), global_batch=128, bounds=bounds(4))
     for _ in range(6):
         c.observe_step([t * math.exp(rng.uniform(-0.7, 0.7)) for t in (1.0, 1.0, 1.0, 1.0)])
     noise = c.steps.noise()
     assert noise is not None and noise > 0.2
     assert c.samples_needed() == 8  # half the window, not one step
     assert c.regimes() == [0, 0, 0, 0]  # jumps within the noise changed nobody's speed
-    quiet = BatchController(ControlConfig(policy="dynamic"), global_batch=128, bounds=bounds(4))
+    quiet = BatchController(ControlConfig(policy="dynamic-v1"), global_batch=128, bounds=bounds(4))
     for host in (1.0, 1.3, 0.9, 1.1):
         quiet.observe_step([host * t * (1 + 0.02 * i) for i, t in enumerate((1.0, 1.0, 1.0, 1.0))])
     assert quiet.samples_needed() == 1
     # Noise of about 6% a step: a 20% spread after one step is within it, after eight it is not.
-    c = BatchController(ControlConfig(policy="dynamic"), global_batch=128, bounds=bounds(4))
+    c = BatchController(ControlConfig(policy="dynamic-v1"), global_batch=128, bounds=bounds(4))
     for _ in range(6):
         c.observe_step([t * math.exp(rng.gauss(0, 0.06)) for t in (1.0, 1.0, 1.0, 1.0)])
     noise = c.steps.noise()
@@ -213,7 +213,7 @@ def test_steps_that_jump_by_a_period_now_and_then_are_noisy() -> None:
     # Steps within 1%, but one in about sixteen a whole CFS period (2x) longer: the median of the
     # step-to-step changes stays near 1%, and a controller trusting it alone would chase every jump.
     rng = random.Random(3)
-    c = BatchController(ControlConfig(policy="dynamic"), global_batch=128, bounds=bounds(4))
+    c = BatchController(ControlConfig(policy="dynamic-v1"), global_batch=128, bounds=bounds(4))
     for _ in range(17):
         c.observe_step([t * (1 + rng.uniform(-0.01, 0.01)) * (2.0 if rng.random() < 0.06 else 1.0)
                         for t in (1.0, 1.0, 1.0, 1.0)])
@@ -233,7 +233,7 @@ class Unreadable(Sequence):
         raise AssertionError("the policy read the allocations")
 
 
-@pytest.mark.parametrize("policy", ["uniform", "dynamic", "paper"])
+@pytest.mark.parametrize("policy", ["uniform", "dynamic-v1", "paper"])
 def test_policies_not_named_for_allocations_never_read_them(policy: str) -> None:
     c = BatchController(ControlConfig(policy=policy).effective(128, 4), global_batch=128, bounds=bounds(4))
 
@@ -247,8 +247,8 @@ def test_policies_not_named_for_allocations_never_read_them(policy: str) -> None
 
 
 def test_dynamic_decides_alike_whatever_the_allocations() -> None:
-    a = BatchController(ControlConfig(policy="dynamic"), global_batch=128, bounds=bounds(4))
-    b = BatchController(ControlConfig(policy="dynamic"), global_batch=128, bounds=bounds(4))
+    a = BatchController(ControlConfig(policy="dynamic-v1"), global_batch=128, bounds=bounds(4))
+    b = BatchController(ControlConfig(policy="dynamic-v1"), global_batch=128, bounds=bounds(4))
     a.initial([1.0, 1.0, 1.0, 8.0])
     b.initial([8.0, 1.0, 1.0, 1.0])
     for times in ([4.0, 4.0, 6.0, 1.0], [1.2, 1.1, 1.0, 1.3], [1.0, 1.0, 1.0, 1.02]):
@@ -288,7 +288,7 @@ def test_window_skips_first_step_after_change_and_uses_median() -> None:
 
 
 def test_set_bounds_resplits_when_violated() -> None:
-    c = BatchController(ControlConfig(policy="dynamic"), global_batch=120, bounds=bounds(3, B=120), batch=[20, 20, 80])
+    c = BatchController(ControlConfig(policy="dynamic-v1"), global_batch=120, bounds=bounds(3, B=120), batch=[20, 20, 80])
     assert c.set_bounds(Bounds(2, (120, 120, 50))) is not None
     assert c.batch[2] == 50 and sum(c.batch) == 120
 
@@ -372,7 +372,7 @@ def test_paper_preset_and_rule() -> None:
     eff = ControlConfig(policy="paper", deadband=0.01, interval=3).effective(global_batch=128, workers=4)
     assert (eff.interval, eff.deadband, eff.min_batch, eff.max_batch) == (0, 0.2, 16, 96)  # its [16, 96] at 32
     assert not eff.fit_overhead and eff.change_threshold == 0 and eff.skip_after_change == 0
-    assert ControlConfig(policy="dynamic").effective(128, 4) == ControlConfig(policy="dynamic")
+    assert ControlConfig(policy="dynamic-v1").effective(128, 4) == ControlConfig(policy="dynamic-v1")
     b = Bounds(16, (96,) * 4)
     # Every batch would move by less than 20% of its new size: kept.
     assert policies.paper([32, 32, 32, 32], [1.0, 1.0, 1.1, 0.95], 128, b) == [32, 32, 32, 32]
@@ -387,7 +387,7 @@ def test_paper_preset_and_rule() -> None:
 
 
 def test_a_settled_controller_needs_hysteresis_times_the_deadband_until_a_speed_change() -> None:
-    cfg = ControlConfig(policy="dynamic", interval=1, window=4, min_samples=1, deadband=0.04, hysteresis=2.0,
+    cfg = ControlConfig(policy="dynamic-v1", interval=1, window=4, min_samples=1, deadband=0.04, hysteresis=2.0,
                         change_threshold=0.0, fit_overhead=False, skip_after_change=0)
     c = BatchController(cfg, 64, Bounds(1, (64, 64)), synchronous=False)
     for _ in range(4):  # within the deadband: nothing to do, and now settled
@@ -411,7 +411,7 @@ def test_a_settled_controller_needs_hysteresis_times_the_deadband_until_a_speed_
 
 def test_after_a_quick_first_decision_bsp_waits_for_two_steps_per_split_until_it_knows_its_noise() -> None:
     """A job deciding every other step on one step each never measures its noise and chases it."""
-    c = ControlConfig(policy="dynamic").effective(120, 3)
+    c = ControlConfig(policy="dynamic-v1").effective(120, 3)
     ctl = BatchController(c, 120, bounds(3, B=120))
     ctl.forget(skip=0)
     ctl.observe_step([1.0, 2.0, 4.0])

@@ -15,8 +15,8 @@ import pytest
 from omnilearn import config
 from omnilearn.config import ControlConfig
 from omnilearn.control import policies
-from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
+from omnilearn.control.v1 import BatchController
 from omnilearn.errors import UserError
 
 SPEEDS = [16.0, 16.0, 10.0, 62.0]
@@ -40,7 +40,7 @@ def simulate(alpha: float, noise: float, seed: int, damp: bool, steps: int = 40)
     """The BSP controller (default settings) against ``t_i = b_i ** alpha / s_i`` with Gaussian noise;
     returns the true imbalance (noise-free) after each step and the number of decisions."""
     rng = random.Random(seed)
-    ctl = BatchController(ControlConfig(policy="dynamic", damp_reversals=damp), global_batch=B,
+    ctl = BatchController(ControlConfig(policy="dynamic-v1", damp_reversals=damp), global_batch=B,
                           bounds=Bounds.make(len(SPEEDS), 2, None, B))
     imbalance, decisions = [], 0
     for step in range(1, steps + 1):

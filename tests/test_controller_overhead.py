@@ -16,8 +16,8 @@ import pytest
 
 from omnilearn.config import ControlConfig
 from omnilearn.control import policies
-from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
+from omnilearn.control.v1 import BatchController
 
 CORES = {"HL1": [12, 12, 12, 12], "HL2": [12, 12, 8, 16], "HL4": [9, 9, 6, 24], "HL8": [6, 6, 4, 32]}
 K = 8.0  # samples' worth of fixed cost per step
@@ -33,7 +33,7 @@ def replay(levels: list[str], noise: float, seed: int) -> tuple[BatchController,
     """The demo job's controller through ``levels`` (6 steps each), never told of a level; step times
     with log-normal noise ``noise``, seeded. Returns the controller and its decisions (level, split)."""
     rng = random.Random(seed)
-    cfg = ControlConfig(policy="dynamic", interval=2, window=3, min_samples=2, deadband=0.05)
+    cfg = ControlConfig(policy="dynamic-v1", interval=2, window=3, min_samples=2, deadband=0.05)
     ctl = BatchController(cfg, global_batch=B, bounds=Bounds.make(4, 2, None, B))
     decisions, step = [], 0
     for level in levels:

@@ -100,12 +100,12 @@ def test_the_trainers_controller_class_takes_the_decisions(run: Path, tmp_path: 
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
 
-    class Counting(control.BatchController):
-        def decide(self, cpu_shares=None):
+    class Counting(control.DynamicController):
+        def decide(self, cpu_shares=None, steps_left=None):
             calls.append(self.workers)
-            return super().decide(cpu_shares)
+            return super().decide(cpu_shares, steps_left)
 
-    monkeypatch.setattr(control, "BatchController", Counting)
+    monkeypatch.setattr(control, "DynamicController", Counting)
     sim = simulate(run, tmp_path / "sim", noise=0.0, figures=False)
     assert len(calls) == sim["simulated"]["decisions"] == sim["steps"] and set(calls) == {2}
 
@@ -119,3 +119,13 @@ def test_a_thousand_workers_report_the_decision_time(run: Path, tmp_path: Path) 
 def test_a_folder_that_is_no_run_is_one_clear_error(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--replay", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "not a run folder" in capfd.readouterr().err
+
+
+def test_the_simulators_decisions_replay_through_the_one_loop(run: Path, tmp_path: Path) -> None:
+    """The simulator drives the trainers' control loop: its recorded inputs give its recorded decisions."""
+    from jobs import decisions_replay
+
+    simulate(run, tmp_path / "sim", noise=1.0, figures=False)
+    recorded, replayed = decisions_replay(tmp_path / "sim")
+    assert [r["reason"] for r in recorded][:2] == ["initial", "probe"] and recorded[1]["batch"] != recorded[0]["batch"]
+    assert recorded == replayed

@@ -14,8 +14,8 @@ import pytest
 
 from jobs import live_workers, wait_until
 from omnilearn import config
-from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
+from omnilearn.control.v1 import BatchController
 from omnilearn.emulator.plan import build_plan
 from omnilearn.files import read_records
 from omnilearn.jobfile import JobSpec
@@ -31,7 +31,7 @@ def _controller(cfg: config.JobConfig, workers: int) -> BatchController:
 
 
 def test_survivors_take_the_lost_workers_batch_in_proportion_and_keep_the_fitted_cost() -> None:
-    cfg = config.build(None, [("workers", 4), ("train.global_batch", 200), ("control.policy", "dynamic")])
+    cfg = config.build(None, [("workers", 4), ("train.global_batch", 200), ("control.policy", "dynamic-v1")])
     whole = _controller(cfg, 4)
     whole.batch, whole.overhead = [20, 40, 60, 80], 12.5
     for row in ([1.0, 1.1, 0.9, 1.0], [1.0, 1.2, 0.9, 1.1], [1.1, 1.1, 0.8, 1.0], [1.0, 1.1, 0.9, 1.0]):

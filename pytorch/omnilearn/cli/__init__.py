@@ -5,12 +5,17 @@
     omnilearn worker --job OUT/job.json                        one rank (used by the launchers)
     omnilearn levels                                           the HL tables, as applied on this host
     omnilearn report OUT                                       re-summarize a finished run
-    omnilearn cleanup                                          remove cgroups and namespaces left by killed runs
+    omnilearn cleanup                                          remove what killed runs left (cgroups, namespaces, containers)
     omnilearn calibrate --out DIR                              measure this host; a calibrated level table
     omnilearn emulate --hl HL8 -- torchrun ... train.py        any command's ranks under emulated heterogeneity
     omnilearn emulate --hl HL8 --containers c1,c2 -- CMD       containers started with docker run, rank i the i-th
     omnilearn simulate --replay RUN --out DIR [--workers N]    predict a BSP job from a finished run's measurements
     omnilearn simulate --scenarios [FILE] --out DIR            the controllers against the oracle on known models
+    omnilearn cluster up | status | down --out OUT             a job's Docker Swarm containers, step by step
+    omnilearn toggle --out OUT                                 the host-side toggler of a `cluster up` job
+    omnilearn image build | base | status                      the Docker images the container launcher runs
+
+Every command and flag: docs/reference/cli.md (generated from this parser by ``make docs``).
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--epochs", type=int)
     r.add_argument("--global-batch", type=int)
     r.add_argument("--policy", choices=[*POLICIES, *config.PEERS],
-                   help="what each knows: see README, Policies (ddp: plain DistributedDataParallel, BSP)")
+                   help="what each knows: docs/guide/compare-policies.md (ddp: plain DistributedDataParallel, BSP)")
     r.add_argument("--hl", help="pin one heterogeneity level (HL1, HL2, HL4, HL8) for the whole run")
     r.add_argument("--schedule", help="named schedule (configs/schedules.yaml) or a YAML file")
     r.add_argument("--backend", choices=list(config.BACKENDS))

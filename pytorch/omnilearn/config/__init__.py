@@ -37,8 +37,12 @@ from omnilearn.typed import build_dataclass
 
 @dataclass
 class JobConfig:
+    """A job: the top-level keys, then one section per component."""
+
     mode: str = "bsp"
+    """bsp (synchronous: every step an all-reduce) | asp (asynchronous: a parameter server, workers push)."""
     workers: int = 4
+    """Training workers (ASP adds one parameter server)."""
     workload: str | None = None
     """The user's workload, ``"package.module:function"`` or ``"path/to/file.py:function"``: a function
     of this config returning an ``omnilearn.Workload`` (then ``model`` and ``data`` name no built-in)."""

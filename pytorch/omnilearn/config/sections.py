@@ -21,6 +21,8 @@ ALLOCATION_MODES = ("auto", "cpuset", "quota")
 
 @dataclass
 class ModelConfig:
+    """The model every worker trains (a built-in one; ``workload`` names the user's own)."""
+
     name: str = "resnet18"
     """resnet18 | resnet50 | vgg11 | alexnet | smallcnn | gpt2 (with data.name: text)."""
     stem: str = "auto"
@@ -28,18 +30,23 @@ class ModelConfig:
     size: str = "tiny"
     """GPT-2 size: tiny (2 layers, 128 wide) | mini | small (GPT-2's 124M)."""
     n_layer: int | None = None
+    """GPT-2: override the size's layer count."""
     n_head: int | None = None
+    """GPT-2: override the size's attention heads."""
     n_embd: int | None = None
-    """GPT-2 overrides of the size's layer count, heads and width."""
+    """GPT-2: override the size's width (embedding dimension)."""
 
 
 @dataclass
 class DataConfig:
+    """The data set: its name, where it lives, and how it is split and fed."""
+
     name: str = "digits"
     """digits (offline default) | cifar10 | cifar100 | synthetic | food101 | caltech256 | places365 | text."""
     root: str = "data"
     """Where torchvision datasets live (and are downloaded to)."""
     image_size: int = 32
+    """Side of the square images the model sees, in pixels (at least 8)."""
     download: bool = False
     """Let torchvision download a missing dataset."""
     test_fraction: float = 0.2
@@ -47,12 +54,14 @@ class DataConfig:
     augment: bool = False
     """Random crop + flip on training batches."""
     synthetic_size: int = 2048
+    """data.name synthetic: how many generated images (training and held-out together)."""
     path: str = "stdlib"
     """data.name text: a UTF-8 text file (e.g. Tiny Shakespeare), or stdlib: the Python standard library's
     sources, an offline corpus present wherever the project is installed."""
     tokenizer: str = "byte"
     """byte (no files needed) | gpt2 (GPT-2's BPE from data.tokenizer_path, a local folder)."""
     tokenizer_path: str | None = None
+    """tokenizer gpt2: the local folder holding GPT-2's tokenizer files."""
     seq_len: int = 128
     """Tokens per training window."""
     max_bytes: int = 2_000_000
@@ -61,23 +70,32 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
+    """The training loop: length, global batch, optimizer and seed."""
+
     epochs: int = 3
+    """Epochs to train (a cap when time_budget_s is set)."""
     global_batch: int = 256
     """B: the samples of one synchronous step, summed over workers."""
     optimizer: str = "sgd"
     """sgd (momentum, weight decay) | adamw (GPT-2)."""
     lr: float = 0.1
+    """Learning rate."""
     momentum: float = 0.9
+    """SGD momentum."""
     weight_decay: float = 5e-4
+    """Weight decay of the optimizer."""
     milestones: list[int] = field(default_factory=list)
     """Epochs at which the learning rate is multiplied by gamma."""
     gamma: float = 0.1
+    """Factor applied to the learning rate at each milestone."""
     eval_every: int = 1
     """Evaluate on the held-out split every N epochs (and after the last)."""
     seed: int = 1234
+    """Seed of the model's initialisation and of the per-epoch data permutation."""
     dist_backend: str = "auto"
     """torch.distributed backend: auto (nccl with CUDA, else gloo) | gloo | nccl."""
     drop_last: bool = False
+    """Drop an epoch's partial last step of fewer than global_batch samples (BSP sampler)."""
     time_budget_s: float | None = None
     """Stop after this many seconds of wall time since training started (evaluations included; epochs
     stay a cap): BSP at the end of the step that crosses it (rank 0's clock), ASP at the server."""
@@ -85,6 +103,8 @@ class TrainConfig:
 
 @dataclass
 class ControlConfig:
+    """The batching policy and the controller's settings."""
+
     policy: str = "dynamic"
     """uniform | static (knows allocations) | dynamic (measured times only: a start-up probe, then every
     step) | dynamic-v1 (the earlier heuristic controller, measured times only) | dynamic+prior (dynamic-v1
@@ -96,17 +116,18 @@ class ControlConfig:
     """dynamic: standard deviations of the predicted gain a move must clear: it moves only when the
     step time it saves, less this many sds, exceeds the measured cost of a re-split spread over the
     steps the new split serves."""
-    drift: float = 0.02
+    drift: float = 0.005
     """dynamic: how far a worker's speed may wander in one step without a level change (sd of its log,
-    a random walk): larger follows slow drifts sooner, smaller averages more steps."""
+    a random walk): larger follows slow drifts sooner, smaller averages more steps (the estimate's sd
+    settles near sqrt(drift x noise): the smallest imbalance it resolves)."""
     hazard: float = 0.01
     """dynamic: the prior probability, per worker and step, that its speed jumps (a level change, a
     neighbour's job): larger believes one surprising step sooner. 1 / hazard also bounds the steps a
     new split is expected to serve."""
-    probe_steps: int = 1
-    """dynamic: rounds of the start-up probe (each worker times one step at B/(4n) and one at B/(2n)
-    after a warm-up, once its first allocation is in force); 0: no probe, the equal split until
-    steps are measured."""
+    probe_steps: int = 2
+    """dynamic: rounds of the start-up probe (each worker times one step at B/(4n) and one at B/(2n) a
+    round, once its first allocation is in force; the least of two rounds counts, the median of more);
+    0: no probe, the equal split until steps are measured."""
     window: int = 16
     """dynamic-v1, paper: compute-time measurements kept per worker (median)."""
     min_samples: int = 1
@@ -129,7 +150,9 @@ class ControlConfig:
     """dynamic-v1: a decision that would move the split back against the previous one moves only half
     way (false: adopt every proposal whole)."""
     min_batch: int = 2
+    """The smallest local batch any worker is given."""
     max_batch: int | None = None
+    """The largest local batch any worker is given (null: no bound beyond the global batch)."""
     memory_bounds: bool = True
     """Probe memory per sample at start-up and never give a worker more than fits its memory budget
     (its cgroup/container limit, else available RAM; GPU memory on a GPU). Uniform batching, the
@@ -150,6 +173,8 @@ class ControlConfig:
 
 @dataclass
 class EmulationConfig:
+    """How heterogeneity is emulated: backend, level table, schedule, links and traces."""
+
     backend: str = "auto"
     """auto (cgroup as root, else affinity) | cgroup | affinity | docker | none."""
     allocation: str = "auto"
@@ -202,6 +227,7 @@ class DockerConfig:
     """The container launcher (``emulation.backend: docker``)."""
 
     image: str = "omnilearn-worker:latest"
+    """The worker image every container runs."""
     build: bool = True
     """Build the image first when it is missing or older than this checkout (``omnilearn image build``)."""
     network: str | None = None
@@ -216,15 +242,17 @@ class DockerConfig:
     """Target (worker2, ...) -> daemon URL (``ssh://user@host``, ``tcp://...``, ``unix://...``) of a host
     joined to the launcher's swarm; others run on the launcher's daemon, rank 0 always. No folder is
     shared: a remote container's run folder is a volume on its host, kept in step over the Docker API
-    (README, "Across hosts")."""
+    (docs/guide/across-hosts.md)."""
     master_port: int = 29500
+    """TCP port of rank 0's rendezvous (``MASTER_PORT``) on the job's overlay network."""
     stop_timeout: float = 10.0
+    """Seconds a stopping container gets after SIGTERM before Docker kills it."""
     pids_limit: int = 4096
+    """Processes + threads per container (a fork bomb stops there); a BSP worker held 6 on 2 CPUs, but
+    torch's thread pools grow with the host's CPUs."""
     requirements: list[str] = field(default_factory=list)
     """Extra pip requirements of a user's workload (``["scikit-learn==1.5.2"]``): installed in a layer on
     ``image``, tagged by their hash and built once."""
-    """Processes + threads per container (a fork bomb stops there); a BSP worker held 6 on 2 CPUs, but
-    torch's thread pools grow with the host's CPUs."""
 
 
 @dataclass

@@ -63,7 +63,7 @@ class DynamicController:
     not pay the re-split over the steps it would serve), ``unmeasured`` (no measurement yet)."""
     costs: list[float] = field(default_factory=list)
     considered: int = 0
-    last: dict[str, Any] | None = None
+    decision: dict[str, Any] | None = None
     """The last decision taken: expected gain, its sd and the cost it had to beat (seconds)."""
 
     def __post_init__(self) -> None:
@@ -183,7 +183,7 @@ class DynamicController:
             return self._hold("balanced")
         self.considered += 1
         rng = np.random.default_rng(self.considered)
-        u, k = self.model.samples(DRAWS, rng)
+        u, k = self.model.samples(DRAWS, rng, self.batch)
         scale = math.exp(self.model.scale or 0.0)
         now = np.asarray(self.batch, float)[None, :] + k[:, None]
         then = np.asarray(new, float)[None, :] + k[:, None]
@@ -201,7 +201,7 @@ class DynamicController:
             return self._hold("uncertain")
         if mean - self.config.confidence * sd <= resplit / horizon:
             return self._hold("cost")
-        self.last = {"gain_s": round(mean, 6), "gain_sd_s": round(sd, 6), "cost_s": round(resplit, 6),
+        self.decision = {"gain_s": round(mean, 6), "gain_sd_s": round(sd, 6), "cost_s": round(resplit, 6),
                      "horizon": round(horizon, 1)}
         return self._adopt(new, reason=None)
 
@@ -249,7 +249,9 @@ class DynamicController:
         return {"policy": "dynamic", "batch": list(self.batch),
                 "bounds": {"min_batch": self.bounds.min_batch, "max_batch": list(self.bounds.max_batch)},
                 "model": self.model.state_dict(), "holds": dict(self.holds), "costs": list(self.costs),
-                "considered": self.considered, "last": self.last}
+                "considered": self.considered, "decision": self.decision, "first": self._first,
+                "moved": None if self._moved is None else [self._moved[0], self._moved[1].tolist()],
+                "fresh": {str(i): t for i, t in self._fresh.items()}}
 
     def load_state_dict(self, d: dict[str, Any], keep: list[int] | None = None) -> None:
         """Load ``d``; with ``keep`` (the saved workers that still run, in rank order) only theirs: the
@@ -259,10 +261,14 @@ class DynamicController:
                                 hazard=self.config.hazard, relative=self.synchronous)
         self.model.load_state_dict(d["model"])
         self.holds, self.costs = dict(d["holds"]), list(d["costs"])
-        self.considered, self.last = int(d["considered"]), d["last"]
+        self.considered, self.decision = int(d["considered"]), d["decision"]
         self.batch = list(d["batch"])
+        moved = d.get("moved")
+        self._first = d.get("first")
+        self._moved = None if moved is None else (list(moved[0]), np.asarray(moved[1], float))
+        self._fresh = {int(i): float(t) for i, t in (d.get("fresh") or {}).items()}
         if keep is not None and keep != list(range(len(d["batch"]))):
             self.bounds = dataclasses.replace(self.bounds, max_batch=tuple(self.bounds.max_batch[i] for i in keep))
             self.model.keep(keep)
             self.batch = policies.split([float(self.batch[i]) for i in keep], self.global_batch, self.bounds)
-        self._first, self._moved, self._fresh = None, None, {}
+            self._first, self._moved, self._fresh = None, None, {}

@@ -10,9 +10,10 @@ its owner gives it, and measures its own cost (``overhead_ms``: wall time spent 
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from omnilearn.control.controller import Controller
@@ -20,6 +21,12 @@ from omnilearn.control.controller import Controller
 Write = Callable[..., None]
 """``write(kind, **fields)``: one record (the trainers' MetricsWriter.write, the simulator's recorder)."""
 Shares = Callable[[], Sequence[float | None]]
+
+
+def probe_time(times: Sequence[float]) -> float:
+    """One worker's probe time at one size from its rounds: the least of up to two (an interruption
+    only adds time), the median of more."""
+    return min(times) if len(times) <= 2 else statistics.median(times)
 
 
 def _ms(times: Sequence[float] | None) -> list[float] | None:
@@ -36,7 +43,9 @@ class ControlLoop:
     overhead_s: float = 0.0
     """Seconds spent in the controller (observing, deciding) so far."""
     calls: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    inputs: bool = False
+    """Write a ``measurement`` record of each step's inputs (every worker's time, the decision point,
+    the steps left): one rank does, so a run's decisions can be replayed and checked."""
 
     @property
     def batch(self) -> list[int]:
@@ -74,7 +83,9 @@ class ControlLoop:
         self.overhead_s += time.perf_counter() - t0
         ctl = self.controller
         self.write("batch_change", **where, batch=self.batch, reason="probe", sizes=[small, large],
-                   compute_ms=_ms(t_large), probe_ms=[_ms(t_small), _ms(t_large)], overhead=round(ctl.overhead, 2),
+                   probe_ms=[_ms(t_small), _ms(t_large)], probe_times_s=[[float(t) for t in t_small],
+                                                                         [float(t) for t in t_large]],
+                   overhead=round(ctl.overhead, 2),
                    speeds=[round(large / t, 3) for t in t_large], probe_s=round(cost_s, 4))
         return new
 
@@ -83,6 +94,9 @@ class ControlLoop:
              **where: Any) -> list[int] | None:
         """BSP: one step done. ``times``: every worker's compute time of it (None: a partial step, not
         measured); ``due``: a decision point. Returns the new split, or None."""
+        if self.inputs:
+            self.write("measurement", **where, times_s=None if times is None else [float(t) for t in times],
+                       due=due, steps_left=steps_left)
         t0 = time.perf_counter()
         ctl = self.controller
         changed = ctl.observe_step(times) if times is not None and ctl.measures else []
@@ -98,7 +112,7 @@ class ControlLoop:
         if new is not None:
             self.write("batch_change", **where, old=old, batch=list(new), reason="compute-time",
                        compute_ms=_ms(estimates), samples=counts, overhead=round(ctl.overhead, 2),
-                       **(getattr(ctl, "last", None) or {}))
+                       **(getattr(ctl, "decision", None) or {}))
         return new
 
     def push(self, worker: int, batch: int, seconds: float, due: bool, shares: Shares, worker_name: Any,
@@ -119,7 +133,7 @@ class ControlLoop:
         if new is not None:
             self.write("batch_change", **where, old=old, batch=list(new), reason="compute-time",
                        compute_ms=_ms(estimates), samples=counts, overhead=round(ctl.overhead, 2),
-                       **(getattr(ctl, "last", None) or {}))
+                       **(getattr(ctl, "decision", None) or {}))
         return new
 
     def summary(self) -> dict[str, Any]:
@@ -127,3 +141,23 @@ class ControlLoop:
         holds = dict(self.controller.holds)
         return {"controller_overhead_ms": round(self.overhead_ms, 4),
                 "holds": {"count": sum(holds.values()), "reasons": holds}}
+
+
+def replay(controller: Controller, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The decisions a fresh ``controller`` takes on the inputs one rank recorded (its ``batch_change``
+    records of reason ``probe`` and its ``measurement`` records, in order): the ``batch_change``
+    records it writes, without times. Equal to the run's own when the run decided through this loop."""
+    out: list[dict[str, Any]] = []
+    loop = ControlLoop(controller, lambda kind, **f: out.append({"kind": kind, **f}) if kind == "batch_change"
+                       else None)
+    none: Shares = lambda: [None] * controller.workers  # noqa: E731 - measured policies only
+    for r in records:
+        if r.get("kind") == "batch_change" and r.get("reason") in ("initial", "resumed"):
+            loop.start(none, r["reason"] == "resumed", step=r["step"])
+        elif r.get("kind") == "batch_change" and r.get("reason") == "probe":
+            small, large = r["sizes"]
+            t_small, t_large = r["probe_times_s"]
+            loop.probe(small, large, t_small, t_large, r["probe_s"], step=r["step"])
+        elif r.get("kind") == "measurement":
+            loop.step(r["times_s"], r["due"], r["steps_left"], none, step=r["step"])
+    return out

@@ -18,7 +18,7 @@ the step's common factor (their weighted median, removed: BSP) and the worker's 
   two hypotheses by the innovation's likelihood under each (a normalised innovation far in the tails
   is a jump), and the estimate is their mixture: a level change needs one step of evidence, an
   outlier moves the estimate a little. Only the changed worker's speed reopens.
-- *k.* A log-posterior on a grid over ``[0, K_MAX_FACTOR * B]`` (prior uniform in ``sqrt(k)``): the
+- *k.* A log-posterior on a grid over ``[0, K_MAX_FACTOR * B]`` (prior: :data:`K_PRIOR`): the
   start-up probe (every worker timed at two batch sizes) and every re-split (each worker's time
   before and after, the step's common factor profiled out) add their Student-t log-likelihood. Only
   moves of a worker's batch tell ``k``; steps at one split never do.
@@ -43,14 +43,22 @@ NOISE_PRIOR = 0.05
 NOISE_FLOOR = 0.005
 """The smallest measurement noise believed: timers and schedulers are never exact."""
 NOISE_MEMORY = 32
-"""Steps over which the measurement noise is averaged (a forgetting mean)."""
+"""Steps of each worker's innovations behind its measurement noise."""
 PRIOR_WEIGHT = 4.0
 """The prior noise counts as this many steps of evidence."""
 JUMP = 1.0
 """The sd (in log) of a speed jump: a level change moves a speed by a factor of 1.5-8."""
 START_VAR = 4.0
 """The variance of a speed nobody has measured (log scale): anything from 1/7 to 7 times the others."""
+SHIFT_STEPS = 6
+"""Recent innovations a worker's shift test looks back over."""
+SHIFT_Z = 4.5
+"""Standard errors a mean of recent innovations must reach to count as a shift of speed (a 4.5-sigma
+test over up to five windows: about one false alarm in ten thousand steps a worker)."""
 K_POINTS = 97
+K_PRIOR = 0.25
+"""k's prior: exponential, its mean this share of a worker's equal share B/n: small until measured
+(a fixed cost large against the batch shows in the probe or the first re-split)."""
 K_MAX_FACTOR = 4.0
 """k's grid reaches this many global batches: a fixed cost beyond it is 'time does not follow the batch'."""
 
@@ -73,7 +81,7 @@ class SpeedModel:
 
     workers: int
     global_batch: int
-    drift: float = 0.02
+    drift: float = 0.005
     hazard: float = 0.01
     relative: bool = True
     """BSP: times of one step are compared with each other (the common factor removed); ASP: each
@@ -97,11 +105,23 @@ class SpeedModel:
             self.noise2 = np.full(n, NOISE_PRIOR ** 2)
             self.lo = np.zeros(n)
             self.hi = np.zeros(n)
-        if self.k_log is None:
-            self.k_log = np.zeros(K_POINTS)
         self.k_grid = K_MAX_FACTOR * self.global_batch * np.linspace(0.0, 1.0, K_POINTS) ** 2
+        if self.k_log is None:
+            # The prior: exponential with mean K_PRIOR of a worker's equal share, as a mass per grid cell.
+            mean = K_PRIOR * self.global_batch / self.workers
+            cells = np.gradient(self.k_grid)
+            self.k_log = -self.k_grid / mean + np.log(cells)
+            self.k_log -= self.k_log.max()
         if not self.regimes:
             self.regimes = [0] * n
+        # Each worker's recent innovations and their variances (oldest first), and how many are its own.
+        self.hist_nu = np.zeros((SHIFT_STEPS, n))
+        self.hist_s = np.ones((SHIFT_STEPS, n))
+        self.hist_count = np.zeros(n, int)
+        self.noise_abs = np.zeros((NOISE_MEMORY, n))  # each worker's recent |innovation| (oldest first)
+        self.noise_count = np.zeros(n, int)
+        self.last_nu = np.full(n, np.nan)  # each worker's innovation at its last steady step
+        self.last_b = np.zeros(n)  # and the batch it was at
 
     # ------------------------------------------------------------------ k's posterior
 
@@ -134,6 +154,9 @@ class SpeedModel:
         d = np.log(np.asarray(t_large, float)) - np.log(np.asarray(t_small, float))
         spread = 1.4826 * float(np.median(np.abs(d - np.median(d)))) if len(d) > 2 else 0.0
         sd = max(spread, math.sqrt(2) * NOISE_PRIOR / 2, NOISE_FLOOR)
+        # What the probe says of the noise of one time (d is the difference of two): a floor under
+        # every worker's noise until its steps measure it.
+        self.noise2 = np.maximum(self.noise2, (spread / math.sqrt(2)) ** 2)
         pred = np.log((large + self.k_grid) / (small + self.k_grid))
         self.k_log = self.k_log + _t_logpdf((d[:, None] - pred[None, :]) / sd).sum(axis=0)
         self.k_log -= self.k_log.max()
@@ -169,7 +192,7 @@ class SpeedModel:
         z = t - math.log(batch + self.k)
         common = float(np.median(z)) if self.relative else 0.0
         self.u = z - common
-        self.var = np.full(self.workers, NOISE_PRIOR ** 2)
+        self.var = self.noise2.copy()
         self.lo[:] = small
         self.hi[:] = large
         self.scale = common
@@ -184,7 +207,7 @@ class SpeedModel:
         resid = z - self.u
         common = self._common(resid, live) if self.relative else 0.0
         share = 1.0 - 1.0 / max(int(live.sum()), 2) if self.relative else 1.0
-        changed = self._filter(np.where(live, resid - common, 0.0), live, share)
+        changed = self._filter(np.where(live, resid - common, 0.0), live, b, share)
         self.scale = common if self.scale is None else 0.7 * self.scale + 0.3 * common
         self.lo = np.where(live & ((self.lo == 0) | (b < self.lo)), b, self.lo)
         self.hi = np.where(live & (b > self.hi), b, self.hi)
@@ -215,14 +238,16 @@ class SpeedModel:
         z = math.log(max(seconds, 1e-9)) - math.log(batch + self.k)
         resid = np.zeros(self.workers)
         resid[worker] = z - self.u[worker]
-        changed = self._filter(resid, live)
+        at = np.zeros(self.workers)
+        at[worker] = batch
+        changed = self._filter(resid, live, at)
         self.scale = 0.0
         self.lo[worker] = batch if self.lo[worker] == 0 else min(self.lo[worker], batch)
         self.hi[worker] = max(self.hi[worker], batch)
         self.measured += 1
         return bool(changed)
 
-    def _filter(self, nu: np.ndarray, live: np.ndarray, share: float = 1.0) -> list[int]:
+    def _filter(self, nu: np.ndarray, live: np.ndarray, batch: np.ndarray, share: float = 1.0) -> list[int]:
         """The Kalman step of every live worker on its innovation ``nu``, a mixture of 'no jump' (a
         Student-t weighted update) and 'jump' (the variance reopened), weighed by their likelihoods.
         ``share``: the part of a worker's noise left in its innovation once the step's common factor
@@ -241,27 +266,81 @@ class SpeedModel:
         jumped = prior + JUMP ** 2
         gain1 = jumped / (jumped + self.noise2)
         u1, v1 = self.u + gain1 * nu, (1 - gain1) * jumped
-        u = (1 - p_jump) * u0 + p_jump * u1
-        v = (1 - p_jump) * (v0 + (u0 - u) ** 2) + p_jump * (v1 + (u1 - u) ** 2)
-        self.u = np.where(live, u, self.u)
-        self.var = np.where(live, v, prior)
-        # The noise scale learns from steps that were no jump: a forgetting mean of weighted squares.
-        steady = live & (p_jump < 0.5)
-        alpha = 1.0 / NOISE_MEMORY
-        sample = np.maximum(w * nu * nu / share - prior, 0.0)
-        target = np.where(steady, sample, self.noise2)
-        self.noise2 = np.maximum((1 - alpha) * self.noise2 + alpha * target, NOISE_FLOOR ** 2)
-        changed = [int(i) for i in np.flatnonzero(live & (p_jump >= 0.5))]
+        # The more likely hypothesis wins (a mixture's variance would hold the ambiguity of one step
+        # for many and delay the answer to a jump it already saw).
+        jump = live & (p_jump >= 0.5)
+        self.u = np.where(live, np.where(jump, u1, u0), self.u)
+        self.var = np.where(live, np.where(jump, v1, v0), prior)
+        self.hist_count[jump] = 0
+        shifted = self._shifts(nu, s, live & ~jump)
+        jump = jump | shifted
+        self._learn_noise(nu / math.sqrt(share), live & ~jump, live, batch)
+        changed = [int(i) for i in np.flatnonzero(jump)]
         for i in changed:
             self.regimes[i] += 1
         return changed
 
+    def _learn_noise(self, nu: np.ndarray, steady: np.ndarray, live: np.ndarray, batch: np.ndarray) -> None:
+        """Each worker's measurement noise from how its innovation (``nu``, scaled back to one worker's)
+        changes from one step to the next at the same batch: a bias of the estimate (a speed that moved
+        a little, a k slightly off) is the same in both and drops out, the noise does not. The median
+        of the last :data:`NOISE_MEMORY` changes, as a normal sd (1.4826 MAD / sqrt(2): robust to the
+        heavy tails it is the scale of), shrunk towards the pool of every worker's (a worker with few
+        steps borrows the others' scale; :data:`PRIOR_WEIGHT` steps of :data:`NOISE_PRIOR` before any)."""
+        b = np.asarray(batch, float)
+        pair = steady & ~np.isnan(self.last_nu) & (b == self.last_b)
+        self.noise_abs[:-1, pair] = self.noise_abs[1:, pair]
+        self.noise_abs[-1, pair] = np.abs(nu[pair] - self.last_nu[pair]) / math.sqrt(2)
+        self.noise_count[pair] = np.minimum(self.noise_count[pair] + 1, NOISE_MEMORY)
+        self.last_nu = np.where(steady, nu, np.where(live, np.nan, self.last_nu))
+        self.last_b = np.where(steady, b, self.last_b)
+        n = self.noise_count
+        own = np.full(self.workers, NOISE_PRIOR ** 2)
+        for i in np.flatnonzero(n):
+            own[i] = max((1.4826 * float(np.median(self.noise_abs[-n[i]:, i]))) ** 2, NOISE_FLOOR ** 2)
+        pool_n = float(n.sum())
+        pool = float(np.median(own[n > 0])) if pool_n else NOISE_PRIOR ** 2
+        pool = (pool * pool_n + NOISE_PRIOR ** 2 * PRIOR_WEIGHT) / (pool_n + PRIOR_WEIGHT)
+        self.noise2 = np.maximum((own * n + pool * PRIOR_WEIGHT) / (n + PRIOR_WEIGHT), NOISE_FLOOR ** 2)
+
+    def _shifts(self, nu: np.ndarray, s: np.ndarray, live: np.ndarray) -> np.ndarray:
+        """A change too small to show in one step shows in several: the mean of a worker's last m
+        innovations (m = 2..:data:`SHIFT_STEPS`) against its standard error (a windowed likelihood-ratio
+        test). Past :data:`SHIFT_Z` the worker's speed has moved by that mean since m steps ago: its
+        estimate takes the shift, with the variance of an m-step mean. Returns the workers shifted."""
+        h_nu, h_s, count = self.hist_nu, self.hist_s, self.hist_count
+        h_nu[:-1, live], h_s[:-1, live] = h_nu[1:, live], h_s[1:, live]
+        h_nu[-1, live], h_s[-1, live] = nu[live], s[live]
+        count[live] = np.minimum(count[live] + 1, SHIFT_STEPS)
+        best_z, best_mean, best_var = np.zeros(self.workers), np.zeros(self.workers), np.zeros(self.workers)
+        for m in range(2, SHIFT_STEPS + 1):
+            ok = live & (count >= m)
+            mean = h_nu[-m:].mean(axis=0)
+            se2 = h_s[-m:].mean(axis=0) / m
+            z = np.where(ok, np.abs(mean) / np.sqrt(se2), 0.0)
+            better = z > best_z
+            best_z = np.where(better, z, best_z)
+            best_mean = np.where(better, mean, best_mean)
+            best_var = np.where(better, se2, best_var)
+        shifted = best_z > SHIFT_Z
+        if shifted.any():
+            self.u = np.where(shifted, self.u + best_mean, self.u)
+            self.var = np.where(shifted, best_var + self.drift ** 2, self.var)
+            count[shifted] = 0
+        return shifted
+
     # ------------------------------------------------------------------ samples and state
 
-    def samples(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """``count`` draws of (u, k) from the posterior: u of shape (count, n), k of shape (count,)."""
+    def samples(self, count: int, rng: np.random.Generator, measured_at: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``count`` draws of (u, k) from the posterior: u of shape (count, n), k of shape (count,).
+
+        ``u`` and ``k`` are not independent: a speed was estimated from times at ``measured_at`` under
+        the mean k, so a draw of k moves each u with it and leaves the prediction at ``measured_at``
+        where the times put it: k's uncertainty shows only in how far a move extrapolates."""
         u = self.u[None, :] + np.sqrt(self.var)[None, :] * rng.standard_normal((count, self.workers))
         k = rng.choice(self.k_grid, size=count, p=self.k_posterior())
+        at = np.asarray(measured_at, float)[None, :]
+        u = u + np.log(at + self.k) - np.log(at + k[:, None])
         return u, k
 
     def keep(self, workers: Sequence[int]) -> None:
@@ -270,6 +349,9 @@ class SpeedModel:
         self.workers = len(idx)
         self.u, self.var, self.noise2 = self.u[idx], self.var[idx], self.noise2[idx]
         self.lo, self.hi = self.lo[idx], self.hi[idx]
+        self.hist_nu, self.hist_s, self.hist_count = self.hist_nu[:, idx], self.hist_s[:, idx], self.hist_count[idx]
+        self.noise_abs, self.noise_count = self.noise_abs[:, idx], self.noise_count[idx]
+        self.last_nu, self.last_b = self.last_nu[idx], self.last_b[idx]
         self.regimes = [self.regimes[i] for i in workers]
         if self.relative:
             self.u -= self.u.mean()
@@ -277,9 +359,16 @@ class SpeedModel:
     def state_dict(self) -> dict[str, Any]:
         return {"u": self.u.tolist(), "var": self.var.tolist(), "noise2": self.noise2.tolist(),
                 "k_log": self.k_log.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(), "scale": self.scale,
-                "measured": self.measured, "regimes": list(self.regimes)}
+                "measured": self.measured, "regimes": list(self.regimes), "hist_nu": self.hist_nu.tolist(),
+                "hist_s": self.hist_s.tolist(), "hist_count": self.hist_count.tolist(),
+                "noise_abs": self.noise_abs.tolist(), "noise_count": self.noise_count.tolist(),
+                "last_nu": [None if math.isnan(x) else x for x in self.last_nu], "last_b": self.last_b.tolist()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        for key in ("u", "var", "noise2", "k_log", "lo", "hi"):
+        for key in ("u", "var", "noise2", "k_log", "lo", "hi", "hist_nu", "hist_s", "noise_abs"):
             setattr(self, key, np.asarray(d[key], float))
+        self.hist_count = np.asarray(d["hist_count"], int)
+        self.noise_count = np.asarray(d["noise_count"], int)
+        self.last_nu = np.asarray([np.nan if x is None else x for x in d["last_nu"]], float)
+        self.last_b = np.asarray(d["last_b"], float)
         self.scale, self.measured, self.regimes = d["scale"], int(d["measured"]), list(d["regimes"])

@@ -5,8 +5,10 @@ Per level (``summary.json``'s ``level_speeds.<level>``, beside the measured spee
 - ``nominal_ratio``: the plan's fastest worker share over its slowest;
 - ``effective_ratio``: the same of the shares read back from the kernel or Docker after each change
   (the affinity backend's is the duty cycle it achieved);
-- ``measured_ratio``: the fastest worker's measured speed (samples per second of its own compute
-  time) over the slowest's, what the workers actually got;
+- ``samples_per_s`` and ``measured_ratio``: each worker's measured speed and the fastest's over the
+  slowest's, what the workers actually got, from per-worker models fitted on the run's steps
+  (:func:`level_speeds`); ``samples_per_s_raw`` and ``measured_ratio_raw``: the same as the median
+  of ``b / t`` over the level's steps, without a model;
 - ``applied_as_asked``: the share of the level's changes that the toggler applied and read back as
   requested (a quota within 2%, the same cpuset and memory limit, the link within tc's rounding);
 - ``apply_ms`` and ``apply_ms_max``: from the worker's request (its line's ``time``) to the toggler's
@@ -27,6 +29,7 @@ from omnilearn.emulator.links import Link
 from omnilearn.emulator.plan import SERVER_TARGET, EmulationPlan
 from omnilearn.emulator.requests import MAX_JSON_DEPTH, MAX_LINE_BYTES, request_log
 from omnilearn.files import read_lines
+from omnilearn.report.worker_models import WorkerModels, fit_worker_models
 
 QUOTA_TOLERANCE = 0.02
 
@@ -68,6 +71,53 @@ def request_times(log_dir: Path, ranks: int) -> dict[tuple[str, int], float]:
     return times
 
 
+def level_speeds(per_rank_steps: list[list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Measured samples/s of each worker at each level, from per-worker models fitted on these steps.
+
+    Nominal levels say what the allocation asked for; these say what the workers actually got. The
+    models are ``t = c_i (b + k)`` (:mod:`~omnilearn.report.worker_models`, one ``k`` for the run);
+    a worker's speed is read at ONE batch for all workers, the job's mean local batch ``b``:
+    ``b / (c_i (b + k))``, the samples per second it would give there. At a common batch the ratio of
+    two workers is ``c_j / c_i`` whatever their batches were, so a job whose time does not grow with
+    its batch (a pure fixed cost, ``k`` at its upper bound) reads as equal workers when their steps
+    take equal times, while ``b / t`` at their own batches would read the ratio of the batches a
+    controller gave them (39:1 for batches of 78 and 2). The speed at ``b`` rather than ``1 / c`` (the
+    speed at an infinite batch) keeps the numbers at what the job can reach: ``1 / c`` grows without
+    bound as ``k`` does. ``samples_per_s_raw`` / ``measured_ratio_raw``: the median of ``b / t`` over
+    the level's steps, the figure without a model. ``speed_batch``, ``k`` and ``k_status``: the batch
+    the speeds are read at and the run's ``k``.
+    """
+    modelled = model_speeds(fit_worker_models([per_rank_steps], ["this run"]), len(per_rank_steps))
+    out: dict[str, dict[str, Any]] = {}
+    levels = {r.get("level") for steps in per_rank_steps for r in steps} - {None}
+    for level in sorted(levels):
+        raw = []
+        for steps in per_rank_steps:
+            vals = [r["batch"] / (r["compute_ms"] / 1e3) for r in steps
+                    if r.get("level") == level and r["compute_ms"] > 0 and r["batch"] > 0]
+            raw.append(statistics.median(vals) if vals else None)
+        out[level] = {**modelled.get(level, {"samples_per_s": [None] * len(raw), "measured_ratio": None}),
+                      "samples_per_s_raw": [round(s, 2) if s else None for s in raw], "measured_ratio_raw": _spread(raw)}
+    return out
+
+
+def model_speeds(models: WorkerModels, workers: int) -> dict[str, dict[str, Any]]:
+    """Per level of ``models``: each worker's ``samples_per_s`` at the models' mean local batch, the
+    ``measured_ratio`` of the fastest to the slowest, the batch read at (``speed_batch``), ``k``, ``k_status``."""
+    at = models.mean_batch
+    out = {}
+    for level in sorted({lv for _, lv in models.c}):
+        speeds = [models.speed(i, level, at) if (i, level) in models.c else None for i in range(workers)]
+        out[level] = {"samples_per_s": [round(s, 2) if s else None for s in speeds], "measured_ratio": _spread(speeds),
+                      "speed_batch": round(at, 2), "k": round(models.k, 3), "k_status": models.k_status}
+    return out
+
+
+def _spread(speeds: list[float | None]) -> float | None:
+    known = [s for s in speeds if s]
+    return round(max(known) / min(known), 3) if known else None
+
+
 def level_fidelity(speeds: dict[str, dict[str, Any]], out_dir: Path, plan: EmulationPlan,
                    targets: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """``speeds`` (level -> measured speeds and ratio) with the fidelity of each level added; ``targets``:
@@ -87,7 +137,8 @@ def level_fidelity(speeds: dict[str, dict[str, Any]], out_dir: Path, plan: Emula
                   if r.get("status") == "applied" and (r.get("file"), r.get("offset_end")) in asked]
         nominal = [plan.allocation(level, t).share for t in workers] if level in plan.levels else []
         out[level] = {
-            **speeds.get(level, {"samples_per_s": None, "measured_ratio": None}),
+            **speeds.get(level, {"samples_per_s": None, "measured_ratio": None, "samples_per_s_raw": None,
+                                 "measured_ratio_raw": None}),
             "nominal_ratio": _ratio(nominal) if nominal else None,
             "effective_ratio": _ratio([effective.get(t) for t in workers]) if effective else None,
             "changes": len(mine),

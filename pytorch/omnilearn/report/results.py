@@ -2,9 +2,12 @@
 
 Rows are compared within a group: the runs of one mode at one level (or schedule). Each row is
 paired with the ``uniform`` run of the same mode, group and seed for its speed-up and time
-reduction; the ideal speed-up comes from that uniform run's measured worker speeds
-(:func:`~omnilearn.report.summary.ideal_speedups`, BSP only). The target metric is the matrix's, or
-by default a share of the best final value among all the group's runs.
+reduction. The ideal speed-up (BSP only) is one per level and seed: from per-worker models fitted
+over all that group's BSP runs, measured on its uniform run's steps
+(:func:`~omnilearn.report.ideal.group_ideal`; ``ideal_from`` names the runs, ``ideal_k`` the fixed
+cost); the figure from the uniform run's measured worker speeds alone
+(:func:`~omnilearn.report.ideal.ideal_speedups`) is kept as ``ideal_speedup_uniform_run``. The
+target metric is the matrix's, or by default a share of the best final value among all the group's runs.
 """
 
 from __future__ import annotations
@@ -20,16 +23,12 @@ from typing import Any
 
 from omnilearn.files import write_atomic
 from omnilearn.report import targets
-from omnilearn.report.summary import (
-    ideal_speedups,
-    lower_is_better,
-    main_metric,
-    settle_counted,
-    settle_median,
-)
+from omnilearn.report.ideal import describe_source, group_ideal, ideal_speedups
+from omnilearn.report.summary import lower_is_better, main_metric, settle_counted, settle_median
 
 COLUMNS = ("mode", "policy", "level", "schedule", "seed", "backend", "epochs", "samples", "wall_time_s",
            "train_time_s", "samples_per_s", "speedup", "time_reduction_pct", "ideal_speedup", "fraction_of_ideal",
+           "ideal_speedup_uniform_run", "fraction_of_ideal_uniform_run", "ideal_k", "ideal_from",
            "metric", "final_metric", "accuracy", "perplexity", "target", "time_to_target_s", "equal_time_s",
            "metric_at_equal_time", "imbalance", "batch_changes", "settle_median", "unsettled", "staleness_mean",
            "update_rate_spread", "path")
@@ -66,22 +65,25 @@ def build_rows(out: Path, cells: list[dict[str, Any]], target_value: float | Non
             "settle_median": _settle(s)[0], "unsettled": _settle(s)[1], "staleness_mean": s.get("staleness_mean"),
             "update_rate_spread": s.get("update_rate_spread"), "path": c["path"],
             "_curve": s.get("accuracy_curve") or []})
-    ideal_cache: dict[str, float | None] = {}
+    ideals: dict[tuple[Any, Any], dict[str, Any]] = {}
     for row in rows:
         uniform = next((r for r in rows if r["policy"] == "uniform" and r["seed"] == row["seed"]
                         and r["mode"] == row["mode"] and r["level"] == row["level"]), None)
-        row["speedup"] = row["time_reduction_pct"] = row["ideal_speedup"] = row["fraction_of_ideal"] = None
+        for key in ("speedup", "time_reduction_pct", "ideal_speedup", "fraction_of_ideal", "ideal_speedup_uniform_run",
+                    "fraction_of_ideal_uniform_run", "ideal_k", "ideal_from", "_ideal_from"):
+            row[key] = None
         if uniform is None:
             continue
         row["speedup"] = _round(row["samples_per_s"] / uniform["samples_per_s"])
         row["time_reduction_pct"] = _round(100 * (1 - row["train_time_s"] / uniform["train_time_s"]), 2)
         if row["mode"] == "bsp":  # the ideal is a balanced synchronous step: no such thing in ASP
-            if uniform["path"] not in ideal_cache:
-                ideal = ideal_speedups(out / uniform["path"])
-                ideal_cache[uniform["path"]] = ideal[0] if ideal else None
-            row["ideal_speedup"] = ideal_cache[uniform["path"]]
-            if row["ideal_speedup"]:
-                row["fraction_of_ideal"] = _round(row["speedup"] / row["ideal_speedup"])
+            group = (row["level"], row["seed"])
+            if group not in ideals:
+                ideals[group] = _group_ideal(out, rows, uniform)
+            row.update(ideals[group])
+            for key in ("", "_uniform_run"):
+                if row[f"ideal_speedup{key}"]:
+                    row[f"fraction_of_ideal{key}"] = _round(row["speedup"] / row[f"ideal_speedup{key}"])
     for group in _groups(rows, lambda r: (r["mode"], r["level"])).values():
         metric = group[0]["metric"]
         report = targets.target_report({r["path"]: r["_curve"] for r in group},
@@ -93,6 +95,18 @@ def build_rows(out: Path, cells: list[dict[str, Any]], target_value: float | Non
             r["equal_time_s"] = report["equal_time_s"]
             r["metric_at_equal_time"] = report["metric_at_equal_time"][r["path"]]
     return rows
+
+
+def _group_ideal(out: Path, rows: list[dict[str, Any]], uniform: dict[str, Any]) -> dict[str, Any]:
+    """The ideal of ``uniform``'s (level, seed) group, from all the group's BSP runs, and the old figure."""
+    group = {r["policy"]: out / r["path"] for r in rows
+             if r["mode"] == "bsp" and r["level"] == uniform["level"] and r["seed"] == uniform["seed"]}
+    new = group_ideal(group) or {}
+    old = ideal_speedups(out / uniform["path"])
+    source = new.get("ideal_from")
+    return {"ideal_speedup": new.get("ideal_speedup"), "ideal_speedup_uniform_run": old[0] if old else None,
+            "ideal_k": source["k"] if source else None,
+            "ideal_from": "+".join(r["run"] for r in source["runs"]) if source else None, "_ideal_from": source}
 
 
 def _groups(rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -> dict[Any, list[dict[str, Any]]]:
@@ -126,7 +140,8 @@ def summary_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                  "target": group[0].get("target")}
         for key in ("train_time_s", "wall_time_s", "samples_per_s", "time_reduction_pct", "fraction_of_ideal",
                     "final_metric", "time_to_target_s", "metric_at_equal_time", "imbalance", "settle_median",
-                    "batch_changes", "staleness_mean", "update_rate_spread", "ideal_speedup"):
+                    "batch_changes", "staleness_mean", "update_rate_spread", "ideal_speedup",
+                    "ideal_speedup_uniform_run", "fraction_of_ideal_uniform_run"):
             mean, sd, n = mean_sd([r.get(key) for r in group])
             entry[key] = {"mean": _round(mean), "sd": _round(sd), "n": n}
         out.append(entry)
@@ -147,9 +162,11 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], figures: list[str
               "- **Training time**: wall time of training without the held-out evaluations (`train_time_s`; ASP "
               "evaluates snapshots after the run, so there it is the whole run). Mean ± sd over seeds.",
               "- **Reduction**: 1 − time / time of `uniform` with the same seed, mean ± sd over those pairs. "
-              "**Of ideal**: speed-up over `uniform` / the speed-up perfect balance would give, from the "
-              "uniform run's measured worker speeds (BSP only); above 1 when the workers run faster per sample "
-              "at the batches they are given than they did at uniform's.",
+              "**Of ideal**: speed-up over `uniform` / the speed-up perfect balance would give (BSP only), "
+              "from per-worker models `t = c_i (b + k)` fitted over all the BSP runs of the level and seed, "
+              "one ideal for every policy (the runs and k are named under each table). **Of ideal (uniform "
+              "run)**: the same against the ideal from the uniform run's measured worker speeds alone, "
+              "which a policy can exceed in short runs.",
               "- **Time to target**: wall time (evaluations included) of the first evaluation at or past the "
               "target, over the runs that reached it (k/n). **At equal time**: each run's metric at its last "
               "evaluation before the quickest run of the group ended.",
@@ -164,7 +181,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], figures: list[str
         lines += [f"## {mode.upper()} · {level}", "",
                   f"Target {metric}: {target if target is not None else '-'} ({rule}); equal time "
                   f"{group[0].get('equal_time_s') or 0:.1f} s.", ""]
-        cols = ["policy", "runs", "training time (s)", "reduction vs uniform", "of ideal", f"final {metric}",
+        cols = ["policy", "runs", "training time (s)", "reduction vs uniform", "of ideal", "of ideal (uniform run)",
+                f"final {metric}",
                 "time to target (s)", f"{metric} at equal time", "imbalance", "decisions to settle"]
         if mode == "asp":
             cols += ["staleness mean", "update-rate spread"]
@@ -174,6 +192,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], figures: list[str
             cells = [f"`{policy}`", str(len(runs)), _pm([r["train_time_s"] for r in runs]),
                      "-" if policy == "uniform" else _pm([r["time_reduction_pct"] for r in runs], ".1f", "%"),
                      _pm([r["fraction_of_ideal"] for r in runs], ".2f"),
+                     _pm([r["fraction_of_ideal_uniform_run"] for r in runs], ".2f"),
                      _pm([r["final_metric"] for r in runs], ".3f" if metric == "accuracy" else ".2f"),
                      f"{_pm(reached)} ({len(reached)}/{len(runs)})",
                      _pm([r["metric_at_equal_time"] for r in runs], ".3f" if metric == "accuracy" else ".2f"),
@@ -183,9 +202,24 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], figures: list[str
                           _pm([r["update_rate_spread"] for r in runs], ".2f")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        lines += _ideal_lines(group)
     if figures:
         lines += ["## Figures", ""] + [f"![{Path(f).stem}]({Path(f).name})" for f in figures] + [""]
     return "\n".join(lines)
+
+
+def _ideal_lines(group: list[dict[str, Any]]) -> list[str]:
+    """Per seed: the ideal, where it came from, and the uniform run's figure beside it."""
+    lines = []
+    for r in group:
+        if r["policy"] != "uniform" or r["ideal_speedup_uniform_run"] is None and r["_ideal_from"] is None:
+            continue
+        new = (f"{r['ideal_speedup']:.2f}x from {describe_source(r['_ideal_from'])}" if r["_ideal_from"]
+               else "none from per-worker models")
+        old = r["ideal_speedup_uniform_run"]
+        lines.append(f"- Ideal speed-up, seed {r['seed']}: {new}; from the uniform run's measured speeds alone "
+                     + (f"{old:.2f}x." if old is not None else "-."))
+    return lines + [""] if lines else []
 
 
 def write_results(out: Path, cells: list[dict[str, Any]], meta: dict[str, Any]) -> list[Path]:

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+from omnilearn.config.sections import ControlConfig
 from omnilearn.control.policies import KNOWS
 from omnilearn.emulator.plan import SERVER_TARGET
 from omnilearn.files import read_records, write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, read_rank, restarts_path
-from omnilearn.report.fidelity import allreduce_ms, change_outcomes, level_fidelity
+from omnilearn.report.fidelity import allreduce_ms, change_outcomes, level_fidelity, level_speeds
+from omnilearn.report.ideal import group_ideal, ideal_speedups
 from omnilearn.report.targets import target_report
 
 FINAL_WINDOW = 8  # steps per worker behind the "final" compute time (at the final batch size)
 SETTLED = 0.10  # a level change is settled once the compute-time imbalance is at most this
-CONTROL_KEYS = ("interval", "window", "min_samples", "deadband", "skip_after_change", "change_threshold",
-                "fit_overhead", "min_batch", "max_batch")
+# What ``summary.json``'s ``control`` says the policy ran with: every field of the control section but the
+# policy's name (its own key) and the memory keys (the same whatever the policy). Derived, so a new field shows.
+CONTROL_KEYS = tuple(f.name for f in dataclasses.fields(ControlConfig)
+                     if f.name not in ("policy", "memory_bounds", "memory_margin"))
 
 
 def _by_kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -162,25 +167,15 @@ def settle_median(records: list[dict[str, Any]]) -> float | None:
     return None if mid[0] is None or mid[1] is None else (mid[0] + mid[1]) / 2
 
 
-def level_speeds(per_rank_steps: list[list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Measured samples/s of each worker at each level (median of b/t over that level's steps).
-
-    Nominal levels say what the allocation asked for; these say what the workers actually got.
-    """
-    out: dict[str, dict[str, Any]] = {}
-    levels = {r.get("level") for steps in per_rank_steps for r in steps} - {None}
-    for level in sorted(levels):
-        speeds = []
-        for steps in per_rank_steps:
-            vals = [r["batch"] / (r["compute_ms"] / 1e3) for r in steps
-                    if r.get("level") == level and r["compute_ms"] > 0 and r["batch"] > 0]
-            speeds.append(statistics.median(vals) if vals else None)
-        known = [s for s in speeds if s]
-        out[level] = {
-            "samples_per_s": [round(s, 2) if s else None for s in speeds],
-            "measured_ratio": round(max(known) / min(known), 3) if known else None,
-        }
-    return out
+def controller_cost(end: dict[str, Any], batch_changes: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the controller cost and held: ``controller_overhead_ms`` (its measured milliseconds per
+    step, observing and deciding), ``holds`` (decisions considered that kept the split: count and
+    reasons), and ``probe`` (dynamic's start-up probe: its seconds, sizes, and the k it measured)."""
+    probe = next((b for b in batch_changes if b.get("reason") == "probe"), None)
+    return {"controller_overhead_ms": end.get("controller_overhead_ms"),
+            "holds": end.get("holds"),
+            "probe": None if probe is None else {"seconds": probe.get("probe_s"), "sizes": probe.get("sizes"),
+                                                 "k": probe.get("overhead"), "batch": probe.get("batch")}}
 
 
 def summarize(out_dir: Path) -> dict[str, Any]:
@@ -240,6 +235,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
                        for e in hl_events],
         "batch_changes": sum(1 for e in _by_kind(r0, "batch_change") if e.get("reason") != "initial"),
         "settle": settle(steps, hl_events, _by_kind(r0, "batch_change")),
+        **controller_cost(end0, _by_kind(r0, "batch_change")),
         "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan, [job.plan.targets[s] for s in job.slots]),
         "allocation_changes": change_outcomes(out_dir / "logs"),
         "schedule": job.plan.schedule.name,
@@ -349,6 +345,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
                        for e in _by_kind(server, "hl_change")],
         "batch_changes": sum(1 for e in _by_kind(server, "batch_change") if e.get("reason") != "initial"),
         "settle": None,  # BSP only: ASP workers step alone, there is no common step to measure balance on
+        **controller_cost(end, _by_kind(server, "batch_change")),
         "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan, [job.plan.targets[s] for s in job.slots]),
         "allocation_changes": change_outcomes(out_dir / "logs"),
         "schedule": job.plan.schedule.name,
@@ -368,40 +365,23 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
     }
 
 
-def ideal_speedups(uniform_dir: Path) -> tuple[float, float] | None:
-    """What perfect balance would give, from what the uniform run measured: (with, without communication).
-
-    For every step of the uniform run, with the measured speeds ``s_i = b_i / t_i`` of that step:
-    its compute-bound time is the slowest worker's compute time; perfectly balanced, the same global
-    batch computes in ``B / sum_i s_i``. Balancing cannot remove the all-reduce, whose own cost is
-    the sync time of the worker that waited least (the last to arrive). The first value models a
-    step as compute + that cost, the second as compute alone (an upper bound no BSP job reaches).
-    """
-    job = JobSpec.load(uniform_dir / "job.json", out_dir=uniform_dir)
-    steps = [_by_kind(read_rank(uniform_dir, r), "step") for r in range(job.config.workers)]
-    n = min(len(s) for s in steps)
-    slowest = balanced = comm = 0.0
-    for k in range(n):
-        row = [s[k] for s in steps]
-        if any(r["batch"] <= 0 or r["compute_ms"] <= 0 for r in row):
-            continue
-        slowest += max(r["compute_ms"] for r in row)
-        balanced += row[0]["global_batch"] / sum(r["batch"] / r["compute_ms"] for r in row)
-        comm += min(r["sync_ms"] for r in row)
-    if balanced <= 0:
-        return None
-    return round((slowest + comm) / (balanced + comm), 4), round(slowest / balanced, 4)
-
-
 def compare(out_dir: Path, runs: dict[str, Path], target: float | None = None, target_fraction: float = 0.95
             ) -> dict[str, Any]:
     """``compare.json``: every summary, each policy against uniform (measured and ideal speed-up), time
     to a target metric (``target``, default ``target_fraction`` of the best final value) and the metric
     at equal wall time.
 
+    BSP: ``ideal_speedup`` and ``ideal_compute_speedup`` (with and without the all-reduce) come from
+    per-worker models fitted over all the BSP runs compared, one ideal for every policy, and
+    ``ideal_from`` says which runs and steps, and ``k`` (:func:`~omnilearn.report.ideal.group_ideal`);
+    ``ideal_speedup_uniform_run`` and ``ideal_compute_speedup_uniform_run`` are the figures from the
+    uniform run's raw speeds alone (:func:`~omnilearn.report.ideal.ideal_speedups`). ``level_speeds``:
+    the workers' speeds per level from the same models (a summary's are from its own run alone).
+
     ``policies`` holds, for every policy other than uniform, its ``speedup`` (samples/s over
-    uniform's), ``fraction_of_ideal`` and ``accuracy_delta``; the reactive ``dynamic``'s are also at
-    the top level (``speedup``, ``fraction_of_ideal``, ``accuracy_delta``), as before.
+    uniform's), ``fraction_of_ideal`` (of the model-based ideal), ``fraction_of_ideal_uniform_run``
+    and ``accuracy_delta``; the reactive ``dynamic``'s are also at the top level (``speedup``,
+    ``fraction_of_ideal``, ``accuracy_delta``), as before.
     """
     summaries = {name: json.loads((d / "summary.json").read_text()) for name, d in runs.items()}
     result: dict[str, Any] = {"runs": summaries}
@@ -420,16 +400,18 @@ def compare(out_dir: Path, runs: dict[str, Path], target: float | None = None, t
         for key in ("update_rate_spread", "staleness_mean", "staleness_p95", "final_accuracy"):
             result[key] = {name: s.get(key) for name, s in summaries.items()}
     else:
-        ideal = ideal_speedups(runs["uniform"])
-        if ideal:
-            result["ideal_speedup"], result["ideal_compute_speedup"] = ideal
+        result.update(group_ideal(runs) or {})
+        old = ideal_speedups(runs["uniform"])
+        if old:
+            result["ideal_speedup_uniform_run"], result["ideal_compute_speedup_uniform_run"] = old
     per: dict[str, dict[str, Any]] = {}
     for name, d in summaries.items():
         if name == "uniform":
             continue
         entry: dict[str, Any] = {"speedup": round(d["samples_per_s"] / u["samples_per_s"], 4)}
-        if result.get("ideal_speedup"):
-            entry["fraction_of_ideal"] = round(entry["speedup"] / result["ideal_speedup"], 4)
+        for key in ("", "_uniform_run"):
+            if result.get(f"ideal_speedup{key}"):
+                entry[f"fraction_of_ideal{key}"] = round(entry["speedup"] / result[f"ideal_speedup{key}"], 4)
         if u.get("final_accuracy") is not None and d.get("final_accuracy") is not None:
             entry["accuracy_delta"] = round(d["final_accuracy"] - u["final_accuracy"], 4)
         per[name] = entry

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from omnilearn.report.fidelity import link_note
+from omnilearn.report.ideal import describe_source
 from omnilearn.report.summary import settle_counted, settle_median
 
 
@@ -82,14 +83,31 @@ def job_table(summaries: dict[str, dict[str, Any]], compare: dict[str, Any] | No
                   _fmt(s["imbalance"], ".3f"), _fmt(s["final_accuracy"], ".3f"),
                   *([_fmt(s.get("final_perplexity"), ".2f")] if language else []), _fmt(s["batch_changes"]))
     if compare and compare.get("policies"):
-        lines = [f"speed-up of {name} over uniform: {e['speedup']:.2f}x"
-                 + (f" ({e['fraction_of_ideal']:.0%} of the ideal)" if e.get("fraction_of_ideal") else "")
-                 for name, e in compare["policies"].items()]
-        lines.append(f"ideal from the uniform run's measured worker speeds: "
+        t.caption = "\n".join(ideal_lines(compare))
+    return t
+
+
+def ideal_lines(compare: dict[str, Any]) -> list[str]:
+    """Each policy's speed-up and share of the ideal, then where the ideal came from, the uniform run's
+    figure beside it."""
+    def share(e: dict[str, Any], key: str) -> str | None:
+        return f"{e[key]:.0%}" if e.get(key) else None
+
+    lines = []
+    for name, e in compare["policies"].items():
+        shares = [f"{v} of the ideal" for v in [share(e, "fraction_of_ideal")] if v]
+        shares += [f"{v} of the uniform run's" for v in [share(e, "fraction_of_ideal_uniform_run")] if v]
+        lines.append(f"speed-up of {name} over uniform: {e['speedup']:.2f}x"
+                     + (f" ({'; '.join(shares)})" if shares else ""))
+    if compare.get("ideal_from"):
+        lines.append(f"ideal from {describe_source(compare['ideal_from'])}: "
                      f"{_fmt(compare.get('ideal_speedup'), '.2f')}x; compute alone would allow "
                      f"{_fmt(compare.get('ideal_compute_speedup'), '.2f')}x")
-        t.caption = "\n".join(lines)
-    return t
+    if compare.get("ideal_speedup_uniform_run") is not None:
+        lines.append(f"ideal from the uniform run's measured worker speeds alone: "
+                     f"{_fmt(compare.get('ideal_speedup_uniform_run'), '.2f')}x; compute alone "
+                     f"{_fmt(compare.get('ideal_compute_speedup_uniform_run'), '.2f')}x")
+    return lines
 
 
 def settle_line(s: dict[str, Any]) -> str | None:
@@ -108,21 +126,30 @@ def settle_line(s: dict[str, Any]) -> str | None:
             + " · ".join(parts) + tail)
 
 
-def level_table(s: dict[str, Any]) -> Table:
+def level_table(s: dict[str, Any], modelled: dict[str, dict[str, Any]] | None = None) -> Table:
+    """Per level: the workers' speeds and the fidelity ratios of the run ``s``; ``modelled``: speeds and
+    measured ratios from models fitted over a compare's runs (its ``level_speeds``), in place of the run's own."""
     t = Table(title="measured worker speeds per level (samples/s) and fidelity: nominal vs measured heterogeneity")
     t.add_column("level")
     for i in range(s["workers"]):
         t.add_column(_name(s, i), justify="right")
-    for col in ("nominal", "read back", "measured", "as asked", "apply ms"):
+    for col in ("nominal", "read back", "measured", "measured raw", "as asked", "apply ms"):
         t.add_column(col, justify="right")
-    for level, row in s["level_speeds"].items():
+    rows = {level: {**row, **(modelled or {}).get(level, {})} for level, row in s["level_speeds"].items()}
+    for level, row in rows.items():
         speeds = row.get("samples_per_s") or [None] * s["workers"]
         t.add_row(level, *[_fmt(v, ".1f") for v in speeds], _fmt(row.get("nominal_ratio"), ".2f"),
                   _fmt(row.get("effective_ratio"), ".2f"), _fmt(row["measured_ratio"], ".2f"),
+                  _fmt(row.get("measured_ratio_raw"), ".2f"),
                   _fmt(row.get("applied_as_asked"), ".0%"), _fmt(row.get("apply_ms"), ".0f"))
+    some = next(iter(rows.values()), {})
+    at = (f" at {some['speed_batch']:g} samples per worker, k = {some['k']:g} ({some['k_status']})"
+          if some.get("speed_batch") is not None else "")
     t.caption = ("fast/slow ratios: nominal (the plan), read back (the kernel's or Docker's values), measured "
-                 "(samples per second of compute); as asked: changes read back as requested; apply ms: request "
-                 "to applied, median")
+                 f"(samples per second of compute, from per-worker models t = c (b + k) fitted on "
+                 f"{'the runs compared' if modelled else 'the run'}{at}), "
+                 "measured raw (median b / t of the steps); as asked: changes read back as requested; apply ms: "
+                 "request to applied, median")
     return t
 
 
@@ -132,7 +159,7 @@ def print_report(console: Console, summaries: dict[str, dict[str, Any]], compare
         if (note := link_note(s)) is not None:
             console.print(f"{s['policy']}: {note}", markup=False)
     last = list(summaries.values())[-1]
-    console.print(level_table(last))
+    console.print(level_table(last, (compare or {}).get("level_speeds")))
     console.print(asp_job_table(summaries) if last["mode"] == "asp" else job_table(summaries, compare))
     for s in summaries.values():
         if s.get("policy_knows"):

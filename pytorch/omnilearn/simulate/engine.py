@@ -4,9 +4,10 @@ Each step follows :class:`omnilearn.train.bsp.BSPTrainer`: the schedule's level 
 position (or clock), the step's sizes from :class:`~omnilearn.train.sampler.GlobalBatchSampler`,
 every worker's compute time from its measured model (with its measured noise, seeded), the step
 lasting as long as the slowest worker plus the all-reduce and the per-step overhead, every worker's
-time handed to :meth:`BatchController.observe_step` and, at the controller's decision points,
-:meth:`BatchController.decide`: the same class, built from the job's ``control`` section as the
-trainers build it, fed what the trainers feed it. Records are written in the trainers' format
+time handed to the one control loop the trainers use (:class:`~omnilearn.control.loop.ControlLoop`),
+with the controller built from the job's ``control`` section as the trainers build it: it decides
+exactly as they do on the same times. ``dynamic``'s start-up probe is replayed from the models too
+(its cost added to the clock). Records are written in the trainers' format
 (:mod:`omnilearn.metrics`), so the run's report code summarizes and draws them; the batch changes,
 which every rank of a real run writes alike, only in rank 0's file (all the report reads: with a
 thousand workers, a thousand copies of every split would be gigabytes).
@@ -23,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.config import JobConfig
-from omnilearn.control import controller as control
+from omnilearn.control.controller import make_controller
+from omnilearn.control.loop import ControlLoop, probe_time
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.plan import EmulationPlan
 from omnilearn.metrics import METRICS_DIR, metrics_path
@@ -64,7 +66,7 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
     (replayed when the global batch is the run's: BSP's update does not depend on the split)."""
     t, n, measured = cfg.train, cfg.workers, models.workers
     c = cfg.control.effective(t.global_batch, n)
-    ctl = control.BatchController(c, t.global_batch, Bounds.make(n, c.min_batch, c.max_batch, t.global_batch))
+    ctl = make_controller(c, t.global_batch, Bounds.make(n, c.min_batch, c.max_batch, t.global_batch))
     size = models.train_samples * t.global_batch // models.job.config.train.global_batch
     sampler = GlobalBatchSampler(size, t.global_batch, t.seed, drop_last=t.drop_last, min_local=c.min_batch)
     targets = plan.targets
@@ -72,6 +74,7 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
     out = Replay()
     state: dict[str, Any] = {"level": None, "eval": 0.0}
     clock = 0.0
+    loop = ControlLoop(ctl, lambda kind, **f: rec.write(0, kind, **f), inputs=True)
 
     def shares(level: str) -> list[float | None]:
         return [plan.allocation(level, tg).share for tg in targets]
@@ -88,18 +91,30 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
                       requested=a.to_dict(), effective=a.to_dict(), status="applied", threads=a.threads(1),
                       time=clock + state["eval"])
         state["level"] = level
-        known = ctl.allocations(lambda: shares(level))
-        if step == 0:
-            ctl.initial(known)
-        elif ctl.reallocate(known) is not None:
-            rec.write(0, "batch_change", step=step, batch=list(ctl.batch), reason="allocation", time=clock)
+        if step > 0:
+            loop.level(lambda: shares(level), step=step, time=clock)
         return stall
+
+    def timed(r: int, level: str, batch: int) -> float:
+        m = models.model(r % measured, level)
+        jitter = rng.lognormvariate(0.0, m.sigma * noise) if noise > 0 and m.sigma > 0 else 1.0
+        return max(m.at(batch), 1e-6) * jitter
 
     for r, tg in enumerate(targets):
         rec.write(r, "start", rank=r, world=n, target=tg, steps_per_epoch=sampler.steps_per_epoch,
                   train_samples=size, policy=c.policy, simulated=True, time=0.0)
     change_level(plan.schedule.level_at(0), 0.0, 0)
-    rec.write(0, "batch_change", step=0, batch=list(ctl.batch), reason="initial", time=0.0)
+    loop.start(lambda: shares(state["level"]), False, step=0, time=0.0)
+    sizes = loop.probe_sizes()
+    if sizes is not None:  # dynamic's start-up probe: rounds at the two sizes, every worker
+        small, large = sizes
+        rounds = c.probe_steps
+        probe = [([timed(r, state["level"], small) for _ in range(rounds)],
+                  [timed(r, state["level"], large) for _ in range(rounds)]) for r in range(n)]
+        cost = max(sum(a) + sum(b) for a, b in probe)
+        loop.probe(small, large, [probe_time(a) for a, _ in probe], [probe_time(b) for _, b in probe], cost,
+                   step=0, time=0.0)
+        clock += cost
     position, eval_time = 0.0, 0.0
     per_level: dict[str, list[tuple[str, int]]] = {}
     for epoch in range(t.epochs):
@@ -111,21 +126,12 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
                                   position, out.steps)
             level = state["level"]
             sizes = sampler.step_sizes(step, ctl.batch)
-            times = []
-            for r in range(n):
-                m = models.model(r % measured, level)
-                jitter = rng.lognormvariate(0.0, m.sigma * noise) if noise > 0 and m.sigma > 0 else 1.0
-                times.append(max(m.at(sizes[r]), 1e-6) * jitter)
+            times = [timed(r, level, sizes[r]) for r in range(n)]
             slowest = max(times) + stall
             reduce_s = models.allreduce.seconds(n)
             clock += slowest + reduce_s + models.overhead_s
             out.steps += 1
             out.samples += sum(sizes)
-            full = sum(sizes) == t.global_batch
-            if ctl.measures and full:
-                t0 = time.perf_counter()
-                ctl.observe_step(times)
-                out.observe_ms.append((time.perf_counter() - t0) * 1e3)
             if level not in per_level:  # each rank's allocation fields at this level, as JSON text
                 per_level[level] = [(json.dumps(a.share), a.threads(1))
                                     for a in (plan.allocation(level, tg) for tg in targets)]
@@ -138,14 +144,12 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
                 rec.lines[r].append(f'{head}{sizes[r]}{middle}{round(times[r] * 1e3, 3)!r},"sync_ms":'
                                     f'{round((slowest - times[r] + reduce_s) * 1e3, 3)!r}{tail}{fields[r][0]},'
                                     f'"threads":{fields[r][1]},"time":{stamp}}}')
-            if ctl.due(out.steps, step == steps - 1):
-                old = list(ctl.batch)
-                t0 = time.perf_counter()
-                new = ctl.decide(ctl.allocations(lambda: shares(state["level"])))
-                out.decision_ms.append((time.perf_counter() - t0) * 1e3)
-                if new is not None:
-                    rec.write(0, "batch_change", step=out.steps, old=old, batch=new, reason="compute-time",
-                            overhead=round(ctl.overhead, 2), time=clock + eval_time)
+            full = sum(sizes) == t.global_batch
+            due = ctl.due(out.steps, step == steps - 1)
+            t0 = time.perf_counter()
+            loop.step(times if full and ctl.measures else None, due, t.epochs * steps - out.steps,
+                      lambda: shares(state["level"]), step=out.steps, time=clock + eval_time)
+            (out.decision_ms if due else out.observe_ms).append((time.perf_counter() - t0) * 1e3)
         last_epoch = epoch == t.epochs - 1
         if (epoch + 1) % t.eval_every == 0 or last_epoch:
             eval_time += models.eval_s
@@ -157,7 +161,7 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
     for r in range(n):
         rec.write(r, "end", wall_time_s=out.wall_time_s, train_time_s=out.train_time_s, samples=out.samples,
                   steps=out.steps, batch=list(ctl.batch), level=state["level"], epochs=out.steps / sampler.steps_per_epoch,
-                  out_of_time=False, time=out.wall_time_s)
+                  out_of_time=False, time=out.wall_time_s, **loop.summary())
     return out
 
 

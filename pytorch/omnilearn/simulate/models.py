@@ -1,12 +1,11 @@
 """The measured models a simulation runs on, fitted from a finished BSP run folder.
 
-- **Compute time** of each worker at each level against its batch: ``t = a + c * b`` (seconds), from
-  the run's step records (``batch``, ``compute_ms``, ``level``). Steps are grouped by batch size (the
-  first step after a change and partial last steps left out) and the line is fitted to the median
-  time of each batch. A worker that ran one batch size at a level (a uniform run) cannot tell ``a``
-  from ``c``: its line is ``c * (b + k)`` with ``k = a / c`` the median of the workers and levels
-  that could tell, else 0 (time proportional to batch). ``sigma``: the step-to-step noise, the
-  robust standard deviation of ``log(t / median)`` at a batch.
+- **Compute time** of each worker at each level against its batch: ``t = a + c * b`` (seconds) with
+  ``a = c * k``, from the run's step records: the per-worker models of
+  :mod:`omnilearn.report.worker_models` (one fixed cost ``k`` in samples for every worker and level,
+  fitted where the batches changed, else 0; medians per batch size; the first step after a change
+  and partial last steps left out). ``sigma``: the step-to-step noise, the robust standard
+  deviation of ``log(t / median)`` at a batch.
 - **All-reduce** against size and workers, ring: ``latency * (N - 1) + 2 (N - 1) / N * bytes / bandwidth``.
   From the run alone only one point is known (its own cost at its worker count: the sync time of the
   rank that waited least, median over steps), so it is scaled by the ring's bandwidth term; a
@@ -27,8 +26,7 @@ from omnilearn.errors import UserError
 from omnilearn.files import load_yaml
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
-
-MIN_SPREAD = 1.2  # batches at a level must span at least this ratio to fit a and c apart
+from omnilearn.report.worker_models import fit_worker_models
 
 
 @dataclass(frozen=True)
@@ -100,51 +98,12 @@ def _steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r.get("kind") == "step"]
 
 
-def _robust_sigma(logs: list[float]) -> float:
-    if len(logs) < 3:
-        return 0.0
-    m = statistics.median(logs)
-    return 1.4826 * statistics.median(abs(x - m) for x in logs)
-
-
 def fit_compute(per_rank: list[list[dict[str, Any]]]) -> dict[tuple[int, str], ComputeModel]:
-    """``(rank, level) -> ComputeModel`` from every rank's step records."""
-    full = max((r["global_batch"] for s in per_rank for r in s), default=0)
-    groups: dict[tuple[int, str], dict[int, list[float]]] = {}
-    for rank, steps in enumerate(per_rank):
-        previous = None
-        for r in steps:
-            fresh = previous is not None and r["batch"] != previous
-            previous = r["batch"]
-            if fresh or r["global_batch"] != full or r["batch"] <= 0 or r["compute_ms"] <= 0:
-                continue
-            groups.setdefault((rank, r["level"]), {}).setdefault(r["batch"], []).append(r["compute_ms"] / 1e3)
-    lines: dict[tuple[int, str], tuple[float, float]] = {}
-    for key, by_batch in groups.items():
-        bs = sorted(by_batch)
-        if len(bs) < 2 or bs[-1] / bs[0] < MIN_SPREAD:
-            continue
-        w = [len(by_batch[b]) for b in bs]
-        y = [statistics.median(by_batch[b]) for b in bs]
-        mx = sum(wi * b for wi, b in zip(w, bs, strict=True)) / sum(w)
-        my = sum(wi * t for wi, t in zip(w, y, strict=True)) / sum(w)
-        var = sum(wi * (b - mx) ** 2 for wi, b in zip(w, bs, strict=True))
-        c = sum(wi * (b - mx) * (t - my) for wi, b, t in zip(w, bs, y, strict=True)) / var
-        if c > 0:
-            lines[key] = (max(0.0, my - c * mx), c)
-    ks = [a / c for a, c in lines.values()]
-    k = statistics.median(ks) if ks else 0.0
-    out: dict[tuple[int, str], ComputeModel] = {}
-    for key, by_batch in groups.items():
-        logs = [math.log(t / statistics.median(ts)) for ts in by_batch.values() for t in ts]
-        count = sum(len(ts) for ts in by_batch.values())
-        if key in lines:
-            a, c = lines[key]
-        else:  # one batch size: t = c (b + k)
-            c = statistics.median(t / (b + k) for b, ts in by_batch.items() for t in ts)
-            a = c * k
-        out[key] = ComputeModel(a, c, _robust_sigma(logs), count)
-    return out
+    """``(rank, level) -> ComputeModel`` from every rank's step records: the run's per-worker models
+    (:func:`~omnilearn.report.worker_models.fit_worker_models`, ``t = c (b + k)`` with one ``k``) as
+    lines ``a + c b`` with ``a = c k``."""
+    models = fit_worker_models([per_rank], ["replayed run"])
+    return {key: ComputeModel(c * models.k, c, models.sigma[key], models.steps[key]) for key, c in models.c.items()}
 
 
 def allreduce_from_run(per_rank: list[list[dict[str, Any]]], params: int) -> AllReduceModel:

@@ -7,12 +7,13 @@ local gradient is weighted by ``b_i / B`` and every rank's gradients are summed 
 of a flat buffer (:class:`~omnilearn.train.distributed.GradBuffer`): the update is the gradient of
 the whole global batch, whatever the split.
 
-Between two steps (when the loader is asked for the next batch) the step just done is measured:
-its compute time is the time since its batch was asked for, less the all-reduce (which holds the
-wait for the other ranks). Every rank's time is gathered, so every rank's
-:class:`~omnilearn.control.controller.BatchController` (the one ``omnilearn run`` uses, built from
-the same ``control`` settings) takes the same measurements and the same decisions, and the next
-step's shares always sum to the global batch. Records go to ``metrics/rank-<r>.jsonl`` as a run's
+Each rank's compute time rides in spare slots of the same all-reduce: the time from asking for its
+batch to the end of its backward, plus what the previous step spent after its all-reduce (the
+optimizer step and the loop's own work, one step late). The sum gives every rank every time, so
+every rank's controller (the one ``omnilearn run`` uses, built from the same ``control`` settings,
+driven by the same :class:`~omnilearn.control.loop.ControlLoop`) takes the same measurements and
+the same decisions, the next step's shares always sum to the global batch, and a step has one
+collective. Records go to ``metrics/rank-<r>.jsonl`` as a run's
 do; after each epoch rank 0 writes ``summary.json``.
 """
 
@@ -24,13 +25,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from omnilearn.control.controller import BatchController
-from omnilearn.control.policies import Bounds
+from omnilearn.control.controller import make_controller
+from omnilearn.control.loop import ControlLoop
+from omnilearn.control.policies import POLICIES, Bounds
 from omnilearn.errors import UserError
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.report.summary import summarize
 from omnilearn.torch.session import Levels, make_job
-from omnilearn.train import distributed
 from omnilearn.train.distributed import GradBuffer
 from omnilearn.train.sampler import GlobalBatchSampler
 
@@ -60,7 +61,7 @@ class HeteroDataParallel(torch.nn.Module):
         for t in [*module.parameters(), *module.buffers()]:  # the same start on every rank
             dist.broadcast(t.data, src=0)
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.grads = GradBuffer(self.params)
+        self.grads = GradBuffer(self.params, extra=1 + self.world)  # rank 0's clock, every rank's time
         self.views = [p.grad for p in self.params]
         self.settings = {"control.policy": policy, **{f"control.{k}": v for k, v in (control or {}).items()}}
         self.out = out
@@ -71,7 +72,10 @@ class HeteroDataParallel(torch.nn.Module):
         self.sizes: list[int] = []
         self.pending: dict[str, Any] | None = None
         self.steps_done = self.samples = 0
-        self.sync_s = self.clock = 0.0
+        self.epochs: int | None = None  # the loader's epochs, when it knows them (the horizon of a split)
+        self.sync_s = self.clock = self.after_s = 0.0
+        self.reduced_at: float | None = None
+        self.values: list[float] | None = None
         _ACTIVE.append(self)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -90,21 +94,22 @@ class HeteroDataParallel(torch.nn.Module):
                                       (type(self.module).__name__, names[1]), self.out)
         cfg = self.job.config
         c = cfg.control.effective(global_batch, self.world)
-        if c.policy not in ("uniform", "static", "dynamic", "dynamic+prior", "paper"):
+        if c.policy not in POLICIES:
             raise UserError(f"HeteroDataParallel: policy {c.policy!r} is not a batch controller's")
-        self.controller = BatchController(c, global_batch, Bounds.make(self.world, c.min_batch, c.max_batch,
-                                                                       global_batch))
+        self.controller = make_controller(c, global_batch, Bounds.make(self.world, c.min_batch, c.max_batch,
+                                                                      global_batch))
         self.levels = Levels(self.job, self.rank, emulated)
         self.sampler = GlobalBatchSampler(dataset_size, global_batch, seed, drop_last=drop_last,
                                           min_local=c.min_batch)
         self.metrics = MetricsWriter(metrics_path(self.job.out_dir, self.rank))
+        self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0)
         self.metrics.write("start", rank=self.rank, world=self.world, target=self.levels.target,
                            params=sum(p.numel() for p in self.params), train_samples=dataset_size,
                            steps_per_epoch=self.sampler.steps_per_epoch, device=str(self.device),
                            dist_backend=dist.get_backend(), policy=c.policy, library="omnilearn.torch")
         dist.barrier()
         self.t_start = time.time()
-        self.metrics.write("batch_change", step=0, batch=list(self.controller.batch), reason="initial")
+        self.started = False  # the loop starts at the first step, once its level is in force
         return self.sampler
 
     # ----------------------------------------------------------------------------- steps
@@ -115,12 +120,11 @@ class HeteroDataParallel(torch.nn.Module):
         event = self.levels.at(position, self.clock)
         if event is not None:
             self.metrics.write("hl_change", step=self.steps_done, **event)
-            ctl = self.controller
-            shares = ctl.allocations(self.levels.shares)
-            if self.steps_done == 0:
-                ctl.initial(shares)
-            elif ctl.reallocate(shares) is not None:
-                self.metrics.write("batch_change", step=self.steps_done, batch=list(ctl.batch), reason="allocation")
+            if self.started:
+                self.loop.level(self.levels.shares, step=self.steps_done)
+        if not self.started:
+            self.loop.start(self.levels.shares, False, step=0)
+            self.started = True
         late = self.levels.outcome(position)  # a retried change's outcome: this rank's threads only
         if late is not None:
             self.metrics.write("hl_outcome", step=self.steps_done, **late)
@@ -153,39 +157,40 @@ class HeteroDataParallel(torch.nn.Module):
             self.grads.zero()  # an empty share of a partial last step: its loss is no number
         else:
             self.grads.flat.mul_(mine / total)
+        extra = self.grads.flat[self.grads.numel:]
+        extra.zero_()
+        extra[0] = self.levels.clock() if self.rank == 0 else 0.0
+        assert self.pending is not None
+        extra[1 + self.rank] = (t1 - self.pending["t0"]) + self.after_s  # forward+backward, the update one step late
         self.grads.all_reduce()
-        self.sync_s += time.perf_counter() - t1
+        self.values = extra.tolist()
+        self.reduced_at = time.perf_counter()
+        self.sync_s += self.reduced_at - t1
 
     def finish_step(self) -> None:
         """Measure the step just done, record it, and let the controller decide (every rank alike)."""
         if self.pending is None:
             return
         p, self.pending = self.pending, None
-        compute_s = max(time.perf_counter() - p["t0"] - self.sync_s, 0.0)
-        clock = self.levels.clock() if self.rank == 0 else 0.0
-        gathered = distributed.all_gather_floats([compute_s, clock], self.device)
-        self.clock = gathered[0][1]  # rank 0's: every rank labels and decides at the same step
+        now = time.perf_counter()
+        compute_s = max(now - p["t0"] - self.sync_s, 0.0)
+        self.after_s = now - self.reduced_at if self.reduced_at is not None else 0.0
+        values, self.values, self.reduced_at = self.values, None, None
+        if values is not None:
+            self.clock = values[0]  # rank 0's: every rank labels and decides at the same step
         self.steps_done += 1
         self.samples += sum(self.sizes)
         ctl, t = self.controller, self.sampler
         assert t is not None
-        full = sum(self.sizes) == t.global_batch
-        if ctl.measures and full:
-            changed = ctl.observe_step([g[0] for g in gathered])
-            if changed:
-                self.metrics.write("speed_change", step=self.steps_done, workers=changed, regimes=ctl.regimes())
         self.metrics.write("step", step=self.steps_done, epoch=p["epoch"], batch=self.sizes[self.rank],
                            global_batch=sum(self.sizes), compute_ms=round(compute_s * 1e3, 3),
                            sync_ms=round(self.sync_s * 1e3, 3), loss=None, train_acc=None, level=self.levels.level,
                            cpus=self.levels.cpus, threads=self.levels.threads or torch.get_num_threads())
-        if ctl.due(self.steps_done, p["last"]):
-            times, counts = ctl.estimates()
-            old = list(ctl.batch)
-            new = ctl.decide(ctl.allocations(self.levels.shares))
-            if new is not None:
-                self.metrics.write("batch_change", step=self.steps_done, old=old, batch=new, reason="compute-time",
-                                   compute_ms=None if times is None else [round(x * 1e3, 3) for x in times],
-                                   samples=counts, overhead=round(ctl.overhead, 2))
+        full = sum(self.sizes) == t.global_batch and values is not None
+        times = values[1:1 + self.world] if full and ctl.measures else None
+        steps_left = t.steps_per_epoch * self.epochs - self.steps_done if self.epochs else None
+        self.loop.step(times, ctl.due(self.steps_done, p["last"]), steps_left, self.levels.shares,
+                       step=self.steps_done)
 
     def end_epoch(self, epoch: int) -> None:
         """After an epoch: its last step closed, an end record (the latest counts), ``summary.json``."""
@@ -194,7 +199,8 @@ class HeteroDataParallel(torch.nn.Module):
         wall = time.time() - self.t_start
         self.metrics.write("end", wall_time_s=wall, train_time_s=wall, samples=self.samples, steps=self.steps_done,
                            batch=list(self.controller.batch), level=self.levels.level,
-                           epochs=self.steps_done / self.sampler.steps_per_epoch, out_of_time=False)
+                           epochs=self.steps_done / self.sampler.steps_per_epoch, out_of_time=False,
+                           **self.loop.summary())
         dist.barrier()  # every rank's end record is written before rank 0 reads them
         if self.rank == 0:
             summarize(self.job.out_dir)

@@ -137,7 +137,7 @@ def run_server(job: JobSpec) -> None:
                   done_time_s=server.elapsed(server.t_done),
                   samples=server.samples, target_samples=server.target_samples, updates=list(server.updates),
                   version=server.version, duplicates=server.duplicates, batch=list(server.controller.batch),
-                  level=server.level, epoch=server.epoch)
+                  level=server.level, epoch=server.epoch, **server.loop.summary())
     metrics.close()
     shutdown_rpc()
 

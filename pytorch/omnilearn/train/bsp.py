@@ -7,23 +7,27 @@ of the whole global batch, whatever the split. Compute time (forward, backward, 
 apart from the all-reduce, which also holds the wait for slower workers: the controller equalises
 compute times.
 
-What the controller is given follows its policy: every worker's compute time of each step (one
-small all-gather, so every rank's controller holds the same measurements and takes the same
-decisions), and the allocations only for the policies named for them
-(:meth:`BatchController.allocations`). A level change is the emulator's event: it drops
-measurements and moves batches only for those policies; the others notice the change in the times
-they measure.
+What the controller is given follows its policy: every worker's compute time of each step, carried
+in spare slots of the same all-reduce as the gradients (each rank writes its own slot; the sum gives
+every rank every time, so every rank's controller takes the same decisions and a step has one
+collective under every policy), and the allocations only for the policies named for them. A level
+change is the emulator's event: it moves batches only for those policies; the others notice the
+change in the times they measure. ``dynamic`` also times a few steps at two batch sizes on every
+worker before step 1 (:meth:`BSPTrainer.probe`). The controller is driven by the one control loop
+(:class:`~omnilearn.control.loop.ControlLoop`) that ``omnilearn.torch`` and the simulator use too.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 
 import torch
 import torch.distributed as dist
 
-from omnilearn.control.controller import BatchController
+from omnilearn.control.controller import make_controller
+from omnilearn.control.loop import ControlLoop, probe_time
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.client import AllocationClient
 from omnilearn.jobfile import JobSpec
@@ -39,8 +43,9 @@ from omnilearn.train.workload_spec import load_workload
 
 log = logging.getLogger("omnilearn.worker")
 
-# Slots after the gradients in the all-reduced buffer: statistics that ride along for free.
-LOSS, CORRECT, CLOCK, OOM, STOP, EXTRA = 0, 1, 2, 3, 4, 5
+# Slots after the gradients in the all-reduced buffer: statistics that ride along for free; from TIMES
+# on, one slot per rank for its compute time of the step.
+LOSS, CORRECT, CLOCK, OOM, STOP, TIMES = 0, 1, 2, 3, 4, 5
 
 
 def local_backward(work: Workload, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, global_size: int
@@ -76,22 +81,25 @@ class BSPTrainer:
         for p in self.model.parameters():  # belt and braces: identical start even if seeding diverged
             dist.broadcast(p.data, src=0)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.grads = GradBuffer(params, extra=EXTRA)
+        self.grads = GradBuffer(params, extra=TIMES + self.world)
         self.optimizer = make_optimizer(cfg, params)
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=t.milestones, gamma=t.gamma)
         self.sampler = GlobalBatchSampler(len(self.work.train), t.global_batch, t.seed, drop_last=t.drop_last,
                                           min_local=c.min_batch)
         self.configured_bounds = Bounds.make(self.world, c.min_batch, c.max_batch, t.global_batch)
-        self.controller = BatchController(c, t.global_batch, self.configured_bounds)
+        self.controller = make_controller(c, t.global_batch, self.configured_bounds)
+        self.update_s = 0.0  # this rank's last optimizer step: it rides in the next step's buffer
         self.targets = [job.plan.targets[s] for s in self.slots]
         self.client = AllocationClient(job.plan, job.log_dir, self.slot, self.targets[self.rank],
                                        cfg.emulation.ack_timeout)
         self.augment_rng = torch.Generator().manual_seed(t.seed * 1000 + self.slot)  # per-worker, reproducible
         self.ckpt = BSPCheckpoint(self)  # a resumed run cuts its metrics back to the checkpoint first
         self.metrics = MetricsWriter(metrics_path(job.out_dir, self.slot))
+        self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0)
         self.memory: memory.MemoryModel | None = None
         self.oom_cap: int | None = None  # this rank's bound after an out-of-memory error (GPU)
         self.oom_seen = False  # any rank ran out of memory: bounds are enforced whatever the policy
+        self.started = False  # the first level's allocation is in force and the loop has started
         self.metrics.write("start", rank=self.rank, slot=self.slot, world=self.world, target=self.targets[self.rank],
                            params=count_parameters(self.model), train_samples=len(self.work.train),
                            test_samples=len(self.work.test), steps_per_epoch=self.sampler.steps_per_epoch,
@@ -146,11 +154,8 @@ class BSPTrainer:
                 self.metrics.write("hl_outcome", step=step, **late)
             return
         self.metrics.write("hl_change", step=step, **event)
-        shares = self.controller.allocations(lambda: self.shares(level))
-        if step == 0:
-            self.controller.initial(shares)
-        elif self.controller.reallocate(shares) is not None:  # only a policy told of allocations moves
-            self.metrics.write("batch_change", step=step, batch=list(self.controller.batch), reason="allocation")
+        if self.started:  # only a policy told of allocations moves (the first level: the loop's start)
+            self.loop.level(lambda: self.shares(level), step=step)
         self.update_bounds(step)
 
     # ------------------------------------------------------------------------------------- steps
@@ -176,12 +181,15 @@ class BSPTrainer:
                 oom, loss_sum, correct = True, 0.0, 0.0
                 self.grads.zero()
                 torch.cuda.empty_cache()
+            self._sync_cuda()
+            t1 = time.perf_counter()
             extra = self.grads.extra
             extra[LOSS], extra[CORRECT], extra[OOM] = loss_sum, correct, float(oom)
             extra[STOP] = float(lifecycle.stop_requested())
             extra[CLOCK] = time.time() - clock_start if self.rank == 0 else 0.0
-            self._sync_cuda()
-            t1 = time.perf_counter()
+            # forward+backward now, the update one step late (it comes after the all-reduce)
+            own = (t1 - t0) + (self.update_s if self.controller.times_update else 0.0)
+            extra[TIMES + self.rank] = own
             self.grads.all_reduce()
             self._sync_cuda()
             t2 = time.perf_counter()
@@ -197,38 +205,51 @@ class BSPTrainer:
             self.optimizer.step()
             self._sync_cuda()
             t3 = time.perf_counter()
+            self.update_s = t3 - t2
             return sizes, (t1 - t0) + (t3 - t2), t1 - t0, t2 - t1, values
 
     def _sync_cuda(self) -> None:
         if self.env.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def measure(self, step: int, compute_s: float, forward_backward_s: float, full: bool) -> None:
-        """Gather every worker's compute time of this step; the controller of every rank takes them all.
+    def control(self, step: int, values: list[float], full: bool, end_of_epoch: bool, steps_left: int) -> None:
+        """The step's compute times (every rank's, from the all-reduced buffer) to the control loop; a
+        decision at the controller's decision points. A partial last step of an epoch is not measured:
+        it does not describe the steady state. Every rank decides alike from the same numbers."""
+        times = values[TIMES:TIMES + self.world] if full and self.controller.measures else None
+        self.loop.step(times, self.controller.due(step, end_of_epoch), steps_left,
+                       lambda: self.shares(self.client.level), step=step)
 
-        The paper timed forward and backward only. A partial last step of an epoch is gathered (every
-        rank calls the collective) but not measured: it does not describe the steady state.
-        """
-        ctl = self.controller
-        if not ctl.measures:
+    def probe(self, step: int) -> None:
+        """``dynamic``: once the first allocation is in force, every worker times ``control.probe_steps``
+        rounds of one step at each of two batch sizes (the least of two rounds: the first also carries
+        the new allocation, threads and shapes) (forward, backward and
+        update, on its own, no collective), then one gather gives every rank every worker's times: k
+        and the speeds, and a balanced split before step 1. The model and optimizer are restored after."""
+        sizes = self.controller.probe_sizes()
+        if sizes is None:
             return
-        own = compute_s if ctl.times_update else forward_backward_s
-        times = [g[0] for g in distributed.all_gather_floats([own], self.env.device)]
-        if full:
-            changed = ctl.observe_step(times)
-            if changed:
-                self.metrics.write("speed_change", step=step, workers=changed, regimes=ctl.regimes())
+        small, large = sizes
+        saved = copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
+        t_start = time.perf_counter()
 
-    def decide(self, step: int) -> None:
-        """Every rank decides alike from the same gathered measurements."""
-        ctl = self.controller
-        times, counts = ctl.estimates()
-        old = list(ctl.batch)
-        new = ctl.decide(ctl.allocations(lambda: self.shares(self.client.level)))
-        if new is not None:
-            self.metrics.write("batch_change", step=step, old=old, batch=new, reason="compute-time",
-                               compute_ms=None if times is None else [round(t * 1e3, 3) for t in times],
-                               samples=counts, overhead=round(ctl.overhead, 2))
+        def timed(b: int) -> float:
+            self.grads.zero()
+            t0 = time.perf_counter()
+            x, y = gather(self.work.train, torch.arange(b) % len(self.work.train))
+            local_backward(self.work, self.model, x.to(self.env.device), y.to(self.env.device), b)
+            self.optimizer.step()
+            self._sync_cuda()
+            return time.perf_counter() - t0
+
+        rounds = [(timed(small), timed(large)) for _ in range(self.cfg.control.probe_steps)]
+        self.model.load_state_dict(saved[0])
+        self.optimizer.load_state_dict(saved[1])
+        self.grads.zero()
+        own = [probe_time([r[0] for r in rounds]), probe_time([r[1] for r in rounds]), time.perf_counter() - t_start]
+        every = distributed.all_gather_floats(own, self.env.device)
+        self.loop.probe(small, large, [g[0] for g in every], [g[1] for g in every], max(g[2] for g in every),
+                        step=step)
 
     # --------------------------------------------------------------------------------------- run
     def out_of_time(self, clock: float) -> bool:
@@ -244,8 +265,10 @@ class BSPTrainer:
         self.change_level(schedule.level_at(p.clock if schedule.unit == "seconds" else p.position), p.position,
                           p.steps)
         ckpt.restore()  # a resumed run: controller, model, optimizer, position and counters as saved
-        metrics.write("batch_change", step=p.steps, batch=list(self.controller.batch),
-                      reason="resumed" if ckpt.resumed else "initial")
+        self.loop.start(lambda: self.shares(self.client.level), ckpt.resumed, step=p.steps)
+        self.started = True
+        if not ckpt.resumed:
+            self.probe(p.steps)
         dist.barrier()
         lifecycle.arm()  # SIGTERM from now on: stop after the current step
         t_start = time.time() - p.clock  # the training clock goes on from the checkpoint's
@@ -266,15 +289,14 @@ class BSPTrainer:
                 steps_done += 1
                 samples += sum(sizes)
                 clock = extra[CLOCK]
-                self.measure(steps_done, compute_s, forward_backward_s, full=sum(sizes) == t.global_batch)
                 metrics.write("step", step=steps_done, epoch=epoch, sample_sum=self.sample_sum, batch=sizes[self.rank],
                               global_batch=sum(sizes), compute_ms=round(compute_s * 1e3, 3),
                               sync_ms=round(sync_s * 1e3, 3), loss=extra[LOSS] / sum(sizes),
                               train_acc=extra[CORRECT] / sum(sizes), level=self.client.level,
                               cpus=self.client.allocation.share, threads=self.client.threads,
                               lr=self.optimizer.param_groups[0]["lr"])
-                if self.controller.due(steps_done, step == steps - 1):
-                    self.decide(steps_done)
+                self.control(steps_done, extra, sum(sizes) == t.global_batch, step == steps - 1,
+                             t.epochs * steps - steps_done)
                 if extra[STOP] > 0:  # a rank was asked to stop (SIGTERM): every rank stops after this step
                     self.stopped = True
                     break
@@ -305,7 +327,8 @@ class BSPTrainer:
         if not self.stopped:
             metrics.write("end", wall_time_s=wall, train_time_s=wall - eval_time, samples=samples, steps=steps_done,
                           batch=list(self.controller.batch), level=self.client.level,
-                          epochs=steps_done / self.sampler.steps_per_epoch, out_of_time=self.out_of_time(clock))
+                          epochs=steps_done / self.sampler.steps_per_epoch, out_of_time=self.out_of_time(clock),
+                          **self.loop.summary())
         metrics.close()
         dist.barrier()
         dist.destroy_process_group()

@@ -74,7 +74,8 @@ from typing import Any
 
 import torch
 
-from omnilearn.control.controller import BatchController
+from omnilearn.control.controller import make_controller
+from omnilearn.control.loop import ControlLoop
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.client import AllocationClient
 from omnilearn.errors import UserError
@@ -139,7 +140,8 @@ class ParameterServer:
         self.configured_bounds = Bounds.make(self.workers, c.min_batch, c.max_batch, t.global_batch)
         self.memory_max: list[int | None] = [None] * self.workers  # what each worker's memory takes
         self.fault: UserError | None = None  # set by a handler, raised by the main loop
-        self.controller = BatchController(c, t.global_batch, self.configured_bounds, synchronous=False)
+        self.controller = make_controller(c, t.global_batch, self.configured_bounds, synchronous=False)
+        self.loop = ControlLoop(self.controller, self.metrics.write)
         self.level = self.schedule.level_at(0)
         self.controller.initial(self.controller.allocations(lambda: self.shares(self.level)))
         # RLock: the SIGTERM handler (main thread) may checkpoint while the main thread holds it.
@@ -280,20 +282,13 @@ class ParameterServer:
         ctl = self.controller
         if not ctl.measures or self.stopping or (ctl.knows_allocation and stats.get("level") != self.level):
             return
-        if ctl.observe(i, batch, stats["compute_s"]):
-            self.metrics.write("speed_change", version=self.version, worker=self.slots[i], regimes=ctl.regimes())
+        due = True
         if ctl.policy == "paper":  # the paper decides once per epoch
-            if int(self.epoch) <= self.decided_epoch:
-                return
-            self.decided_epoch = int(self.epoch)
-        times, counts = ctl.estimates()
-        old = list(ctl.batch)
-        new = ctl.decide(ctl.allocations(lambda: self.shares(self.level)))
-        if new is None:
-            return
-        self.metrics.write("batch_change", version=self.version, epoch=self.epoch, old=old, batch=new,
-                           compute_ms=None if times is None else [round(t * 1e3, 3) for t in times],
-                           samples=counts, overhead=round(ctl.overhead, 2), reason="compute-time")
+            due = int(self.epoch) > self.decided_epoch
+            if due:
+                self.decided_epoch = int(self.epoch)
+        self.loop.push(i, batch, stats["compute_s"], due, lambda: self.shares(self.level), self.slots[i],
+                       version=self.version, epoch=self.epoch)
 
     def apply_memory_bounds(self) -> None:
         """Bound the controller by the workers' memory (call under the lock or before training).

@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from jobs import decisions_replay
+
+ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
@@ -17,7 +19,7 @@ def test_two_ranks_keep_the_global_batch_gradient_and_write_a_run_folder(tmp_pat
     env.pop("OMNILEARN_OUT", None)
     out = tmp_path / "run"
     proc = subprocess.run([str(TORCHRUN), "--nproc-per-node", "2", "--standalone",
-                           str(ROOT / "tests" / "torch_lib_script.py"), str(out), "2"],
+                           str(ROOT / "tests" / "integration" / "torch_lib_script.py"), str(out), "2"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
@@ -29,6 +31,10 @@ def test_two_ranks_keep_the_global_batch_gradient_and_write_a_run_folder(tmp_pat
     for rank in (0, 1):
         kinds = {json.loads(line)["kind"] for line in (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()}
         assert {"start", "step", "end", "batch_change"} <= kinds
+    # one collective a step (the all-reduce that also carries every rank's time) and each epoch's end
+    assert result["collectives"] == result["steps"] + 2, result
+    recorded, replayed = decisions_replay(out)
+    assert any(r["reason"] == "compute-time" for r in recorded) and recorded == replayed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["policy"] == "dynamic" and summary["workers"] == 2 and summary["global_batch"] == 32
     assert summary["samples"] == 2 * 403 and summary["epochs_done"] == 2

@@ -39,14 +39,23 @@ def main() -> None:
     torch.manual_seed(rank)  # different starts: the wrapper must make them equal
     data = Indexed(403)  # not a multiple of the global batch: a partial last step
     net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
-    model = HeteroDataParallel(net, policy="dynamic", out=out,
-                               control={"interval": 1, "window": 4, "min_samples": 2, "deadband": 0.02})
+    model = HeteroDataParallel(net, policy="dynamic", out=out)
     loader = HeteroDataLoader(data, 32, seed=3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     shares, seen, record = set(), [], []
+    counting, count = [False], [0]
+    for name in ("all_reduce", "all_gather", "broadcast", "barrier", "all_gather_object", "broadcast_object_list"):
+        original = getattr(dist, name)
+
+        def wrapped(*a, _f=original, **k):
+            count[0] += counting[0]
+            return _f(*a, **k)
+
+        setattr(dist, name, wrapped)
     for _ in range(epochs):
         used = []
         for x, y in loader:
+            counting[0] = True  # from the first step on: the steps' collectives, and each epoch's end
             before = {k: v.clone() for k, v in net.state_dict().items()}
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
@@ -55,6 +64,7 @@ def main() -> None:
                 time.sleep(0.004 * len(y))  # a slower rank: time grows with its share
             record.append((before, [p.grad.clone() for p in net.parameters()], list(loader.last_indices)))
             opt.step()
+        counting[0] = False
         gathered = [None, None]
         dist.all_gather_object(gathered, [r[2] for r in record[len(record) - len(loader):]])
         for a, b in zip(*gathered, strict=True):
@@ -78,7 +88,8 @@ def main() -> None:
     threads = sorted({Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")})
     if rank == 0:
         print(json.dumps({"grad_error": worst, "identical": sums[0] == sums[1], "every_sample_once": seen,
-                          "shares": sorted(shares), "threads_after_destroy": threads}), flush=True)
+                          "shares": sorted(shares), "threads_after_destroy": threads, "steps": len(record),
+                          "collectives": count[0]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,149 @@
+"""The ideal speed-up a policy is judged against: what perfect balance would give over ``uniform``.
+
+Two figures, both for BSP:
+
+- :func:`group_ideal`, the one reports judge by (``ideal_speedup``): from per-worker models
+  ``t = c_i (b + k)`` (:mod:`omnilearn.report.worker_models`) fitted over ALL the BSP runs of a
+  compare or a bench group, so every policy of the group is judged against the same number, and a
+  run at other batch sizes than uniform's (``static``, ``dynamic``) is predicted by the same models
+  that predict uniform. For every step of the uniform run (the reference job: its levels, its
+  all-reduce) the uniform time under the models is set against the balanced time under the same
+  models; the all-reduce's measured cost is added to both.
+- :func:`ideal_speedups`, the earlier figure (``ideal_speedup_uniform_run``): from the uniform run's
+  raw measured speeds at its one batch size, step by step. In short runs a policy can beat it, since
+  one run's speeds at one batch size are a noisy and biased measure of the workers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omnilearn.config.sections import PEERS
+from omnilearn.control.policies import bounded_shares
+from omnilearn.jobfile import JobSpec
+from omnilearn.metrics import read_rank
+from omnilearn.report.fidelity import model_speeds
+from omnilearn.report.worker_models import WorkerModels, fit_worker_models, run_steps, same_job
+
+
+def ideal_speedups(uniform_dir: Path) -> tuple[float, float] | None:
+    """What perfect balance would give, from what the uniform run measured: (with, without communication).
+
+    For every step of the uniform run, with the measured speeds ``s_i = b_i / t_i`` of that step:
+    its compute-bound time is the slowest worker's compute time; perfectly balanced, the same global
+    batch computes in ``B / sum_i s_i``. Balancing cannot remove the all-reduce, whose own cost is
+    the sync time of the worker that waited least (the last to arrive). The first value models a
+    step as compute + that cost, the second as compute alone (an upper bound no BSP job reaches).
+    """
+    job = JobSpec.load(uniform_dir / "job.json", out_dir=uniform_dir)
+    steps = [[r for r in read_rank(uniform_dir, s) if r.get("kind") == "step"] for s in job.slots]
+    n = min(len(s) for s in steps)
+    slowest = balanced = comm = 0.0
+    for k in range(n):
+        row = [s[k] for s in steps]
+        if any(r["batch"] <= 0 or r["compute_ms"] <= 0 for r in row):
+            continue
+        slowest += max(r["compute_ms"] for r in row)
+        balanced += row[0]["global_batch"] / sum(r["batch"] / r["compute_ms"] for r in row)
+        comm += min(r["sync_ms"] for r in row)
+    if balanced <= 0:
+        return None
+    return round((slowest + comm) / (balanced + comm), 4), round(slowest / balanced, 4)
+
+
+def balanced_time(c: list[float], k: float, global_batch: float, lo: float, hi: float) -> float:
+    """Compute time of one step perfectly balanced under ``t_i = c_i (b_i + k)``: ``b_i + k`` in
+    proportion to ``1 / c_i`` (the water-filling of :func:`~omnilearn.control.policies.balanced`, in
+    real numbers, so that no split into integers does better), each ``b_i`` within ``[lo, hi]``."""
+    n = len(c)
+    lo = min(lo, global_batch / n)
+    shares = bounded_shares([1 / x for x in c], global_batch + n * k, lo + k, [max(hi, global_batch / n) + k] * n)
+    return max(ci * s for ci, s in zip(c, shares, strict=True))
+
+
+def model_ideal(models: WorkerModels, steps: list[list[dict[str, Any]]], lo: float, hi: float
+                ) -> tuple[float, float, int] | None:
+    """(with, without communication, steps used): the ideal speed-up over the reference run's
+    ``steps`` (per rank), its time per step under ``models`` at its own batches against the balanced
+    time (:func:`balanced_time`), the all-reduce's measured cost (the sync time of the rank that
+    waited least) added to both. Steps at a level the models lack for some worker are left out."""
+    n = min((len(s) for s in steps), default=0)
+    uniform = balanced = comm = 0.0
+    used = 0
+    for j in range(n):
+        row = [s[j] for s in steps]
+        cells = [(i, r.get("level")) for i, r in enumerate(row)]
+        if any(r["batch"] <= 0 for r in row) or any(cell not in models.c for cell in cells):
+            continue
+        uniform += max(models.time(i, lv, r["batch"]) for (i, lv), r in zip(cells, row, strict=True))
+        balanced += balanced_time([models.c[cell] for cell in cells], models.k, sum(r["batch"] for r in row), lo, hi)
+        comm += min(r["sync_ms"] for r in row) / 1e3
+        used += 1
+    if balanced <= 0:
+        return None
+    return round((uniform + comm) / (balanced + comm), 4), round(uniform / balanced, 4), used
+
+
+def group_ideal(runs: dict[str, Path], reference: str = "uniform") -> dict[str, Any] | None:
+    """The group's ideal speed-up from per-worker models fitted over all its BSP runs (``runs``: name
+    -> run folder; the peer ``ddp``, whose compute time holds its all-reduce, and runs of another job
+    are left out and named), measured on the ``reference`` run's steps. None without a reference BSP
+    run with steps.
+
+    Returns ``ideal_speedup`` and ``ideal_compute_speedup`` (with and without the all-reduce) and
+    ``ideal_from``: the runs the models came from (name, path, steps kept), their total steps, k with
+    its standard error and status (:class:`~omnilearn.report.worker_models.WorkerModels`), the
+    reference and its steps, the batch bounds of the balance, and the runs left out; and
+    ``level_speeds``, the workers' speeds per level from the same models
+    (:func:`~omnilearn.report.fidelity.model_speeds`).
+    """
+    if reference not in runs or not (Path(runs[reference]) / "job.json").is_file():
+        return None
+    ref_job, ref_steps = run_steps(runs[reference])
+    if ref_job.config.mode != "bsp" or not all(ref_steps):
+        return None
+    chosen: dict[str, list[list[dict[str, Any]]]] = {}
+    left_out: dict[str, str] = {}
+    for name, path in runs.items():
+        if name == reference:
+            chosen[name] = ref_steps
+            continue
+        if not (Path(path) / "job.json").is_file():
+            left_out[name] = "no job.json"
+            continue
+        job, steps = run_steps(path)
+        if job.config.mode != "bsp" or job.config.control.policy in PEERS:
+            left_out[name] = f"{job.config.mode} {job.config.control.policy}: no balanced BSP step to model"
+        elif not same_job(ref_job, job):
+            left_out[name] = "another job (workers, levels or global batch)"
+        else:
+            chosen[name] = steps
+    models = fit_worker_models(list(chosen.values()), list(chosen))
+    control = ref_job.config.control
+    lo, hi = control.min_batch, control.max_batch or ref_job.config.train.global_batch
+    ideal = model_ideal(models, ref_steps, lo, hi)
+    if ideal is None:
+        return None
+    paths = {name: str(runs[name]) for name in chosen}
+    source = models.provenance()
+    source["runs"] = [{**r, "path": paths[r["run"]]} for r in source["runs"]]
+    return {"ideal_speedup": ideal[0], "ideal_compute_speedup": ideal[1],
+            "ideal_from": {**source, "reference": reference, "reference_steps": ideal[2],
+                           "bounds": [lo, hi], "left_out": left_out},
+            "level_speeds": model_speeds(models, len(ref_steps))}
+
+
+def describe_source(source: dict[str, Any]) -> str:
+    """``per-worker models fitted over runs uniform, static, dynamic (412 steps; k = 3.1 ± 0.4 samples)``."""
+    k = source["k"]
+    if source["k_status"] == "fitted":
+        kt = f"k = {k:.3g}" + (f" ± {source['k_se']:.2g}" if source.get("k_se") is not None else "") + " samples"
+    elif source["k_status"] == "not identified":
+        kt = f"k = {k:g} (not identified: no worker ran two batch sizes; time taken as proportional to batch)"
+    elif source["k_status"] == "upper bound":
+        kt = f"k = {k:.3g} (at its bound: time does not grow with batch)"
+    else:
+        kt = "k = 0 (at its bound: time grows at least in proportion to batch)"
+    names = ", ".join(r["run"] for r in source["runs"])
+    return f"per-worker models fitted over runs {names} ({source['steps']} steps; {kt})"

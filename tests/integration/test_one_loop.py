@@ -1,0 +1,85 @@
+"""One control loop: the BSP trainer, ``omnilearn.torch`` and the simulator decide through
+:class:`~omnilearn.control.loop.ControlLoop`, so their recorded inputs replay to their recorded
+decisions; a BSP step issues one collective."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dist_helpers import run_ranks
+from jobs import decisions_replay
+from omnilearn import config
+from omnilearn.jobfile import JobSpec
+from omnilearn.metrics import read_rank
+
+COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "barrier", "all_gather_object", "broadcast_object_list",
+               "all_gather_into_tensor", "reduce_scatter", "reduce", "gather", "scatter", "all_to_all")
+JOB = {"mode": "bsp", "workers": 2, "model": {"name": "smallcnn"},
+       "data": {"name": "synthetic", "image_size": 16, "synthetic_size": 640},
+       "train": {"epochs": 3, "global_batch": 64, "lr": 0.05},
+       "control": {"policy": "dynamic", "memory_bounds": False},
+       "emulation": {"backend": "none", "hl": "HL1", "ack_timeout": 0.01}}
+
+
+def _bsp_rank(rank: int, world: int, out: Path) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    from omnilearn.emulator.plan import build_plan
+    from omnilearn.train import bsp
+
+    cfg = config.from_dict(json.loads(json.dumps(JOB)), "test job").validate()
+    job = JobSpec(job_id="oneloop", config=cfg, plan=build_plan(cfg), out_dir=out, backend="none")
+    job.log_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        job.save()
+    if rank == 1:  # a slower worker: its time grows with its share, so the controller moves
+        plain = bsp.local_backward
+
+        def slow(work, model, x, y, size):  # noqa: ANN001, ANN202
+            time.sleep(0.002 * x.shape[0])
+            return plain(work, model, x, y, size)
+
+        bsp.local_backward = slow
+    counting, count = [False], [0]
+    for name in COLLECTIVES:
+        original = getattr(dist, name)
+
+        def wrapped(*a, _f=original, **k):  # noqa: ANN002, ANN003, ANN202
+            count[0] += counting[0]
+            return _f(*a, **k)
+
+        setattr(dist, name, wrapped)
+    trainer = bsp.BSPTrainer(job)
+    steps = [0]
+    for method in ("train_step", "control"):
+        inner = getattr(trainer, method)
+
+        def counted(*a, _f=inner, _m=method, **k):  # noqa: ANN002, ANN003, ANN202
+            counting[0] = True
+            steps[0] += _m == "train_step"
+            try:
+                return _f(*a, **k)
+            finally:
+                counting[0] = False
+
+        setattr(trainer, method, counted)
+    trainer.run()
+    (out / f"collectives-{rank}.json").write_text(json.dumps({"steps": steps[0], "collectives": count[0]}))
+
+
+def test_bsp_trainer_issues_one_collective_a_step_and_its_decisions_replay(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run_ranks(_bsp_rank, 2, out, tmp=tmp_path, timeout=300)
+    for rank in (0, 1):
+        counted = json.loads((out / f"collectives-{rank}.json").read_text())
+        assert counted["steps"] == 24 and counted["collectives"] == counted["steps"], counted  # 3 x 512/64
+    recorded, replayed = decisions_replay(out)
+    assert [r["reason"] for r in recorded][:2] == ["initial", "probe"]
+    assert recorded[1]["batch"][1] < recorded[1]["batch"][0]  # the probe saw the slower rank
+    assert recorded == replayed
+    # every rank decided alike: the same batch changes in every rank's file
+    other = [{k: v for k, v in r.items() if k != "time"} for r in read_rank(out, 1) if r["kind"] == "batch_change"]
+    assert other == recorded
