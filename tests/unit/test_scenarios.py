@@ -76,12 +76,12 @@ def test_uniform_on_equal_speeds_is_the_oracle() -> None:
 
 
 def test_a_known_skew_is_scored_against_the_oracle() -> None:
-    """dynamic finds the skew (close to the oracle), uniform cannot (far from it)."""
-    sc = Scenario(name="skew", level="HL8", steps=30, steps_per_epoch=10, noise=0.02)
+    """dynamic finds the skew (near the oracle, its probe paid), uniform cannot (far from it)."""
+    sc = Scenario(name="skew", level="HL8", steps=40, steps_per_epoch=10, noise=0.02)
     sc.check("test")
     rows = {r["policy"]: r for r in run_seeds(sc, [0], ["uniform", "dynamic"])}
     assert rows["uniform"]["fraction_of_oracle"] < 0.5
-    assert rows["dynamic"]["fraction_of_oracle"] > 0.9
+    assert rows["dynamic"]["fraction_of_oracle"] > 0.8
     assert rows["dynamic"]["settle_steps"] is not None and rows["uniform"]["settle_steps"] is None
 
 

@@ -145,26 +145,12 @@ def oracle_split(world: World, regime: int, bounds: Bounds) -> list[int]:
 
 # ---------------------------------------------------------------------------------------------- one run
 
-class _V1Records:
-    """A view of a controller for :class:`ControlLoop` whose ``last`` is a dict or None.
-
-    Works around ``control/loop.py`` (ControlLoop.step and .push: ``**(getattr(ctl, "last", None) or
-    {})``): :class:`~omnilearn.control.v1.BatchController`'s ``last`` is a tuple, so its first
-    decision raises TypeError. Everything else is the controller's own."""
-
-    def __init__(self, controller: Any) -> None:
-        object.__setattr__(self, "_controller", controller)
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._controller, name)
-        return None if name == "last" and not isinstance(value, dict) else value
-
-
 @dataclass
 class Run:
     """What one policy did on one seed."""
 
     total_s: float
+    probe_s: float
     gaps: np.ndarray
     decisions: np.ndarray
     """Decisions taken before each step (cumulative), and after the last at index ``steps``."""
@@ -187,20 +173,20 @@ def run_policy(world: World, policy: str, oracle_step_s: np.ndarray,
         if kind == "batch_change" and fields.get("reason") == "compute-time":
             count[0] += 1
 
-    loop = ControlLoop(_V1Records(ctl), write)
+    loop = ControlLoop(ctl, write)
     regime = [0]
 
     def shares() -> list[float]:
         return line.shares[regime[0]].tolist()
 
     loop.start(shares, resumed=False, step=0)
-    total = 0.0
+    total = probe = 0.0
     sizes = loop.probe_sizes()
     if sizes is not None:
         small, large = sizes
         t_small, t_large, cost = world.probe(small, large, cfg.probe_steps)
         loop.probe(small, large, t_small, t_large, cost, step=0)
-        total += cost
+        total = probe = cost
     gaps = np.empty(sc.steps)
     decisions = np.empty(sc.steps + 1, int)
     sync = sc.sync_ms / 1e3
@@ -218,7 +204,7 @@ def run_policy(world: World, policy: str, oracle_step_s: np.ndarray,
         loop.step(times.tolist(), due=ctl.due(done, done % sc.steps_per_epoch == 0 or done == sc.steps),
                   steps_left=sc.steps - done, shares=shares, step=done)
     decisions[sc.steps] = count[0]
-    return Run(total, gaps, decisions)
+    return Run(total, probe, gaps, decisions)
 
 
 def settling(run: Run, starts: Sequence[int], steps: int) -> tuple[float | None, float | None, float | None]:
@@ -259,7 +245,8 @@ def run_seeds(sc: Scenario, seeds: Sequence[int], policies: Sequence[str]) -> li
             rows.append({"scenario": sc.name, "policy": policy, "seed": seed,
                          "fraction_of_oracle": oracle_total / run.total_s, "settle_steps": steps,
                          "settle_decisions": decisions, "worst_overshoot": worst,
-                         "slower_than_uniform": int(run.total_s > uniform.total_s * (1 + 1e-12))})
+                         "slower_than_uniform": int(run.total_s > uniform.total_s * (1 + 1e-12)),
+                         "probe_share": run.probe_s / run.total_s})
     return rows
 
 
@@ -275,7 +262,7 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 def write_csv(rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    w = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n", extrasaction="ignore")
     w.writeheader()
     for r in rows:
         w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else "" if r[k] is None else r[k]) for k in COLUMNS})
@@ -303,12 +290,13 @@ def summarize(rows: list[dict[str, Any]], suite: list[Scenario], policies: list[
                           "settle_decisions": _median([r["settle_decisions"] for r in mine]),
                           "never": sum(r["settle_steps"] is None for r in mine) / len(mine),
                           "overshoot": _median([r["worst_overshoot"] for r in mine]),
-                          "slower": sum(r["slower_than_uniform"] for r in mine) / len(mine)})
+                          "slower": sum(r["slower_than_uniform"] for r in mine) / len(mine),
+                          "probe": statistics.fmean(r["probe_share"] for r in mine)})
     for policy in policies:
         mine = [ln for ln in lines if ln["policy"] == policy]
         if mine:
             lines.append({"scenario": "**suite average**", "policy": policy, "seeds": sum(m["seeds"] for m in mine),
-                          **{k: statistics.fmean(m[k] for m in mine) for k in ("mean", "min", "p10", "never", "slower")},
+                          **{k: statistics.fmean(m[k] for m in mine) for k in ("mean", "min", "p10", "never", "slower", "probe")},
                           "settle_steps": None, "settle_decisions": None, "overshoot": None})
     return lines
 
@@ -321,17 +309,18 @@ def write_md(lines: list[dict[str, Any]], suite: list[Scenario], seconds: float,
            f"policy needs after each change of the true speeds to come within {SETTLED:.0%} of the oracle's "
            "noise-free step time ('never': some change never settled, counted as infinite); never: share of "
            "seeds with such a change. overshoot: median over seeds of the largest gap to the oracle after "
-           "settling. slower: share of seeds slower than uniform.", "",
+           "settling. slower: share of seeds slower than uniform. probe: the start-up probe's share of the "
+           "policy's time (mean).", "",
            "| scenario | policy | seeds | fraction mean | min | p10 | settle steps | settle decisions | never | "
-           "overshoot | slower than uniform |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "overshoot | slower than uniform | probe |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     never = "never"
     for ln in lines:
         avg = ln["scenario"].startswith("**")
         out.append(f"| {ln['scenario']} | {ln['policy']} | {ln['seeds']} | {ln['mean']:.3f} | {ln['min']:.3f} | "
                    f"{ln['p10']:.3f} | {'' if avg else _fmt(ln['settle_steps']) or never} | "
                    f"{'' if avg else _fmt(ln['settle_decisions']) or never} | {ln['never']:.0%} | "
-                   f"{'' if avg else _fmt(ln['overshoot']) or '-'} | {ln['slower']:.0%} |")
+                   f"{'' if avg else _fmt(ln['overshoot']) or '-'} | {ln['slower']:.0%} | {ln['probe']:.1%} |")
     out += ["", "## Scenarios", "", "| scenario | speeds | workers | B | steps | seeds | what it tests |", "|---|---|---|---|---|---|---|"]
     for sc in suite:
         out.append(f"| {sc.name} | {describe(sc)} | {sc.workers} | {sc.global_batch} | {sc.steps} | {sc.seeds} | "

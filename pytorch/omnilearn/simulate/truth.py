@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from omnilearn.control.loop import probe_time
 from omnilearn.emulator.levels import LevelTable, load_tables, parse_cpuset
 from omnilearn.emulator.schedule import load_schedule
 from omnilearn.emulator.trace_parse import load_trace
@@ -271,8 +272,8 @@ class World:
         return t
 
     def probe(self, small: int, large: int, rounds: int) -> tuple[list[float], list[float], float]:
-        """The start-up probe on the first shares: every worker's median time at each size, and its
-        wall cost (the slowest worker's warm-up step at ``small`` and ``rounds`` of both sizes)."""
+        """The start-up probe on the first shares: every worker's time at each size as the trainers
+        take it from its rounds (:func:`~omnilearn.control.loop.probe_time`), and its wall cost (the slowest worker's warm-up step at ``small`` and ``rounds`` of both sizes)."""
         n, shares = self.sc.workers, self.line.shares[0]
         sizes = [small] + [small, large] * rounds
         rows = []
@@ -280,9 +281,9 @@ class World:
             r = j % len(self.probe_noise)
             rows.append(self._time(shares, self.work(np.full(n, b)) * self.probe_noise[r], self.probe_phase[r]))
         t = np.asarray(rows)
-        t_small = np.median(t[1::2], axis=0)
-        t_large = np.median(t[2::2], axis=0)
-        return t_small.tolist(), t_large.tolist(), float(t.sum(axis=0).max())
+        t_small = [probe_time(t[1::2, i].tolist()) for i in range(n)]
+        t_large = [probe_time(t[2::2, i].tolist()) for i in range(n)]
+        return t_small, t_large, float(t.sum(axis=0).max())
 
 
 def cfs_time(work: np.ndarray, shares: np.ndarray, period: float, phase: np.ndarray) -> np.ndarray:
