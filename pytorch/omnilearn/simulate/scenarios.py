@@ -246,7 +246,8 @@ def run_seeds(sc: Scenario, seeds: Sequence[int], policies: Sequence[str]) -> li
                          "fraction_of_oracle": oracle_total / run.total_s, "settle_steps": steps,
                          "settle_decisions": decisions, "worst_overshoot": worst,
                          "slower_than_uniform": int(run.total_s > uniform.total_s * (1 + 1e-12)),
-                         "probe_share": run.probe_s / run.total_s})
+                         "probe_share": run.probe_s / run.total_s,
+                         "without_probe": oracle_total / (run.total_s - run.probe_s)})
     return rows
 
 
@@ -291,12 +292,13 @@ def summarize(rows: list[dict[str, Any]], suite: list[Scenario], policies: list[
                           "never": sum(r["settle_steps"] is None for r in mine) / len(mine),
                           "overshoot": _median([r["worst_overshoot"] for r in mine]),
                           "slower": sum(r["slower_than_uniform"] for r in mine) / len(mine),
-                          "probe": statistics.fmean(r["probe_share"] for r in mine)})
+                          "probe": statistics.fmean(r["probe_share"] for r in mine),
+                          "without_probe": statistics.fmean(r["without_probe"] for r in mine)})
     for policy in policies:
         mine = [ln for ln in lines if ln["policy"] == policy]
         if mine:
             lines.append({"scenario": "**suite average**", "policy": policy, "seeds": sum(m["seeds"] for m in mine),
-                          **{k: statistics.fmean(m[k] for m in mine) for k in ("mean", "min", "p10", "never", "slower", "probe")},
+                          **{k: statistics.fmean(m[k] for m in mine) for k in ("mean", "min", "p10", "never", "slower", "probe", "without_probe")},
                           "settle_steps": None, "settle_decisions": None, "overshoot": None})
     return lines
 
@@ -310,17 +312,19 @@ def write_md(lines: list[dict[str, Any]], suite: list[Scenario], seconds: float,
            "noise-free step time ('never': some change never settled, counted as infinite); never: share of "
            "seeds with such a change. overshoot: median over seeds of the largest gap to the oracle after "
            "settling. slower: share of seeds slower than uniform. probe: the start-up probe's share of the "
-           "policy's time (mean).", "",
+           "policy's time; w/o probe: the mean fraction with the probe's time left out (the split's quality "
+           "alone).", "",
            "| scenario | policy | seeds | fraction mean | min | p10 | settle steps | settle decisions | never | "
-           "overshoot | slower than uniform | probe |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "overshoot | slower than uniform | probe | w/o probe |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     never = "never"
     for ln in lines:
         avg = ln["scenario"].startswith("**")
         out.append(f"| {ln['scenario']} | {ln['policy']} | {ln['seeds']} | {ln['mean']:.3f} | {ln['min']:.3f} | "
                    f"{ln['p10']:.3f} | {'' if avg else _fmt(ln['settle_steps']) or never} | "
                    f"{'' if avg else _fmt(ln['settle_decisions']) or never} | {ln['never']:.0%} | "
-                   f"{'' if avg else _fmt(ln['overshoot']) or '-'} | {ln['slower']:.0%} | {ln['probe']:.1%} |")
+                   f"{'' if avg else _fmt(ln['overshoot']) or '-'} | {ln['slower']:.0%} | {ln['probe']:.1%} | "
+                   f"{ln['without_probe']:.3f} |")
     out += ["", "## Scenarios", "", "| scenario | speeds | workers | B | steps | seeds | what it tests |", "|---|---|---|---|---|---|---|"]
     for sc in suite:
         out.append(f"| {sc.name} | {describe(sc)} | {sc.workers} | {sc.global_batch} | {sc.steps} | {sc.seeds} | "
