@@ -10,6 +10,7 @@
     omnilearn emulate --hl HL8 -- torchrun ... train.py        any command's ranks under emulated heterogeneity
     omnilearn emulate --hl HL8 --containers c1,c2 -- CMD       containers started with docker run, rank i the i-th
     omnilearn simulate --replay RUN --out DIR [--workers N]    predict a BSP job from a finished run's measurements
+    omnilearn simulate --scenarios [FILE] --out DIR            the controllers against the oracle on known models
     omnilearn cluster up | status | down --out OUT             a job's Docker Swarm containers, step by step
     omnilearn toggle --out OUT                                 the host-side toggler of a `cluster up` job
     omnilearn image build | base | status                      the Docker images the container launcher runs
@@ -132,9 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
     em.set_defaults(func=cmd_emulate)
 
     sm = sub.add_parser("simulate", help="predict a BSP job's step and epoch times and the controller's decisions "
-                                         "for N workers from a finished run's measurements")
-    sm.add_argument("--replay", required=True, help="a finished BSP run folder: its models and schedule")
-    sm.add_argument("--out", required=True, help="new folder for summary.json, run.png and the simulated metrics")
+                                         "for N workers from a finished run's measurements; or score the "
+                                         "controllers against the oracle on a suite of known models (--scenarios)")
+    what = sm.add_mutually_exclusive_group(required=True)
+    what.add_argument("--replay", help="a finished BSP run folder: its models and schedule")
+    what.add_argument("--scenarios", nargs="?", const="", metavar="FILE",
+                      help="run a scenario suite (default configs/scenarios.yaml): DIR/scenarios.csv and "
+                           "DIR/scenarios.md, every policy's fraction of the oracle, settling and overshoot")
+    sm.add_argument("--out", required=True, help="new folder for summary.json, run.png and the simulated metrics "
+                                                 "(--scenarios: for scenarios.csv and scenarios.md)")
+    sm.add_argument("--policies", nargs="+", metavar="POLICY",
+                    help="--scenarios: the policies to score (default: uniform dynamic dynamic-v1 paper static)")
+    sm.add_argument("--seeds", type=int, help="--scenarios: seeds of every scenario (default: each scenario's)")
+    sm.add_argument("--jobs", type=int, help="--scenarios: processes (default: the CPUs, at most 2)")
     sm.add_argument("--workers", type=int, help="default: the run's; more repeat its workers' models in turn")
     sm.add_argument("--policy", choices=list(POLICIES), help="default: the run's")
     sm.add_argument("--epochs", type=int, help="default: the run's")

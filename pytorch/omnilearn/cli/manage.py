@@ -160,6 +160,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from omnilearn.simulate import simulate
 
+    if args.scenarios is not None:
+        return cmd_scenarios(args)
+    if args.policies or args.seeds is not None or args.jobs is not None:
+        raise UserError("--policies, --seeds and --jobs apply to --scenarios; --replay takes --policy and --seed")
     s = simulate(Path(args.replay), Path(args.out), args.workers, args.policy, args.epochs, args.seed, args.noise,
                  args.calibration)
     print(f"simulated {s['policy']} · {s['workers']} workers · {s['epochs_done']:g} epochs: training "
@@ -167,6 +171,27 @@ def cmd_simulate(args: argparse.Namespace) -> int:
           f"final batches {s['batch_sizes'] if s['workers'] <= 16 else '(see summary.json)'}, controller decision "
           f"{s['decision_ms'] if s['decision_ms'] is not None else '-'} ms mean over {s['simulated']['decisions']}; "
           f"{args.out}/summary.json")
+    return 0
+
+
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    """``omnilearn simulate --scenarios [FILE] --out DIR``: the scenario benchmark."""
+    from omnilearn.simulate.scenarios import run_suite
+
+    for flag in ("workers", "policy", "epochs", "calibration"):
+        if getattr(args, flag, None) is not None:
+            raise UserError(f"--{flag} applies to --replay; --scenarios takes --policies and --seeds")
+    file = args.scenarios or None
+    command = " ".join(["omnilearn simulate --scenarios", *([file] if file else []), "--out", str(args.out),
+                        *(["--policies", *args.policies] if args.policies else []),
+                        *(["--seeds", str(args.seeds)] if args.seeds is not None else [])])
+    result = run_suite(Path(args.out), file, args.policies, args.seeds, jobs=args.jobs, command=command)
+    print(f"{result['scenarios']} scenarios, {len(result['rows'])} runs in {result['seconds']:.1f} s: "
+          f"{args.out}/scenarios.csv, {args.out}/scenarios.md")
+    for line in result["lines"]:
+        if line["scenario"].startswith("**"):
+            print(f"  {line['policy']:<14} mean fraction of the oracle {line['mean']:.3f}, slower than uniform "
+                  f"on {line['slower']:.0%} of seeds")
     return 0
 
 

@@ -1,4 +1,6 @@
 """``omnilearn simulate --replay RUN --out DIR [--workers N]``: a BSP job predicted from a finished run.
+(``omnilearn simulate --scenarios [FILE] --out DIR``, the controllers scored against an oracle on known
+models, is :mod:`.scenarios`.)
 
 The run's measurements become models (:mod:`.models`: each worker's compute time against batch per
 level, the ring all-reduce against size and workers, the per-step overhead); the job is replayed on
