@@ -101,13 +101,14 @@ def test_the_trainers_controller_class_takes_the_decisions(run: Path, tmp_path: 
     calls: list[int] = []
 
     class Counting(control.DynamicController):
-        def decide(self, cpu_shares=None, steps_left=None):
+        def decide(self, cpu_shares=None, steps_left=None, cost=None):
             calls.append(self.workers)
-            return super().decide(cpu_shares, steps_left)
+            return super().decide(cpu_shares, steps_left, cost)
 
     monkeypatch.setattr(control, "DynamicController", Counting)
     sim = simulate(run, tmp_path / "sim", noise=0.0, figures=False)
-    assert len(calls) == sim["simulated"]["decisions"] == sim["steps"] and set(calls) == {2}
+    # every step's decision point, and the probe's first split
+    assert len(calls) == sim["simulated"]["decisions"] + 1 == sim["steps"] + 1 and set(calls) == {2}
 
 
 def test_a_thousand_workers_report_the_decision_time(run: Path, tmp_path: Path) -> None:

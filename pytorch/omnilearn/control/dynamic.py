@@ -37,9 +37,9 @@ from omnilearn.control import policies
 from omnilearn.control.model import SpeedModel
 from omnilearn.control.policies import Bounds
 
-TRUST = 8.0
-"""A new batch stays within [lowest measured / TRUST, highest measured * TRUST] of that worker: the
-probe's larger size (B/(4n)) reaches twice the equal share at once."""
+TRUST = 16.0
+"""A new batch stays within [lowest measured / TRUST, highest measured * TRUST] of that worker: from
+the probe's larger size (B/(4n)) four times the equal share at once."""
 DRAWS = 64
 """Posterior draws behind a decision's expected gain and its spread."""
 COST_PRIOR = 0.1
@@ -108,14 +108,11 @@ class DynamicController:
 
     # ------------------------------------------------------------------ the probe
     def probe_sizes(self) -> tuple[int, int] | None:
-        """The two batch sizes every worker times before the first step (None: no probe)."""
+        """The two batch sizes every worker times before the first step (None: no probe): those of the
+        start-up pass every policy runs (:func:`~omnilearn.control.policies.probe_sizes`)."""
         if self.config.probe_steps <= 0 or self.model.measured:
             return None
-        share = self.global_batch / self.workers
-        small = max(self.bounds.min_batch, 1, round(share / 8))
-        large = max(small + 1, round(share / 4))
-        large = min(large, min(self.bounds.max_batch))
-        return (small, large) if large > small else None
+        return policies.probe_sizes(self.global_batch, self.workers, self.bounds)
 
     def observe_probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float]
                       ) -> list[int] | None:
@@ -128,8 +125,8 @@ class DynamicController:
             # times of one moment: the probe's common scale says how long a step takes
             self.model.scale = float(np.median(np.log(np.asarray(t_large)) - self.model.u
                                                - math.log(large + self.model.k)))
-        new = self._balanced()
-        return self._adopt(new, reason=None) if new != self.batch else None
+        # The first split meets the same rule as every other, at no cost: every split is new at step 1.
+        return self.decide(steps_left=None, cost=0.0)
 
     # ------------------------------------------------------------------ measurements
     def observe_step(self, seconds: Sequence[float]) -> list[int]:
@@ -137,7 +134,7 @@ class DynamicController:
         whose speed jumped."""
         times = [float(t) for t in seconds]
         if self._first is not None:  # the second step at a new split: what the first one cost more
-            self.costs = [*self.costs, max(max(self._first) - max(times), 0.0)][-COSTS_KEPT:]
+            self.costs = [*self.costs, max(self._first) - max(times)][-COSTS_KEPT:]
             self._first = None
         if self._moved is not None:  # the first step at a new split: evidence on k
             old, predicted = self._moved
@@ -157,7 +154,7 @@ class DynamicController:
         if first is not None and math.isinf(first):  # its first step at the new batch
             self._fresh[worker] = seconds
         elif first is not None:  # its second: what the first one cost more
-            self.costs = [*self.costs, max(first - seconds, 0.0)][-COSTS_KEPT:]
+            self.costs = [*self.costs, first - seconds][-COSTS_KEPT:]
         return self.model.update_one(worker, batch, seconds)
 
     def estimates(self) -> tuple[list[float] | None, list[int]]:
@@ -175,8 +172,10 @@ class DynamicController:
         interval = self.config.interval
         return end_of_epoch if interval <= 0 else step_in_run % interval == 0
 
-    def decide(self, cpu_shares: object = None, steps_left: int | None = None) -> list[int] | None:
-        """The balanced split if moving to it pays (the module's rule), else None."""
+    def decide(self, cpu_shares: object = None, steps_left: int | None = None, cost: float | None = None
+               ) -> list[int] | None:
+        """The balanced split if moving to it pays (the module's rule), else None. ``cost``: the
+        re-split's cost, if known (default: the measured one)."""
         if not self.model.measured:
             return self._hold("unmeasured")
         new = self._balanced()
@@ -188,11 +187,16 @@ class DynamicController:
         scale = math.exp(self.model.scale or 0.0)
         now = np.asarray(self.batch, float)[None, :] + k[:, None]
         then = np.asarray(new, float)[None, :] + k[:, None]
-        cost = np.exp(u)
-        gain = scale * ((cost * now).max(axis=1) - (cost * then).max(axis=1))
+        per_sample = np.exp(u)
+        gain = scale * ((per_sample * now).max(axis=1) - (per_sample * then).max(axis=1))
         mean, sd = float(gain.mean()), float(gain.std())
         step = float(self._seconds(self.batch).max())
-        resplit = statistics.median(self.costs) if self.costs else COST_PRIOR * step
+        if cost is not None:
+            resplit = cost
+        elif self.costs:  # a difference of two noisy steps: its median, never below zero
+            resplit = max(statistics.median(self.costs), 0.0)
+        else:
+            resplit = COST_PRIOR * step
         horizon = 1.0 / self.config.hazard
         if steps_left is not None:
             horizon = max(min(horizon, steps_left), 1.0)

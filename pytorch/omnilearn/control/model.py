@@ -18,7 +18,7 @@ the step's common factor (their weighted median, removed: BSP) and the worker's 
   two hypotheses by the innovation's likelihood under each (a normalised innovation far in the tails
   is a jump), and the estimate is their mixture: a level change needs one step of evidence, an
   outlier moves the estimate a little. Only the changed worker's speed reopens.
-- *k.* A log-posterior on a grid over ``[0, K_MAX_FACTOR * B]`` (prior: :data:`K_PRIOR`): the
+- *k.* A log-posterior on a grid over ``[0, K_MAX_FACTOR * B / n]`` (prior: :data:`K_PRIOR`): the
   start-up probe (every worker timed at two batch sizes) and every re-split (each worker's time
   before and after, the step's common factor profiled out) add their Student-t log-likelihood. Only
   moves of a worker's batch tell ``k``; steps at one split never do.
@@ -59,8 +59,8 @@ K_POINTS = 97
 K_PRIOR = 0.25
 """k's prior: exponential, its mean this share of a worker's equal share B/n: small until measured
 (a fixed cost large against the batch shows in the probe or the first re-split)."""
-K_MAX_FACTOR = 4.0
-"""k's grid reaches this many global batches: a fixed cost beyond it is 'time does not follow the batch'."""
+K_MAX_FACTOR = 16.0
+"""k's grid reaches this many equal shares B/n: a fixed cost beyond it is 'time does not follow the batch'."""
 
 
 def _t_logpdf(e: np.ndarray) -> np.ndarray:
@@ -87,7 +87,9 @@ class SpeedModel:
     """BSP: times of one step are compared with each other (the common factor removed); ASP: each
     worker's times stand alone."""
     u: np.ndarray = field(default=None)  # type: ignore[assignment]
-    var: np.ndarray = field(default=None)  # type: ignore[assignment]
+    count: np.ndarray = field(default=None)  # type: ignore[assignment]
+    """Each speed's evidence, in steps of its own noise: its variance is ``noise2 / count``, so it
+    scales with the noise measured later, and an early guess of the noise never leaves it overconfident."""
     noise2: np.ndarray = field(default=None)  # type: ignore[assignment]
     k_log: np.ndarray = field(default=None)  # type: ignore[assignment]
     lo: np.ndarray = field(default=None)  # type: ignore[assignment]
@@ -101,11 +103,11 @@ class SpeedModel:
         n = self.workers
         if self.u is None:
             self.u = np.zeros(n)
-            self.var = np.full(n, START_VAR)
             self.noise2 = np.full(n, NOISE_PRIOR ** 2)
+            self.var = np.full(n, START_VAR)
             self.lo = np.zeros(n)
             self.hi = np.zeros(n)
-        self.k_grid = K_MAX_FACTOR * self.global_batch * np.linspace(0.0, 1.0, K_POINTS) ** 2
+        self.k_grid = K_MAX_FACTOR * self.global_batch / n * np.linspace(0.0, 1.0, K_POINTS) ** 2
         if self.k_log is None:
             # The prior: exponential with mean K_PRIOR of a worker's equal share, as a mass per grid cell.
             mean = K_PRIOR * self.global_batch / self.workers
@@ -124,6 +126,15 @@ class SpeedModel:
         self.last_b = np.zeros(n)  # and the batch it was at
 
     # ------------------------------------------------------------------ k's posterior
+
+    @property
+    def var(self) -> np.ndarray:
+        """Each speed's posterior variance (log)."""
+        return self.noise2 / self.count
+
+    @var.setter
+    def var(self, value: np.ndarray) -> None:
+        self.count = self.noise2 / np.maximum(value, 1e-12)
 
     def k_posterior(self) -> np.ndarray:
         p = np.exp(self.k_log - self.k_log.max())
@@ -348,7 +359,7 @@ class SpeedModel:
         """Only ``workers`` remain (the survivors of a lost one), in this order."""
         idx = np.asarray(workers, int)
         self.workers = len(idx)
-        self.u, self.var, self.noise2 = self.u[idx], self.var[idx], self.noise2[idx]
+        self.u, self.count, self.noise2 = self.u[idx], self.count[idx], self.noise2[idx]
         self.lo, self.hi = self.lo[idx], self.hi[idx]
         self.hist_nu, self.hist_s, self.hist_count = self.hist_nu[:, idx], self.hist_s[:, idx], self.hist_count[idx]
         self.noise_abs, self.noise_count = self.noise_abs[:, idx], self.noise_count[idx]
@@ -358,7 +369,7 @@ class SpeedModel:
             self.u -= self.u.mean()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"u": self.u.tolist(), "var": self.var.tolist(), "noise2": self.noise2.tolist(),
+        return {"u": self.u.tolist(), "count": self.count.tolist(), "noise2": self.noise2.tolist(),
                 "k_log": self.k_log.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(), "scale": self.scale,
                 "measured": self.measured, "regimes": list(self.regimes), "hist_nu": self.hist_nu.tolist(),
                 "hist_s": self.hist_s.tolist(), "hist_count": self.hist_count.tolist(),
@@ -366,7 +377,7 @@ class SpeedModel:
                 "last_nu": [None if math.isnan(x) else x for x in self.last_nu], "last_b": self.last_b.tolist()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        for key in ("u", "var", "noise2", "k_log", "lo", "hi", "hist_nu", "hist_s", "noise_abs"):
+        for key in ("u", "count", "noise2", "k_log", "lo", "hi", "hist_nu", "hist_s", "noise_abs"):
             setattr(self, key, np.asarray(d[key], float))
         self.hist_count = np.asarray(d["hist_count"], int)
         self.noise_count = np.asarray(d["noise_count"], int)

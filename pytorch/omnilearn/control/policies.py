@@ -264,6 +264,15 @@ def paper(batch: Sequence[int], compute_s: Sequence[float], global_batch: int, b
     return new
 
 
+def probe_sizes(global_batch: int, workers: int, bounds: Bounds) -> tuple[int, int]:
+    """The two batch sizes of a job's start-up pass (the memory probe every policy runs, and the timing
+    ``dynamic`` takes from it): an eighth and a quarter of the equal share, within the bounds."""
+    share = global_batch / workers
+    small = max(bounds.min_batch, 1, round(share / 8))
+    large = min(max(small + 1, round(share / 4)), min(bounds.max_batch))
+    return (small, large) if large > small else (max(1, large - 1), large)
+
+
 def paper_bounds(workers: int, global_batch: int) -> tuple[int, int]:
     """The paper's per-worker bounds for this job: [B/n / 2, 3 B/n] (its [16, 96] at B/n = 32)."""
     share = global_batch / workers

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.config import JobConfig
+from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop, probe_time
 from omnilearn.control.policies import Bounds
@@ -105,15 +106,15 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
                   train_samples=size, policy=c.policy, simulated=True, time=0.0)
     change_level(plan.schedule.level_at(0), 0.0, 0)
     loop.start(lambda: shares(state["level"]), False, step=0, time=0.0)
-    sizes = loop.probe_sizes()
-    if sizes is not None:  # dynamic's start-up probe: rounds at the two sizes, every worker
-        small, large = sizes
-        rounds = c.probe_steps
+    if c.memory_bounds or loop.probe_sizes() is not None:  # the start-up pass, every policy's (BSPTrainer.start_up)
+        small, large = policies.probe_sizes(t.global_batch, n, ctl.bounds)
+        rounds = max(c.probe_steps, 2) if loop.probe_sizes() is not None else 2
         probe = [([timed(r, state["level"], small) for _ in range(rounds)],
                   [timed(r, state["level"], large) for _ in range(rounds)]) for r in range(n)]
         cost = max(sum(a) + sum(b) for a, b in probe)
-        loop.probe(small, large, [probe_time(a) for a, _ in probe], [probe_time(b) for _, b in probe], cost,
-                   step=0, time=0.0)
+        if loop.probe_sizes() is not None:
+            loop.probe(small, large, [probe_time(a) for a, _ in probe], [probe_time(b) for _, b in probe], cost,
+                       step=0, time=0.0)
         clock += cost
     position, eval_time = 0.0, 0.0
     per_level: dict[str, list[tuple[str, int]]] = {}

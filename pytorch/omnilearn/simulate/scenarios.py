@@ -2,21 +2,22 @@
 
 Every scenario (:mod:`.truth`: each worker's true time of a step over the run) is run for every seed
 and policy through the trainers' own :class:`~omnilearn.control.loop.ControlLoop`: ``start``, the
-start-up ``probe`` when the controller asks for one (each worker's probe times drawn from its true
-model; what the probe costs, the slowest worker's warm-up step and its rounds, is added to the run's
-time), a ``level`` event where the true shares change (only the policies told of allocations,
+start-up pass every policy runs (the memory probe: two steps at each of two sizes, its cost, the slowest
+worker's, added to every policy's time) and ``dynamic``'s ``probe`` of its times (drawn from the true
+models), a ``level`` event where the true shares change (only the policies told of allocations,
 ``static`` and ``dynamic+prior``, read them: the true shares), and ``step`` with every worker's
 realised time after each step, at the controller's decision points (``due``).
 
 **The oracle** takes, at every step, the split that minimises ``max_i t_i(b_i)`` under the true
 noise-free (fluid) model of that step: integer, summing to B, within the scenario's bounds. It is
 found by bisection on the common time T (each worker's largest batch finishing by T, summed against
-B), which is exact for any time increasing in the batch (linear or superlinear). The oracle pays no
-probe.
+B), which is exact for any time increasing in the batch (linear or superlinear). The oracle runs no
+start-up pass: ``fraction_of_oracle`` compares the training steps (the pass costs every policy alike
+and is reported beside it, as its share and as the fraction with it counted).
 
 **Common random numbers.** The oracle's steps and every policy's are timed with the same draws (each
 worker's noise factor, the host factor, the CFS phase of every step), so the ratio
-``fraction_of_oracle = oracle's total time / policy's total time`` measures the split, not the luck
+``fraction_of_oracle = oracle's total time / policy's time over the steps`` measures the split, not the luck
 of a seed. Under CFS quantisation the fluid optimum is not always the best split of a realised step,
 so a policy can score slightly above 1 there.
 
@@ -51,7 +52,7 @@ import numpy as np
 from omnilearn.config import ControlConfig
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop
-from omnilearn.control.policies import POLICIES, Bounds
+from omnilearn.control.policies import POLICIES, Bounds, probe_sizes
 from omnilearn.errors import UserError
 from omnilearn.files import CONFIG_DIR, load_yaml, write_atomic
 from omnilearn.simulate.truth import Scenario, Timeline, World, describe, timeline
@@ -180,13 +181,13 @@ def run_policy(world: World, policy: str, oracle_step_s: np.ndarray,
         return line.shares[regime[0]].tolist()
 
     loop.start(shares, resumed=False, step=0)
-    total = probe = 0.0
-    sizes = loop.probe_sizes()
-    if sizes is not None:
-        small, large = sizes
-        t_small, t_large, cost = world.probe(small, large, cfg.probe_steps)
+    # The start-up pass every policy runs (the memory probe, BSPTrainer.start_up); dynamic times it.
+    small, large = probe_sizes(B, n, ctl.bounds)
+    wanted = loop.probe_sizes() is not None
+    t_small, t_large, cost = world.probe(small, large, max(cfg.probe_steps, 2) if wanted else 2)
+    if wanted:
         loop.probe(small, large, t_small, t_large, cost, step=0)
-        total = probe = cost
+    total = probe = cost
     gaps = np.empty(sc.steps)
     decisions = np.empty(sc.steps + 1, int)
     sync = sc.sync_ms / 1e3
@@ -243,11 +244,11 @@ def run_seeds(sc: Scenario, seeds: Sequence[int], policies: Sequence[str]) -> li
             run = uniform if policy == "uniform" else run_policy(world, policy, oracle_step)
             steps, decisions, worst = settling(run, line.starts, sc.steps)
             rows.append({"scenario": sc.name, "policy": policy, "seed": seed,
-                         "fraction_of_oracle": oracle_total / run.total_s, "settle_steps": steps,
+                         "fraction_of_oracle": oracle_total / (run.total_s - run.probe_s), "settle_steps": steps,
                          "settle_decisions": decisions, "worst_overshoot": worst,
                          "slower_than_uniform": int(run.total_s > uniform.total_s * (1 + 1e-12)),
                          "probe_share": run.probe_s / run.total_s,
-                         "without_probe": oracle_total / (run.total_s - run.probe_s)})
+                         "with_start_up": oracle_total / run.total_s})
     return rows
 
 
@@ -293,12 +294,12 @@ def summarize(rows: list[dict[str, Any]], suite: list[Scenario], policies: list[
                           "overshoot": _median([r["worst_overshoot"] for r in mine]),
                           "slower": sum(r["slower_than_uniform"] for r in mine) / len(mine),
                           "probe": statistics.fmean(r["probe_share"] for r in mine),
-                          "without_probe": statistics.fmean(r["without_probe"] for r in mine)})
+                          "with_start_up": statistics.fmean(r["with_start_up"] for r in mine)})
     for policy in policies:
         mine = [ln for ln in lines if ln["policy"] == policy]
         if mine:
             lines.append({"scenario": "**suite average**", "policy": policy, "seeds": sum(m["seeds"] for m in mine),
-                          **{k: statistics.fmean(m[k] for m in mine) for k in ("mean", "min", "p10", "never", "slower", "probe", "without_probe")},
+                          **{k: statistics.fmean(m[k] for m in mine) for k in ("mean", "min", "p10", "never", "slower", "probe", "with_start_up")},
                           "settle_steps": None, "settle_decisions": None, "overshoot": None})
     return lines
 
@@ -306,16 +307,16 @@ def summarize(rows: list[dict[str, Any]], suite: list[Scenario], policies: list[
 def write_md(lines: list[dict[str, Any]], suite: list[Scenario], seconds: float, command: str) -> str:
     out = ["# Scenario benchmark", "",
            f"`{command}`: {len(suite)} scenarios, {seconds:.0f} s on {os.cpu_count()} CPUs.", "",
-           "fraction: oracle's total time / the policy's (probe included; common random numbers), its mean, "
+           "fraction: oracle's total time / the policy's over the training steps (common random numbers), its mean, "
            "minimum and 10th percentile over seeds. settle: medians over seeds of the steps and decisions a "
            f"policy needs after each change of the true speeds to come within {SETTLED:.0%} of the oracle's "
            "noise-free step time ('never': some change never settled, counted as infinite); never: share of "
            "seeds with such a change. overshoot: median over seeds of the largest gap to the oracle after "
-           "settling. slower: share of seeds slower than uniform. probe: the start-up probe's share of the "
-           "policy's time; w/o probe: the mean fraction with the probe's time left out (the split's quality "
-           "alone).", "",
+           "settling. slower: share of seeds slower than uniform (the start-up pass included). start-up: the share "
+           "of the policy's time in the start-up pass every policy runs (the memory probe, which dynamic also times); "
+           "with start-up: the mean fraction with that pass counted (the oracle runs none).", "",
            "| scenario | policy | seeds | fraction mean | min | p10 | settle steps | settle decisions | never | "
-           "overshoot | slower than uniform | probe | w/o probe |",
+           "overshoot | slower than uniform | start-up | with start-up |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     never = "never"
     for ln in lines:
@@ -324,7 +325,7 @@ def write_md(lines: list[dict[str, Any]], suite: list[Scenario], seconds: float,
                    f"{ln['p10']:.3f} | {'' if avg else _fmt(ln['settle_steps']) or never} | "
                    f"{'' if avg else _fmt(ln['settle_decisions']) or never} | {ln['never']:.0%} | "
                    f"{'' if avg else _fmt(ln['overshoot']) or '-'} | {ln['slower']:.0%} | {ln['probe']:.1%} | "
-                   f"{ln['without_probe']:.3f} |")
+                   f"{ln['with_start_up']:.3f} |")
     out += ["", "## Scenarios", "", "| scenario | speeds | workers | B | steps | seeds | what it tests |", "|---|---|---|---|---|---|---|"]
     for sc in suite:
         out.append(f"| {sc.name} | {describe(sc)} | {sc.workers} | {sc.global_batch} | {sc.steps} | {sc.seeds} | "

@@ -272,17 +272,18 @@ class World:
         return t
 
     def probe(self, small: int, large: int, rounds: int) -> tuple[list[float], list[float], float]:
-        """The start-up probe on the first shares: every worker's time at each size as the trainers
-        take it from its rounds (:func:`~omnilearn.control.loop.probe_time`), and its wall cost (the slowest worker's warm-up step at ``small`` and ``rounds`` of both sizes)."""
+        """The start-up pass on the first shares (BSPTrainer.start_up: ``rounds`` steps at each size):
+        every worker's time at each size as the trainers take it from its rounds
+        (:func:`~omnilearn.control.loop.probe_time`), and its wall cost (the slowest worker's)."""
         n, shares = self.sc.workers, self.line.shares[0]
-        sizes = [small] + [small, large] * rounds
+        sizes = [small, large] * rounds
         rows = []
         for j, b in enumerate(sizes):
             r = j % len(self.probe_noise)
             rows.append(self._time(shares, self.work(np.full(n, b)) * self.probe_noise[r], self.probe_phase[r]))
         t = np.asarray(rows)
-        t_small = [probe_time(t[1::2, i].tolist()) for i in range(n)]
-        t_large = [probe_time(t[2::2, i].tolist()) for i in range(n)]
+        t_small = [probe_time(t[0::2, i].tolist()) for i in range(n)]
+        t_large = [probe_time(t[1::2, i].tolist()) for i in range(n)]
         return t_small, t_large, float(t.sum(axis=0).max())
 
 

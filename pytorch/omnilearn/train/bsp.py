@@ -26,6 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop, probe_time
 from omnilearn.control.policies import Bounds
@@ -107,18 +108,6 @@ class BSPTrainer:
                            language_model=self.work.perplexity, metric=self.work.metric.name)
 
     # ------------------------------------------------------------------------------------ memory
-    def probe_memory(self) -> None:
-        """Fit this worker's peak memory per sample (before any level limits the CPU)."""
-        if not self.cfg.control.memory_bounds:
-            return
-        def step(b: int) -> None:
-            x, y = gather(self.work.train, torch.arange(b))
-            local_backward(self.work, self.model, x.to(self.env.device), y.to(self.env.device), b)
-            self.grads.zero()
-
-        self.memory = memory.probe(step, self.env.device, min(len(self.work.train), self.cfg.train.global_batch),
-                                   self.cfg.control.memory_margin)
-
     def update_bounds(self, step: int) -> None:
         """Per-worker max batch from every worker's memory budget (re-read: a level may change it).
 
@@ -220,36 +209,49 @@ class BSPTrainer:
         self.loop.step(times, self.controller.due(step, end_of_epoch), steps_left,
                        lambda: self.shares(self.client.level), step=step)
 
-    def probe(self, step: int) -> None:
-        """``dynamic``: once the first allocation is in force, every worker times ``control.probe_steps``
-        rounds of one step at each of two batch sizes (the least of two rounds: the first also carries
-        the new allocation, threads and shapes) (forward, backward and
-        update, on its own, no collective), then one gather gives every rank every worker's times: k
-        and the speeds, and a balanced split before step 1. The model and optimizer are restored after."""
-        sizes = self.controller.probe_sizes()
-        if sizes is None:
+    def start_up(self, step: int, resumed: bool) -> None:
+        """The start-up pass, once the first allocation is in force and inside the training clock,
+        the same for every policy: steps (forward, backward and update, each worker on its own) at
+        the two sizes of :func:`~omnilearn.control.policies.probe_sizes`, twice each (more with
+        ``control.probe_steps``). Their peak memory gives this worker's memory bound
+        (``control.memory_bounds``); their times give ``dynamic`` its k and every speed (one gather,
+        the least of each size's runs: the first also carries the new allocation, threads and shapes),
+        so its first split is balanced before step 1. The model and optimizer are restored after."""
+        sizes = policies.probe_sizes(self.cfg.train.global_batch, self.world, self.configured_bounds)
+        probe = not resumed and self.controller.probe_sizes() is not None
+        if not self.cfg.control.memory_bounds and not probe:
             return
-        small, large = sizes
         saved = copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
+        times: dict[int, list[float]] = {b: [] for b in sizes}
         t_start = time.perf_counter()
+        available = len(self.work.train)
 
-        def timed(b: int) -> float:
+        def timed(b: int) -> None:
             self.grads.zero()
             t0 = time.perf_counter()
-            x, y = gather(self.work.train, torch.arange(b) % len(self.work.train))
+            x, y = gather(self.work.train, torch.arange(b) % available)
             local_backward(self.work, self.model, x.to(self.env.device), y.to(self.env.device), b)
             self.optimizer.step()
             self._sync_cuda()
-            return time.perf_counter() - t0
+            times[b].append(time.perf_counter() - t0)
 
-        rounds = [(timed(small), timed(large)) for _ in range(self.cfg.control.probe_steps)]
+        if self.cfg.control.memory_bounds:
+            self.memory = memory.probe(timed, self.env.device, min(available, self.cfg.train.global_batch),
+                                       self.cfg.control.memory_margin, sizes=sizes)
+        if probe:
+            for _ in range(max(self.cfg.control.probe_steps - len(times[sizes[0]]), 0)):
+                timed(sizes[0])
+                timed(sizes[1])
         self.model.load_state_dict(saved[0])
         self.optimizer.load_state_dict(saved[1])
         self.grads.zero()
-        own = [probe_time([r[0] for r in rounds]), probe_time([r[1] for r in rounds]), time.perf_counter() - t_start]
-        every = distributed.all_gather_floats(own, self.env.device)
-        self.loop.probe(small, large, [g[0] for g in every], [g[1] for g in every], max(g[2] for g in every),
-                        step=step)
+        self.update_bounds(step)
+        if probe:
+            small, large = sizes
+            own = [probe_time(times[small]), probe_time(times[large]), time.perf_counter() - t_start]
+            every = distributed.all_gather_floats(own, self.env.device)
+            self.loop.probe(small, large, [g[0] for g in every], [g[1] for g in every],
+                            max(g[2] for g in every), step=step)
 
     # --------------------------------------------------------------------------------------- run
     def out_of_time(self, clock: float) -> bool:
@@ -259,20 +261,17 @@ class BSPTrainer:
 
     def run(self) -> None:
         t, schedule, metrics, ckpt = self.cfg.train, self.job.plan.schedule, self.metrics, self.ckpt
-        self.probe_memory()
-        dist.barrier()  # everyone starts the clock together; the first level is in force before it starts
         p = ckpt.progress
         self.change_level(schedule.level_at(p.clock if schedule.unit == "seconds" else p.position), p.position,
                           p.steps)
         ckpt.restore()  # a resumed run: controller, model, optimizer, position and counters as saved
         self.loop.start(lambda: self.shares(self.client.level), ckpt.resumed, step=p.steps)
         self.started = True
-        if not ckpt.resumed:
-            self.probe(p.steps)
-        dist.barrier()
+        dist.barrier()  # everyone starts the clock together; the first level is in force before it starts
         lifecycle.arm()  # SIGTERM from now on: stop after the current step
         t_start = time.time() - p.clock  # the training clock goes on from the checkpoint's
         p.started = p.started or t_start  # the whole run's wall time counts from its first start
+        self.start_up(p.steps, ckpt.resumed)
         clock, steps_done, samples, eval_time, position = p.clock, p.steps, p.samples, p.eval_time, p.position
         for epoch in range(ckpt.sampler.epoch, t.epochs):
             self.sampler.set_epoch(epoch)

@@ -125,14 +125,16 @@ class MemoryModel:
 
 
 def probe(step: Callable[[int], None], device: torch.device, available: int, margin: float,
-          budget: MemoryBudget | None = None) -> MemoryModel:
+          budget: MemoryBudget | None = None, sizes: tuple[int, int] | None = None) -> MemoryModel:
     """Run ``step(b)`` (forward + backward of b samples) at two sizes and fit the peak-memory line.
 
-    The sizes (up to 4 and 16) stay within ``available`` samples. Each size runs twice and the
-    second peak is kept: the first call also allocates one-off state (optimizer buffers, caches),
-    which belongs to the base, not to the samples.
+    The sizes (``sizes``, else up to 4 and 16) stay within ``available`` samples. Each size runs
+    twice and the second peak is kept: the first call also allocates one-off state (optimizer
+    buffers, caches), which belongs to the base, not to the samples.
     """
-    sizes = (max(1, min(4, available // 4)), max(2, min(16, available)))
+    if sizes is None:
+        sizes = (4, 16)
+    sizes = (max(1, min(sizes[0], available // 4)), max(2, min(sizes[1], available)))
     budget = budget or memory_budget(device)
     peaks = []
     for b in sizes:
