@@ -32,6 +32,7 @@ import stat
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
@@ -81,6 +82,7 @@ class Toggler:
         console: Printer | None = None,
         links: LinkApplier | None = None,
         retry: Backoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.backend = backend
@@ -90,6 +92,7 @@ class Toggler:
         self.host = HostLimits.of(host, host_memory)
         self.console = console
         self.retry = retry or Backoff()
+        self.clock = clock  # when a retried change is due; tests pass a fake one
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._dir_fd = os.open(self.log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._finalizer = weakref.finalize(self, os.close, self._dir_fd)
@@ -168,7 +171,7 @@ class Toggler:
 
     def _poll_log(self, lg: LogState, written: list[dict[str, Any]]) -> None:
         # A change begun and not finished (a crash, an interrupt), or one to try again when its wait is over.
-        if lg.pending is not None and time.monotonic() >= lg.retry_at:
+        if lg.pending is not None and self.clock() >= lg.retry_at:
             written.append(self._complete(lg, lg.pending))
         self._close_if_flooded(lg, written)
         if lg.closed is not None:
@@ -370,7 +373,7 @@ class Toggler:
                                detail=echo(f"backend {self.backend.name}: {type(e).__name__}: {e}"),
                                effective=in_force(self.backend, lg.target))
                 if wait is not None:  # the change stays pending, tried again once the wait is over
-                    outcome["retry_in_s"], lg.retry_at = wait, time.monotonic() + wait
+                    outcome["retry_in_s"], lg.retry_at = wait, self.clock() + wait
                     return self._write(outcome)
             else:
                 outcome.update(status="applied", effective=effective.to_dict(), **extras)
