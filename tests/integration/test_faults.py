@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jobs import live_workers
-from omnilearn.launch import pidfile
+from omnilearn.launch import cleanup, pidfile
 from omnilearn.launch.watch import describe_status
 
 
@@ -102,7 +102,7 @@ def test_cleanup_spares_a_live_job_and_clears_a_dead_ones(state_env) -> None:
         dead._write()
         gone_launcher.kill()
         gone_launcher.wait()
-        removed = pidfile.cleanup_dead()
+        removed = cleanup.cleanup_dead()
         assert dead_worker.wait(timeout=5) == -signal.SIGKILL
         assert f"process {dead_worker.pid} (rank 0)" in removed
         assert live_worker.poll() is None  # the live job's worker, and the reused pid, are untouched
@@ -133,10 +133,10 @@ def test_cleanup_keeps_a_docker_jobs_record_while_another_hosts_daemon_does_not_
                         f"does not answer")
 
     monkeypatch.setattr(swarm, "down", silent)
-    removed = pidfile.cleanup_dead()
+    removed = cleanup.cleanup_dead()
     assert record.path.exists() and any("not all removed" in r and "nowhere.sock" in r for r in removed), removed
     monkeypatch.setattr(swarm, "down", lambda job_id, hosts: ["container worker3"])
-    assert "container worker3" in pidfile.cleanup_dead() and not record.path.exists()  # once it answers
+    assert "container worker3" in cleanup.cleanup_dead() and not record.path.exists()  # once it answers
 
 
 def test_exit_statuses_are_worded() -> None:

@@ -109,3 +109,58 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     found = imported_modules(fake)
     assert found == [(2, "omnilearn.launch.local")]
     assert layer_of(found[0][1]) > layer_of("omnilearn.train.probe")
+
+
+def _import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in SOURCES:
+        me = module_name(path)
+        graph[me] = {target for _, target in imported_modules(path) if target != me}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan): each holds an import cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycle() -> None:
+    """No two modules import each other, directly or through others (imports inside functions count)."""
+    cycles = import_cycles(_import_graph())
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

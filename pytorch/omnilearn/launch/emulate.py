@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from omnilearn.emulator.client import RequestWriter
 from omnilearn.emulator.levels import Allocation
 from omnilearn.emulator.plan import build_plan
 from omnilearn.emulator.toggler import Toggler
+from omnilearn.emulator.toggler_host import TogglerHost
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import OUT_ENV, T0_ENV, JobSpec, new_job_id
@@ -163,9 +163,7 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int 
                         else select_backend("auto", job.job_id, list(plan.targets), period_us=cfg.emulation.cpu_period_us))
     job.backend = backend.name
     job.save()
-    stop = threading.Event()
-    toggler = Toggler(job.log_dir, backend, plan)
-    thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
+    toggler = TogglerHost(lambda: Toggler(job.log_dir, backend, plan), job.log_dir)
     writers = [RequestWriter(job.log_dir, r) for r in range(len(plan.targets))]
     placed: dict[int, int] = {}  # pid -> rank
     used: dict[int, float] = {}  # pid -> CPU seconds last seen
@@ -185,7 +183,7 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int 
     # teardown short, where the user's containers get their own limits back.
     with Interrupts() as interrupts:
         try:
-            thread.start()
+            toggler.start()
             sched = plan.schedule
             apply(sched.levels[0], 0.0)
             interrupts.check()
@@ -223,10 +221,8 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int 
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-            stop.set()
-            thread.join(timeout=10)
+            toggler.stop()
             backend.close()  # the user's containers get their own limits back here
-            toggler.close()
             seconds, busy_s = [0.0] * len(plan.targets), [0.0] * len(plan.targets)
             for pid, rank in placed.items():
                 seconds[rank] += used.get(pid, 0.0)
