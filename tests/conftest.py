@@ -58,7 +58,7 @@ def docker_client() -> Iterator[object]:
 @pytest.fixture(scope="session")
 def worker_image(docker_client: object) -> str:
     """The worker image for this checkout (built from the Dockerfile when missing or stale)."""
-    from omnilearn.launch.docker import images
+    from omnilearn.images import worker as images
 
     return images.ensure_images(client=docker_client, on_log=lambda line: None).worker_image
 

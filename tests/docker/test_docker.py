@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from jobs import job_id_of, write_skew_job
-from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends.docker import LABEL_JOB, DockerBackend, ForeignContainer
-from omnilearn.emulator.client import RequestWriter
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.plan import EmulationPlan
-from omnilearn.emulator.schedule import Schedule
-from omnilearn.emulator.toggler import Toggler
+from omnilearn.emulator.protocol.audit import read_audit
+from omnilearn.emulator.protocol.client import RequestWriter
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.plan import EmulationPlan
+from omnilearn.emulator.spec.schedule import Schedule
 from omnilearn.launch.docker import swarm
 
 pytestmark = pytest.mark.docker

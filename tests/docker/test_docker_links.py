@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from jobs import job_id_of
-from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends.docker import LABEL_JOB, LABEL_TARGET, DockerBackend
-from omnilearn.emulator.backends.docker_net import ContainerLinks
-from omnilearn.emulator.links import Link
-from omnilearn.emulator.shaping import detect_qdiscs
+from omnilearn.emulator.network.docker_net import ContainerLinks
+from omnilearn.emulator.network.shaping import detect_qdiscs
+from omnilearn.emulator.protocol.audit import read_audit
+from omnilearn.emulator.spec.links import Link
 
 pytestmark = [pytest.mark.docker,
               pytest.mark.skipif(os.geteuid() != 0, reason="shaping a container's veth needs root on the host")]

@@ -23,9 +23,9 @@ import pytest
 from conftest import REQUIRE_DOCKER
 from jobs import job_id_of
 from multi_daemons import Farm
-from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends.docker import LABEL_JOB, docker_sdk
-from omnilearn.launch.docker.base_image import LOCAL_BASE_IMAGE
+from omnilearn.emulator.protocol.audit import read_audit
+from omnilearn.images.base import LOCAL_BASE_IMAGE
 from omnilearn.launch.docker.mounts import RUN_MOUNT
 
 pytestmark = pytest.mark.docker

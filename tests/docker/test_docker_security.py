@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from jobs import job_id_of, write_skew_job
-from omnilearn.emulator.audit import read_audit
+from omnilearn.emulator.protocol.audit import read_audit
 from omnilearn.launch.docker.mounts import container_user
 
 pytestmark = pytest.mark.docker

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from jobs import write_skew_job
-from omnilearn.emulator.audit import read_audit
-from omnilearn.emulator.levels import Allocation
+from omnilearn.emulator.protocol.audit import read_audit
+from omnilearn.emulator.spec.levels import Allocation
 
 pytestmark = pytest.mark.docker
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from omnilearn import config
-from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends.docker import read_kernel
-from omnilearn.emulator.plan import build_plan
+from omnilearn.emulator.protocol.audit import read_audit
+from omnilearn.emulator.spec.plan import build_plan
 
 pytestmark = pytest.mark.docker
 

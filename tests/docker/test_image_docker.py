@@ -12,8 +12,9 @@ from test_image import _fake_context
 from test_scripts import INSTALL, ROOT
 
 from omnilearn.errors import UserError
-from omnilearn.launch.docker import base_image, daemon
-from omnilearn.launch.docker import images as image
+from omnilearn.images import base as base_image
+from omnilearn.images import worker as image
+from omnilearn.launch.docker import daemon
 
 
 @pytest.fixture(scope="module")

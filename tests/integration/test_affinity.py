@@ -10,7 +10,7 @@ from pathlib import Path
 from test_cgroup_v1 import BUSY, two_cpus
 
 from omnilearn.emulator.backends.affinity import AffinityBackend
-from omnilearn.emulator.levels import Allocation
+from omnilearn.emulator.spec.levels import Allocation
 
 
 def boost(pid: int) -> None:

@@ -18,7 +18,7 @@ from omnilearn.train import checkpoint
 
 
 def test_resume_with_a_changed_config_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    from omnilearn.emulator.plan import build_plan
+    from omnilearn.emulator.spec.plan import build_plan
     from omnilearn.jobfile import JobSpec
     from omnilearn.launch.runfolder import prepare_out
 

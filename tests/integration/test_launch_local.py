@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from jobs import live_workers, write_skew_job
-from omnilearn.emulator.audit import read_audit
+from omnilearn.emulator.protocol.audit import read_audit
 
 
 def test_local_job_moves_batch_toward_the_faster_worker(tmp_path: Path) -> None:

@@ -15,17 +15,17 @@ import pytest
 from test_links import ALL, NO_NETEM
 
 from omnilearn import config
-from omnilearn.emulator import shaping as links_mod
-from omnilearn.emulator.links import (
-    Link,
-)
-from omnilearn.emulator.plan import build_plan
-from omnilearn.emulator.shaping import (
+from omnilearn.emulator.network import shaping as links_mod
+from omnilearn.emulator.network.shaping import (
     LinkShaper,
     detect_qdiscs,
     egress_commands,
     ingress_commands,
 )
+from omnilearn.emulator.spec.links import (
+    Link,
+)
+from omnilearn.emulator.spec.plan import build_plan
 from omnilearn.errors import UserError
 
 

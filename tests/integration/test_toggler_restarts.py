@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends import NullBackend
-from omnilearn.emulator.levels import Allocation
+from omnilearn.emulator.protocol.audit import read_audit
+from omnilearn.emulator.spec.levels import Allocation
 
 
 class DiesOnce(NullBackend):

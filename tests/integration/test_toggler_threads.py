@@ -14,9 +14,9 @@ from test_backends import fake_v2
 from test_requests import PLAN
 from test_toggler_retry import HL2, HL4, Rejecting, mine, toggler
 
-from omnilearn.emulator.client import AllocationClient
-from omnilearn.emulator.retry import RETRY_FIRST_S
-from omnilearn.emulator.toggler import Toggler
+from omnilearn.emulator.protocol.client import AllocationClient
+from omnilearn.emulator.protocol.retry import RETRY_FIRST_S
+from omnilearn.emulator.protocol.toggler import Toggler
 from omnilearn.report.fidelity import change_outcomes
 
 

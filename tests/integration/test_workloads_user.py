@@ -15,7 +15,7 @@ import torch
 
 from omnilearn import Workload, config
 from omnilearn.errors import UserError
-from omnilearn.launch.docker.requirements import dockerfile
+from omnilearn.images.requirements import dockerfile
 from omnilearn.train.preflight import preflight
 from omnilearn.train.workload import gather
 from omnilearn.train.workload_spec import load_workload

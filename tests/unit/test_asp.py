@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from omnilearn import config
-from omnilearn.emulator.plan import SERVER_TARGET, build_plan
+from omnilearn.emulator.spec.plan import SERVER_TARGET, build_plan
 from omnilearn.errors import UserError
 from omnilearn.files import read_records as read_jsonl
 from omnilearn.jobfile import JobSpec

@@ -15,7 +15,7 @@ import torch
 from test_asp import TinyBN
 
 from omnilearn import config
-from omnilearn.emulator.plan import build_plan
+from omnilearn.emulator.spec.plan import build_plan
 from omnilearn.errors import UserError
 from omnilearn.files import read_records
 from omnilearn.jobfile import JobSpec

@@ -11,7 +11,7 @@ from fakes import FakeClock
 from omnilearn.emulator.backends import NullBackend
 from omnilearn.emulator.backends.cgroup import CgroupV1Backend, CgroupV2Backend
 from omnilearn.emulator.backends.cgroupfs import cfs_limits, read_own_allocation
-from omnilearn.emulator.levels import Allocation, format_cpuset, parse_cpuset
+from omnilearn.emulator.spec.levels import Allocation, format_cpuset, parse_cpuset
 from omnilearn.errors import UserError
 
 # ---------------------------------------------------------------- cgroup v1 (real)

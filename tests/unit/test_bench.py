@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from omnilearn.errors import UserError
-from omnilearn.launch.matrix import DEFAULT_MATRIX, load_matrix
+from omnilearn.experiments.matrix import DEFAULT_MATRIX, load_matrix
 from omnilearn.report.results import build_rows, markdown, summary_rows
 
 JOB = """

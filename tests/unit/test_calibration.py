@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from omnilearn import config
-from omnilearn.emulator.calibration import (
+from omnilearn.emulator.spec.calibration import (
     FORMAT,
     MIN_CPUS,
     SpeedCurve,
@@ -20,8 +20,8 @@ from omnilearn.emulator.calibration import (
     fit_level,
     ratio,
 )
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.plan import build_plan
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.plan import build_plan
 from omnilearn.errors import UserError
 
 # Alone, 1 thread scales linearly to one CPU (100 samples/s per CPU); above it a second thread adds

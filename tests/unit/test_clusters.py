@@ -14,7 +14,7 @@ import pytest
 from omnilearn.config import ControlConfig
 from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
-from omnilearn.emulator.levels import load_tables, resolve_level
+from omnilearn.emulator.spec.levels import load_tables, resolve_level
 from omnilearn.train.sampler import GlobalBatchSampler
 
 DOC = (Path(__file__).resolve().parents[2] / "cpus_allocation.md").read_text()

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from omnilearn import config
-from omnilearn.emulator.levels import load_tables, resolve_level
-from omnilearn.emulator.plan import build_plan
-from omnilearn.emulator.schedule import load_schedule
+from omnilearn.emulator.spec.levels import load_tables, resolve_level
+from omnilearn.emulator.spec.plan import build_plan
+from omnilearn.emulator.spec.schedule import load_schedule
 from omnilearn.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from omnilearn import config
-from omnilearn.emulator.audit import recover
-from omnilearn.emulator.plan import build_plan
-from omnilearn.emulator.requests import MAX_STRAY_REPORTS
+from omnilearn.emulator.protocol.audit import recover
+from omnilearn.emulator.protocol.requests import MAX_STRAY_REPORTS
+from omnilearn.emulator.spec.plan import build_plan
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec
 from omnilearn.launch.docker import mounts, swarm

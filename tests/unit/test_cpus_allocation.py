@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from omnilearn.emulator.levels import load_tables, parse_cpuset, resolve_level
+from omnilearn.emulator.spec.levels import load_tables, parse_cpuset, resolve_level
 
 DOC = (Path(__file__).resolve().parents[2] / "cpus_allocation.md").read_text()
 

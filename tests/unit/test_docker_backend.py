@@ -12,7 +12,7 @@ from omnilearn.emulator.backends.docker import (
     run_kwargs,
     update_kwargs,
 )
-from omnilearn.emulator.levels import Allocation
+from omnilearn.emulator.spec.levels import Allocation
 from omnilearn.train.distributed import select_interface
 
 

@@ -14,8 +14,9 @@ import pytest
 
 from omnilearn import cli
 from omnilearn.errors import UserError
-from omnilearn.launch.docker import base_image, daemon
-from omnilearn.launch.docker import images as image
+from omnilearn.images import base as base_image
+from omnilearn.images import worker as image
+from omnilearn.launch.docker import daemon
 
 
 @pytest.mark.parametrize("bound", [False, True], ids=["no-socket-file", "socket-not-listening"])

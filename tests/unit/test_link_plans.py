@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from omnilearn import config
-from omnilearn.emulator.client import RequestWriter
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.links import Link
-from omnilearn.emulator.plan import EmulationPlan, build_plan
-from omnilearn.emulator.schedule import Schedule
-from omnilearn.emulator.shaping import QdiscSupport
-from omnilearn.emulator.toggler import Toggler
+from omnilearn.emulator.network.shaping import QdiscSupport
+from omnilearn.emulator.protocol.client import RequestWriter
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.links import Link
+from omnilearn.emulator.spec.plan import EmulationPlan, build_plan
+from omnilearn.emulator.spec.schedule import Schedule
 from omnilearn.errors import UserError
 from omnilearn.launch.job import check_launcher
 from omnilearn.report.fidelity import as_asked, level_fidelity
@@ -101,7 +101,7 @@ def test_links_are_refused_before_anything_starts(tmp_path: Path, monkeypatch: p
 
 
 def test_a_delay_is_refused_naming_sch_netem_where_the_kernel_lacks_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from omnilearn.emulator import shaping
+    from omnilearn.emulator.network import shaping
 
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(shaping, "detect_qdiscs", lambda: QdiscSupport(True, True, False, True, "assumed"))
@@ -112,7 +112,7 @@ def test_a_delay_is_refused_naming_sch_netem_where_the_kernel_lacks_it(monkeypat
 
 
 def test_docker_links_only_for_targets_on_this_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    from omnilearn.emulator import shaping
+    from omnilearn.emulator.network import shaping
     from omnilearn.launch.docker import daemon
 
     monkeypatch.setattr(os, "geteuid", lambda: 0)

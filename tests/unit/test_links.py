@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 from omnilearn import config
-from omnilearn.emulator import shaping as links_mod
-from omnilearn.emulator.links import (
+from omnilearn.emulator.network import shaping as links_mod
+from omnilearn.emulator.network.shaping import (
+    QdiscSupport,
+    detect_qdiscs,
+    egress_commands,
+    ingress_commands,
+)
+from omnilearn.emulator.spec.links import (
     Link,
     parse_duration,
     parse_link,
@@ -19,13 +25,7 @@ from omnilearn.emulator.links import (
     parse_loss,
     parse_rate,
 )
-from omnilearn.emulator.plan import EmulationPlan, build_plan
-from omnilearn.emulator.shaping import (
-    QdiscSupport,
-    detect_qdiscs,
-    egress_commands,
-    ingress_commands,
-)
+from omnilearn.emulator.spec.plan import EmulationPlan, build_plan
 from omnilearn.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]

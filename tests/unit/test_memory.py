@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnilearn.emulator.plan import parse_memory
+from omnilearn.emulator.spec.plan import parse_memory
 from omnilearn.errors import UserError
 from omnilearn.train.memory import MemoryBudget, MemoryModel
 

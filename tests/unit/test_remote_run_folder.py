@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from omnilearn import config
-from omnilearn.emulator.plan import build_plan
+from omnilearn.emulator.spec.plan import build_plan
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec
 from omnilearn.launch.docker import mounts, remote, swarm

@@ -23,13 +23,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends.cgroup import CgroupV2Backend
 from omnilearn.emulator.backends.cgroupfs import PERIOD_US, cfs_limits
-from omnilearn.emulator.client import append_line
-from omnilearn.emulator.levels import Allocation, format_cpuset, parse_cpuset
-from omnilearn.emulator.plan import EmulationPlan
-from omnilearn.emulator.requests import (
+from omnilearn.emulator.protocol.audit import read_audit
+from omnilearn.emulator.protocol.client import append_line
+from omnilearn.emulator.protocol.requests import (
     MAX_CPUSET_CHARS,
     MAX_ECHO_CHARS,
     MAX_LINE_BYTES,
@@ -44,8 +42,10 @@ from omnilearn.emulator.requests import (
     parse_request,
     request_log,
 )
-from omnilearn.emulator.schedule import Schedule
-from omnilearn.emulator.toggler import Toggler
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.spec.levels import Allocation, format_cpuset, parse_cpuset
+from omnilearn.emulator.spec.plan import EmulationPlan
+from omnilearn.emulator.spec.schedule import Schedule
 
 HOST = [0, 1, 2, 3]
 HOST_MEMORY = 2**34

@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from omnilearn.emulator.audit import read_audit, timeline, toggler_lock
-from omnilearn.emulator.client import RequestWriter
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.plan import EmulationPlan
-from omnilearn.emulator.requests import (
+from omnilearn.emulator.protocol.audit import read_audit, timeline, toggler_lock
+from omnilearn.emulator.protocol.client import RequestWriter
+from omnilearn.emulator.protocol.requests import (
     AUDIT_NAME,
     MAX_SEQ_STEP,
     CpuRequest,
@@ -21,9 +19,11 @@ from omnilearn.emulator.requests import (
     parse_request,
     request_log,
 )
-from omnilearn.emulator.retry import Backoff
-from omnilearn.emulator.schedule import Schedule
-from omnilearn.emulator.toggler import Toggler
+from omnilearn.emulator.protocol.retry import Backoff
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.plan import EmulationPlan
+from omnilearn.emulator.spec.schedule import Schedule
 from omnilearn.errors import UserError
 from omnilearn.files import read_lines
 

@@ -15,7 +15,7 @@ import pytest
 from omnilearn import config
 from omnilearn.cli import main
 from omnilearn.control import controller as control
-from omnilearn.emulator.plan import build_plan
+from omnilearn.emulator.spec.plan import build_plan
 from omnilearn.jobfile import JobSpec, new_job_id
 from omnilearn.metrics import MetricsWriter, metrics_path, read_rank
 from omnilearn.report.summary import summarize

@@ -11,7 +11,7 @@ import pytest
 from omnilearn import config
 from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
-from omnilearn.emulator.plan import build_plan
+from omnilearn.emulator.spec.plan import build_plan
 from omnilearn.jobfile import JobSpec
 from omnilearn.launch.restart import without_lost
 from omnilearn.train.checkpoint import ControllerState

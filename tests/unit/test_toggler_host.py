@@ -1,4 +1,4 @@
-"""The one way a toggler is hosted (:class:`~omnilearn.emulator.toggler_host.TogglerHost`): a dead toggler
+"""The one way a toggler is hosted (:class:`~omnilearn.emulator.protocol.toggler_host.TogglerHost`): a dead toggler
 thread is restarted from the audit, losing and repeating nothing; one toggler per job (the lock); a stop
 polls once more. The watchdog's check is called by the test, not waited for."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from test_requests import HOST, HOST_MEMORY, PLAN, RecordingBackend
 
-from omnilearn.emulator.audit import read_audit
-from omnilearn.emulator.client import RequestWriter
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.toggler import Toggler
-from omnilearn.emulator.toggler_host import TogglerHost
+from omnilearn.emulator.protocol.audit import read_audit
+from omnilearn.emulator.protocol.client import RequestWriter
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.protocol.toggler_host import TogglerHost
+from omnilearn.emulator.spec.levels import Allocation
 from omnilearn.errors import UserError
 
 WAIT_S = 60.0  # a hang guard for the toggler's thread to answer: a test fails only past it

@@ -17,13 +17,13 @@ from test_requests import HOST, HOST_MEMORY, PLAN
 from test_simulate import make_run
 
 from fakes import FakeClock
-from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends.cgroup import CgroupV2Backend
 from omnilearn.emulator.backends.docker import ForeignContainer
-from omnilearn.emulator.client import RequestWriter
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.retry import RETRY_FIRST_S, Backoff
-from omnilearn.emulator.toggler import Toggler
+from omnilearn.emulator.protocol.audit import read_audit
+from omnilearn.emulator.protocol.client import RequestWriter
+from omnilearn.emulator.protocol.retry import RETRY_FIRST_S, Backoff
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.spec.levels import Allocation
 from omnilearn.report.fidelity import change_outcomes
 from omnilearn.report.summary import summarize
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from omnilearn.emulator import trace_parse as trace_mod
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.links import Link
-from omnilearn.emulator.trace import FULL, Refusal, Stall, Trace, WorkerState
-from omnilearn.emulator.trace_convert import convert_trace
-from omnilearn.emulator.trace_parse import load_trace, parse_trace
+from omnilearn.emulator.spec import trace_parse as trace_mod
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.links import Link
+from omnilearn.emulator.spec.trace import FULL, Refusal, Stall, Trace, WorkerState
+from omnilearn.emulator.spec.trace_convert import convert_trace
+from omnilearn.emulator.spec.trace_parse import load_trace, parse_trace
 from omnilearn.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -361,7 +361,7 @@ def _trace_job(tmp_path: Path, trace: Path, *extra: tuple[str, object]):
 
 
 def test_a_trace_becomes_levels_stretched_over_the_epochs(tmp_path: Path) -> None:
-    from omnilearn.emulator.plan import EmulationPlan, build_plan
+    from omnilearn.emulator.spec.plan import EmulationPlan, build_plan
 
     trace = write(tmp_path, "t,worker,share,rate,stall\n0,1,1.0,,\n10,2,0.5,,\n20,3,,,2s\n30,2,1.0,,\n"
                             "30,4,,50mbit,\n40,1,1.0,,\n")
@@ -389,7 +389,7 @@ def test_a_trace_becomes_levels_stretched_over_the_epochs(tmp_path: Path) -> Non
 
 
 def test_a_returning_state_reuses_its_level_and_stalls_get_their_own(tmp_path: Path) -> None:
-    from omnilearn.emulator.plan import build_plan
+    from omnilearn.emulator.spec.plan import build_plan
 
     trace = write(tmp_path, "t,worker,share,stall\n0,1,1.0,\n10,1,0.5,\n20,1,1.0,\n25,1,,1s\n30,2,,1s\n40,1,1.0,\n")
     plan = build_plan(_trace_job(tmp_path, trace), host=[0, 1])
@@ -409,7 +409,7 @@ def test_a_returning_state_reuses_its_level_and_stalls_get_their_own(tmp_path: P
     ("t,worker,cpuset\n0,1,0-7\n", "names CPUs this host lacks: 2-7"),
 ])
 def test_a_bad_trace_stops_the_plan_naming_file_and_line(tmp_path: Path, text: str, words: str) -> None:
-    from omnilearn.emulator.plan import build_plan
+    from omnilearn.emulator.spec.plan import build_plan
 
     with pytest.raises(UserError, match="emulation.trace") as e:
         build_plan(_trace_job(tmp_path, write(tmp_path, text)), host=[0, 1])
@@ -417,7 +417,7 @@ def test_a_bad_trace_stops_the_plan_naming_file_and_line(tmp_path: Path, text: s
 
 
 def test_links_from_the_trace_and_from_the_config_exclude_each_other(tmp_path: Path) -> None:
-    from omnilearn.emulator.plan import build_plan
+    from omnilearn.emulator.spec.plan import build_plan
 
     shaped = write(tmp_path, "t,worker,rate\n0,1,100mbit\n")
     with pytest.raises(UserError, match="the trace .* sets links itself"):
@@ -429,7 +429,7 @@ def test_links_from_the_trace_and_from_the_config_exclude_each_other(tmp_path: P
 
 def test_shipped_traces_drive_the_demo_job() -> None:
     from omnilearn import config
-    from omnilearn.emulator.plan import build_plan
+    from omnilearn.emulator.spec.plan import build_plan
 
     for name in ("bursty.csv", "alibaba-4workers.csv"):
         cfg = config.build(str(ROOT / "configs" / "demo.yaml"), [("emulation.trace", str(TRACES / name))])

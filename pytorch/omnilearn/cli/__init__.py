@@ -164,8 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     tg.add_argument("--until-done", action="store_true", help="stop when every container of the job has exited")
     tg.set_defaults(func=cmd_toggle)
 
-    from omnilearn.launch.docker.base_image import DEFAULT_SUITE, LOCAL_BASE_IMAGE
-    from omnilearn.launch.docker.images import DEFAULT_BASE_IMAGE, WORKER_IMAGE
+    from omnilearn.images.base import DEFAULT_SUITE, LOCAL_BASE_IMAGE
+    from omnilearn.images.worker import DEFAULT_BASE_IMAGE, WORKER_IMAGE
 
     im = sub.add_parser("image", help="build the Docker images the container launcher runs")
     im_sub = im.add_subparsers(dest="image_command", required=True)

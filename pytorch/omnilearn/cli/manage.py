@@ -15,7 +15,7 @@ from omnilearn.errors import UserError
 
 def _job_for_cluster(args: argparse.Namespace):
     """Config, plan and saved job file for ``cluster up`` (the same checks as ``run``)."""
-    from omnilearn.emulator.plan import build_plan
+    from omnilearn.emulator.spec.plan import build_plan
     from omnilearn.jobfile import JobSpec, new_job_id
     from omnilearn.launch.job import check_launcher
     from omnilearn.launch.runfolder import prepare_out
@@ -65,8 +65,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def cmd_toggle(args: argparse.Namespace) -> int:
     """The host-side toggler for a job whose containers were started by ``cluster up``."""
     from omnilearn.emulator.backends.docker import DockerBackend
-    from omnilearn.emulator.toggler import Toggler
-    from omnilearn.emulator.toggler_host import TogglerHost
+    from omnilearn.emulator.protocol.toggler import Toggler
+    from omnilearn.emulator.protocol.toggler_host import TogglerHost
     from omnilearn.jobfile import JobSpec
     from omnilearn.launch.docker import swarm
     from omnilearn.launch.docker.mounts import RUN_MOUNT
@@ -102,7 +102,7 @@ def cmd_toggle(args: argparse.Namespace) -> int:
 
 
 def cmd_levels(args: argparse.Namespace) -> int:
-    from omnilearn.emulator.levels import host_cpus, load_tables, resolve_level
+    from omnilearn.emulator.spec.levels import host_cpus, load_tables, resolve_level
 
     tables = load_tables()
     host = host_cpus()
@@ -132,7 +132,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from omnilearn.emulator.backends.cgroupfs import sweep_stale
-    from omnilearn.emulator.netns import sweep_netns
+    from omnilearn.emulator.network.netns import sweep_netns
     from omnilearn.launch.cleanup import cleanup_dead
 
     # Jobs whose launcher is gone (their record says what they started), then leftovers of older runs.
@@ -142,7 +142,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from omnilearn.launch.calibrate import calibrate
+    from omnilearn.experiments.calibrate import calibrate
 
     calibrate(config.build(args.config, bench_overrides(args)), Path(args.out), make_console(), args.rounds, args.seconds)
     return 0
@@ -163,8 +163,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_image(args: argparse.Namespace) -> int:
     """``omnilearn image build|base|status``: the Docker images the container launcher runs."""
-    from omnilearn.launch.docker.base_image import build_base_image
-    from omnilearn.launch.docker.images import ensure_images, image_status
+    from omnilearn.images.base import build_base_image
+    from omnilearn.images.worker import ensure_images, image_status
 
     def say(line: str) -> None:
         print(line, flush=True)

@@ -153,11 +153,11 @@ class EmulationConfig:
     (``{worker1: 100mbit}``), or a mapping level -> either. An entry is null (unshaped), a rate
     (``100mbit``) or ``{rate, delay, jitter, loss}`` (``10ms``, ``0.5%``; these three need the kernel's
     sch_netem). Shaping needs root; ``--set emulation.links=null`` switches links off. Checked when
-    the plan is built (emulator/links.py)."""
+    the plan is built (emulator/spec/links.py)."""
     trace: str | None = None
     """A trace file (CSV or JSONL, configs/traces/) whose CPU shares, links and stalls drive the run,
     stretched over train.epochs; ``hl`` names the level a share is a fraction of (default HL1).
-    ``schedule`` may name the trace file instead (emulator/trace_plan.py)."""
+    ``schedule`` may name the trace file instead (emulator/spec/trace_plan.py)."""
     calibration: str | None = None
     """A file written by ``omnilearn calibrate``: its calibrated level table replaces the nominal one."""
     cpu_period_us: int = 10_000

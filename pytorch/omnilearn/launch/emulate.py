@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn import config
-from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends import Backend, select_backend
 from omnilearn.emulator.backends.docker_user import UserContainers
-from omnilearn.emulator.client import RequestWriter
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.plan import build_plan
-from omnilearn.emulator.toggler import Toggler
-from omnilearn.emulator.toggler_host import TogglerHost
+from omnilearn.emulator.protocol.audit import read_audit
+from omnilearn.emulator.protocol.client import RequestWriter
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.protocol.toggler_host import TogglerHost
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.plan import build_plan
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import OUT_ENV, T0_ENV, JobSpec, new_job_id

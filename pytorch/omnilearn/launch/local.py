@@ -3,7 +3,7 @@
 It starts the toggler (a thread here, reading the same CPU-request logs a host-side toggler reads
 for containers), one process per rank with torchrun's environment variables, and tears everything
 down, cgroups included, however the run ends. A job with links runs each worker in a network
-namespace of its own (:mod:`omnilearn.emulator.netns`); others talk over loopback.
+namespace of its own (:mod:`omnilearn.emulator.network.netns`); others talk over loopback.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from rich.console import Console
 
 from omnilearn.emulator.backends import select_backend
 from omnilearn.emulator.backends.cgroupfs import sweep_stale
-from omnilearn.emulator.netns import JobNetwork, sweep_netns
-from omnilearn.emulator.toggler import Toggler
-from omnilearn.emulator.toggler_host import TogglerHost
+from omnilearn.emulator.network.netns import JobNetwork, sweep_netns
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.protocol.toggler_host import TogglerHost
 from omnilearn.errors import UserError
 from omnilearn.files import create_in
 from omnilearn.jobfile import JobSpec

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.control.policies import KNOWS
-from omnilearn.emulator.plan import SERVER_TARGET
+from omnilearn.emulator.spec.plan import SERVER_TARGET
 from omnilearn.files import read_records, write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, read_rank, restarts_path

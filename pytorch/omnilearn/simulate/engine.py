@@ -25,7 +25,7 @@ from typing import Any
 from omnilearn.config import JobConfig
 from omnilearn.control import controller as control
 from omnilearn.control.policies import Bounds
-from omnilearn.emulator.plan import EmulationPlan
+from omnilearn.emulator.spec.plan import EmulationPlan
 from omnilearn.metrics import METRICS_DIR, metrics_path
 from omnilearn.simulate.models import RunModels
 from omnilearn.train.sampler import GlobalBatchSampler

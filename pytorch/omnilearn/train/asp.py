@@ -40,8 +40,8 @@ import numpy as np
 import torch
 import torch.distributed.rpc as rpc
 
-from omnilearn.emulator.client import AllocationClient
-from omnilearn.emulator.plan import SERVER_TARGET
+from omnilearn.emulator.protocol.client import AllocationClient
+from omnilearn.emulator.spec.plan import SERVER_TARGET
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.train import asp_rpc, memory

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.distributed.rpc as rpc
 
-from omnilearn.emulator.client import AllocationClient
-from omnilearn.emulator.plan import SERVER_TARGET
+from omnilearn.emulator.protocol.client import AllocationClient
+from omnilearn.emulator.spec.plan import SERVER_TARGET
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import metrics_path

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
-from omnilearn.emulator.client import AllocationClient
+from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.train import distributed, lifecycle, memory

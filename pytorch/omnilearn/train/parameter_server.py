@@ -76,7 +76,7 @@ import torch
 
 from omnilearn.control.controller import BatchController
 from omnilearn.control.policies import Bounds
-from omnilearn.emulator.client import AllocationClient
+from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import JobSpec

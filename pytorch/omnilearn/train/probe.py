@@ -1,5 +1,5 @@
 """Probes for ``omnilearn calibrate``: the speed of one training step of a job's model, and the cost of
-an all-reduce, each in a process of its own (started by :mod:`omnilearn.launch.calibrate`).
+an all-reduce, each in a process of its own (started by :mod:`omnilearn.experiments.calibrate`).
 
 ``python -m omnilearn.train.probe speed JOB_FILE``: builds the job's data and model as a worker does,
 prints ``ready``, then answers each line ``{"threads": t, "batch": b, "seconds": s, "min_steps": k}``

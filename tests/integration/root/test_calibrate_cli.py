@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from omnilearn import config
-from omnilearn.emulator.calibration import (
+from omnilearn.emulator.spec.calibration import (
     FORMAT,
 )
-from omnilearn.emulator.plan import build_plan
+from omnilearn.emulator.spec.plan import build_plan
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="calibrates with cgroup quotas (root)")

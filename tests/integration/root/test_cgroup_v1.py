@@ -17,11 +17,11 @@ from omnilearn.emulator.backends import NullBackend, cgroup, select_backend
 from omnilearn.emulator.backends.affinity import AffinityBackend
 from omnilearn.emulator.backends.cgroup import CgroupV1Backend
 from omnilearn.emulator.backends.cgroupfs import CGROUP_ROOT, sweep_stale
-from omnilearn.emulator.client import RequestWriter
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.plan import EmulationPlan
-from omnilearn.emulator.schedule import Schedule
-from omnilearn.emulator.toggler import Toggler
+from omnilearn.emulator.protocol.client import RequestWriter
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.plan import EmulationPlan
+from omnilearn.emulator.spec.schedule import Schedule
 from omnilearn.errors import UserError
 
 two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from test_link_plans import SLOW
 
-from omnilearn.emulator.audit import read_audit
-from omnilearn.emulator.shaping import detect_qdiscs
+from omnilearn.emulator.network.shaping import detect_qdiscs
+from omnilearn.emulator.protocol.audit import read_audit
 
 root_and_tc = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None or shutil.which("nsenter") is None,
                                  reason="needs root, tc and nsenter")
@@ -61,7 +61,7 @@ def _rate(net, src: int, dst: int) -> float:
 
 @root_and_tc
 def test_job_network_shapes_one_workers_link_both_ways_and_leaves_nothing() -> None:
-    from omnilearn.emulator.netns import JobNetwork
+    from omnilearn.emulator.network.netns import JobNetwork
 
     support = detect_qdiscs()
     if not (support.htb and support.ingress):
@@ -91,7 +91,7 @@ def test_job_network_shapes_one_workers_link_both_ways_and_leaves_nothing() -> N
 
 @root_and_tc
 def test_cleanup_deletes_only_namespaces_of_dead_jobs() -> None:
-    from omnilearn.emulator.netns import JobNetwork, sweep_netns
+    from omnilearn.emulator.network.netns import JobNetwork, sweep_netns
 
     dead, alive = f"dead{os.getpid()}", f"alive{os.getpid()}"
     nets = [JobNetwork(dead, ["worker1"]).up(), JobNetwork(alive, ["worker1"]).up()]

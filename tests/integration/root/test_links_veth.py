@@ -13,12 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from omnilearn.emulator.links import (
-    Link,
-)
-from omnilearn.emulator.shaping import (
+from omnilearn.emulator.network.shaping import (
     LinkShaper,
     detect_qdiscs,
+)
+from omnilearn.emulator.spec.links import (
+    Link,
 )
 from omnilearn.errors import UserError
 

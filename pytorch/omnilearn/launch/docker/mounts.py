@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.emulator.backends.docker import docker_sdk
-from omnilearn.emulator.requests import AUDIT_NAME, audit_path, request_log, request_name
+from omnilearn.emulator.protocol.requests import AUDIT_NAME, audit_path, request_log, request_name
 from omnilearn.errors import UserError
 from omnilearn.files import open_in
 from omnilearn.jobfile import JOB_FILE, JobSpec

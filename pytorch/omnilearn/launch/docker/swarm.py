@@ -31,11 +31,13 @@ from omnilearn.emulator.backends.docker import (
     docker_sdk,
     run_kwargs,
 )
-from omnilearn.emulator.backends.docker_net import ContainerLinks
-from omnilearn.emulator.toggler import Toggler
-from omnilearn.emulator.toggler_host import TogglerHost
+from omnilearn.emulator.network.docker_net import ContainerLinks
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.protocol.toggler_host import TogglerHost
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
+from omnilearn.images.requirements import with_requirements
+from omnilearn.images.worker import ensure_images
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.launch.docker.containers import container_states, save_logs, tail_logs
 from omnilearn.launch.docker.daemon import answering, clients_for, daemon_client, image_or_none
@@ -48,7 +50,6 @@ from omnilearn.launch.docker.faults import (
     stop_gracefully,
     vanished,
 )
-from omnilearn.launch.docker.images import ensure_images
 from omnilearn.launch.docker.mounts import (
     DATA_MOUNT,
     RUN_MOUNT,
@@ -60,7 +61,6 @@ from omnilearn.launch.docker.mounts import (
 )
 from omnilearn.launch.docker.reaper import Reaper
 from omnilearn.launch.docker.remote import RemoteRunFolders, make_volume, remote_containers, run_remote
-from omnilearn.launch.docker.requirements import with_requirements
 from omnilearn.launch.failures import WorkerFailed
 from omnilearn.launch.interrupts import Interrupts
 from omnilearn.launch.pidfile import JobRecord

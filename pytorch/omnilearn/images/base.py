@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import docker
 
 LOCAL_BASE_IMAGE = "omnilearn-base:bookworm"
-"""The debootstrap'd Debian base :func:`~omnilearn.launch.docker.images.ensure_images` makes when the
+"""The debootstrap'd Debian base :func:`~omnilearn.images.worker.ensure_images` makes when the
 default base cannot be pulled."""
 DEFAULT_SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")

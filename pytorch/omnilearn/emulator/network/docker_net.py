@@ -5,7 +5,7 @@ overlay's subnet); its veth peer lies in the overlay's own namespace on this hos
 ``/var/run/docker/netns/1-<first 10 characters of the network id>``, attached to the overlay's bridge.
 That peer carries all of the job's traffic (gloo and TensorPipe are told to use the overlay's
 interface; the container's other interface, on ``docker_gwbridge``, only reaches the outside world),
-so it is the one shaped, both ways, by a :class:`~omnilearn.emulator.shaping.LinkShaper` entered into
+so it is the one shaped, both ways, by a :class:`~omnilearn.emulator.network.shaping.LinkShaper` entered into
 that namespace. The container needs no NET_ADMIN and can neither see nor undo its shaping; the IFB
 devices live in the overlay's namespace and go with it when the job's network is removed.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.emulator.backends.docker import DockerBackend
-from omnilearn.emulator.links import Link
-from omnilearn.emulator.shaping import TC_TIMEOUT_S, LinkShaper, QdiscSupport, ShapingError
+from omnilearn.emulator.network.shaping import TC_TIMEOUT_S, LinkShaper, QdiscSupport, ShapingError
+from omnilearn.emulator.spec.links import Link
 
 DOCKER_NETNS = Path("/var/run/docker/netns")
 

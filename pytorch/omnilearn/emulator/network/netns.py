@@ -25,8 +25,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from omnilearn.emulator.links import Link
-from omnilearn.emulator.shaping import LinkShaper, QdiscSupport, ShapingError, require_root
+from omnilearn.emulator.network.shaping import LinkShaper, QdiscSupport, ShapingError, require_root
+from omnilearn.emulator.spec.links import Link
 from omnilearn.errors import UserError
 
 log = logging.getLogger("omnilearn.netns")

@@ -3,7 +3,7 @@
 Why this module exists: workers of a Docker-backed job run in containers, so the image must hold exactly
 the pinned environment of ``requirements.lock`` and the project's current code. Many clusters (and this
 project's CI machines) reach PyPI and a Debian mirror but no image registry, so ``python:3.11-slim``
-cannot be pulled; :func:`~omnilearn.launch.docker.base_image.build_base_image` then makes an equivalent
+cannot be pulled; :func:`~omnilearn.images.base.build_base_image` then makes an equivalent
 Debian base with debootstrap. :func:`ensure_images` is what a launcher calls: it builds only what is missing or stale, judged
 by labels that hold hashes of the lock file and of the project's sources.
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Literal
 
 from omnilearn.emulator.backends.docker import docker_sdk
 from omnilearn.errors import UserError
-from omnilearn.launch.docker.base_image import LOCAL_BASE_IMAGE, build_base_image
+from omnilearn.images.base import LOCAL_BASE_IMAGE, build_base_image
 from omnilearn.launch.docker.daemon import (
     LOG_TAIL_LINES,
     LogFn,
@@ -77,8 +77,8 @@ class ImageSet:
 
 
 def project_root() -> Path:
-    """The source checkout this package runs from (pytorch/omnilearn/launch/docker/images.py -> 4 levels up)."""
-    return Path(__file__).resolve().parents[4]
+    """The source checkout this package runs from (pytorch/omnilearn/images/worker.py -> 3 levels up)."""
+    return Path(__file__).resolve().parents[3]
 
 
 def _sha256_file(path: Path) -> str:

@@ -15,10 +15,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from omnilearn.emulator.bounded_json import json_depth
-from omnilearn.emulator.levels import format_cpuset
-from omnilearn.emulator.links import parse_duration, parse_link, shown
-from omnilearn.emulator.trace import (
+from omnilearn.bounded_json import json_depth
+from omnilearn.emulator.spec.levels import format_cpuset
+from omnilearn.emulator.spec.links import parse_duration, parse_link, shown
+from omnilearn.emulator.spec.trace import (
     _UNSET,
     COLUMNS,
     CPU_COLUMNS,

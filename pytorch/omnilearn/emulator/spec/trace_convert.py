@@ -11,8 +11,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from omnilearn.emulator.trace import Trace, TraceEvent
-from omnilearn.emulator.trace_parse import MAX_ROWS, MAX_TIME_S, MAX_WORKERS, load_trace
+from omnilearn.emulator.spec.trace import Trace, TraceEvent
+from omnilearn.emulator.spec.trace_parse import MAX_ROWS, MAX_TIME_S, MAX_WORKERS, load_trace
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 
@@ -94,7 +94,7 @@ def convert_trace(
     if out is not None:
         names = chosen if len(chosen) <= 8 else [*chosen[:4], "...", chosen[-1]]
         header = (f"# Converted from the {fmt} trace {src.name!r} by\n"
-                  f"# omnilearn.emulator.trace_convert.convert_trace({str(src)!r}, {fmt!r}, {workers}, {length_s:g}, out, "
+                  f"# omnilearn.emulator.spec.trace_convert.convert_trace({str(src)!r}, {fmt!r}, {workers}, {length_s:g}, out, "
                   f"points={points}):\n"
                   f"# machines {', '.join(names)} -> workers 1..{workers}; share = 1 - CPU utilisation, the mean\n"
                   f"# over each of {points} equal windows ({window:g} s) of the source (at least {MIN_SHARE}),\n"

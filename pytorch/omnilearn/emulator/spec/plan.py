@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnilearn.config import JobConfig
-from omnilearn.emulator.levels import (
+from omnilearn.emulator.spec.levels import (
     Allocation,
     LevelTable,
     format_cpuset,
@@ -20,10 +20,10 @@ from omnilearn.emulator.levels import (
     parse_cpuset,
     resolve_level,
 )
-from omnilearn.emulator.links import Link, parse_links
-from omnilearn.emulator.schedule import Schedule, load_schedule
-from omnilearn.emulator.trace_parse import load_trace
-from omnilearn.emulator.trace_plan import trace_file, trace_levels
+from omnilearn.emulator.spec.links import Link, parse_links
+from omnilearn.emulator.spec.schedule import Schedule, load_schedule
+from omnilearn.emulator.spec.trace_parse import load_trace
+from omnilearn.emulator.spec.trace_plan import trace_file, trace_levels
 from omnilearn.errors import UserError
 
 
@@ -253,7 +253,7 @@ def _levels(cfg: JobConfig, schedule: Schedule, host: list[int], tables: dict[st
         if e.levels:
             raise UserError(f"{where}: emulation.calibration: replaces the level table; emulation.levels "
                             f"gives one too: keep one of them")
-        from omnilearn.emulator.calibration import calibrated_levels
+        from omnilearn.emulator.spec.calibration import calibrated_levels
         custom = calibrated_levels(e.calibration, cfg.mode, cfg.workers, f"{where}: emulation.calibration")
         table_key = f"emulation.calibration ({e.calibration})"
     levels: dict[str, dict[str, Allocation]] = {}

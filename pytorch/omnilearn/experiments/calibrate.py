@@ -6,9 +6,9 @@ level table whose *measured* speed ratios are the nominal ones where the host al
    each in a cgroup of its own (the job's backend). Slot by slot, the others idle, the slot's probe runs
    at every share it takes in the nominal levels (the fastest slot also at the whole host), with
    ``ceil(share)`` threads and, from one CPU up, with 1 and 2 threads too.
-2. **A calibrated table.** Each slot's curve (:func:`~omnilearn.emulator.calibration.fit_curve`) is
+2. **A calibrated table.** Each slot's curve (:func:`~omnilearn.emulator.spec.calibration.fit_curve`) is
    inverted into quotas whose predicted speeds stand in the nominal ratios, as fast as the host's CPUs
-   allow (:func:`~omnilearn.emulator.calibration.fit_level`). Each level is then checked with all
+   allow (:func:`~omnilearn.emulator.spec.calibration.fit_level`). Each level is then checked with all
    probes running at once (workers compete for the host in a run too): first at the nominal quotas
    (the ratio a run gets without calibration), then at the calibrated ones, corrected from what the
    check measured (each slot's curve scaled by how much slower it ran among the others, and fitted
@@ -41,7 +41,7 @@ from rich.table import Table
 
 from omnilearn.config import JobConfig
 from omnilearn.emulator.backends import Backend, select_backend
-from omnilearn.emulator.calibration import (
+from omnilearn.emulator.spec.calibration import (
     FORMAT,
     RATIO_TOLERANCE,
     SpeedCurve,
@@ -50,8 +50,8 @@ from omnilearn.emulator.calibration import (
     fit_level,
     ratio,
 )
-from omnilearn.emulator.levels import Allocation, host_cpus, load_tables, resolve_level
-from omnilearn.emulator.plan import build_plan, worker_target
+from omnilearn.emulator.spec.levels import Allocation, host_cpus, load_tables, resolve_level
+from omnilearn.emulator.spec.plan import build_plan, worker_target
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import JobSpec, new_job_id

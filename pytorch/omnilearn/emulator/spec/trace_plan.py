@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.links import Link
-from omnilearn.emulator.schedule import Schedule
-from omnilearn.emulator.trace import Trace
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.links import Link
+from omnilearn.emulator.spec.schedule import Schedule
+from omnilearn.emulator.spec.trace import Trace
 
 TRACE_SUFFIXES = (".csv", ".jsonl", ".ndjson")
 TRACE_PREFIX = "trace:"

@@ -37,11 +37,16 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 
-from omnilearn.emulator.audit import OPEN_READ, Audit, AuditUnavailable, LogState, new_record, recover
 from omnilearn.emulator.backends import Backend, LinkApplier
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.plan import EmulationPlan
-from omnilearn.emulator.requests import (
+from omnilearn.emulator.protocol.audit import (
+    OPEN_READ,
+    Audit,
+    AuditUnavailable,
+    LogState,
+    new_record,
+    recover,
+)
+from omnilearn.emulator.protocol.requests import (
     MAX_DIR_ENTRIES,
     MAX_ECHO_CHARS,
     MAX_LINE_BYTES,
@@ -58,7 +63,9 @@ from omnilearn.emulator.requests import (
     parse_request,
     request_name,
 )
-from omnilearn.emulator.retry import Backoff, in_force, retriable
+from omnilearn.emulator.protocol.retry import Backoff, in_force, retriable
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.plan import EmulationPlan
 
 log = logging.getLogger("omnilearn.toggler")
 

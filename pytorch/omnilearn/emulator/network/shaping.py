@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnilearn.emulator.links import Link, format_percent
+from omnilearn.emulator.spec.links import Link, format_percent
 from omnilearn.errors import UserError
 
 BURST_S = 0.01  # a rate limit's bucket holds this much time at the rate...

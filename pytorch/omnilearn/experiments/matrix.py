@@ -33,7 +33,7 @@ from typing import Any
 
 from omnilearn import config
 from omnilearn.config import MODES, JobConfig
-from omnilearn.emulator.plan import EmulationPlan, build_plan
+from omnilearn.emulator.spec.plan import EmulationPlan, build_plan
 from omnilearn.errors import UserError
 from omnilearn.files import CONFIG_DIR, load_yaml
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omnilearn.emulator.bounded_json import json_depth
-from omnilearn.emulator.levels import Allocation, format_cpuset, parse_cpuset
+from omnilearn.bounded_json import json_depth
+from omnilearn.emulator.spec.levels import Allocation, format_cpuset, parse_cpuset
 
 # ---------------------------------------------------------------- limits of the protocol
 

@@ -34,8 +34,8 @@ import io
 from dataclasses import dataclass, replace
 from typing import Any
 
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.links import Link
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.links import Link
 
 UNITS = ("seconds", "step")
 TIME_COLUMNS = {"t": "seconds", "step": "step"}

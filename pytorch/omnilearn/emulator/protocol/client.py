@@ -17,11 +17,9 @@ from typing import Any
 
 import torch
 
-from omnilearn.emulator.audit import ACK_STATUSES, read_bounded_audit
-from omnilearn.emulator.bounded_json import loads_bounded
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.plan import EmulationPlan
-from omnilearn.emulator.requests import (
+from omnilearn.bounded_json import loads_bounded
+from omnilearn.emulator.protocol.audit import ACK_STATUSES, read_bounded_audit
+from omnilearn.emulator.protocol.requests import (
     MAX_JSON_DEPTH,
     MAX_LINE_BYTES,
     MAX_SEQ_STEP,
@@ -30,6 +28,8 @@ from omnilearn.emulator.requests import (
     canonical_cpuset,
     request_log,
 )
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.plan import EmulationPlan
 from omnilearn.files import read_jsonl
 
 log = logging.getLogger("omnilearn.worker")

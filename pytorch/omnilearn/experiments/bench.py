@@ -18,10 +18,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from omnilearn.errors import UserError
+from omnilearn.experiments.matrix import Cell, Matrix
 from omnilearn.files import read_records, write_atomic
 from omnilearn.launch.failures import WorkerFailed
 from omnilearn.launch.job import check_launcher, run_job
-from omnilearn.launch.matrix import Cell, Matrix
 from omnilearn.launch.runfolder import prepare_out
 from omnilearn.report.results import write_results
 from omnilearn.train.preflight import preflight

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from omnilearn.emulator.audit import toggler_lock
-from omnilearn.emulator.toggler import Toggler
+from omnilearn.emulator.protocol.audit import toggler_lock
+from omnilearn.emulator.protocol.toggler import Toggler
 
 log = logging.getLogger("omnilearn.toggler")
 

@@ -4,7 +4,7 @@ ratios are the nominal ones.
 A nominal level gives worker i the CPU share ``s_i``; what it measures is a speed ``v_i`` (samples per
 second of compute), and ``v_i / v_j`` is not ``s_i / s_j``: a quota above one CPU needs a second
 thread, which does not double the speed; a small quota pays fixed costs per step; workers compete
-for the host's caches and cores. ``omnilearn calibrate`` (:mod:`omnilearn.launch.calibrate`)
+for the host's caches and cores. ``omnilearn calibrate`` (:mod:`omnilearn.experiments.calibrate`)
 measures ``v(share)`` per worker slot and the all-reduce's cost; this module holds the pure part:
 fitting the speed curve, inverting it into quotas whose predicted speeds stand in the nominal
 ratios within the host's CPUs (again with curves scaled by what a concurrent check measured), and the

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnilearn.emulator.bounded_json import loads_bounded
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.requests import (
+from omnilearn.bounded_json import loads_bounded
+from omnilearn.emulator.protocol.requests import (
     AUDIT_NAME,
     MAX_AUDIT_DEPTH,
     MAX_AUDIT_LINE_BYTES,
@@ -36,6 +35,7 @@ from omnilearn.emulator.requests import (
     MAX_STRAY_REPORTS,
     audit_path,
 )
+from omnilearn.emulator.spec.levels import Allocation
 from omnilearn.errors import UserError
 from omnilearn.files import iter_lines, read_jsonl
 
