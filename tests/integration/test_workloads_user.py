@@ -17,8 +17,7 @@ from omnilearn import Workload, config
 from omnilearn.errors import UserError
 from omnilearn.images.requirements import dockerfile
 from omnilearn.train.preflight import preflight
-from omnilearn.train.workload import gather
-from omnilearn.train.workload_spec import load_workload
+from omnilearn.train.workload import gather, load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ["tabular_mlp", "text_classifier"]

@@ -21,7 +21,7 @@ from omnilearn.files import read_records
 from omnilearn.jobfile import JobSpec
 from omnilearn.train import checkpoint
 from omnilearn.train.asp import IndexStream
-from omnilearn.train.checkpointers import cut_worker_metrics
+from omnilearn.train.checkpoint import cut_worker_metrics
 from omnilearn.train.parameter_server import LockedWriter, ParameterServer
 
 # ---------------------------------------------------------------------------------------- in process

@@ -10,7 +10,7 @@ import torch
 from omnilearn import config
 from omnilearn.errors import UserError
 from omnilearn.train.text import ByteTokenizer, TokenWindows, load_text, make_tokenizer, stdlib_corpus
-from omnilearn.train.workload_spec import load_workload
+from omnilearn.train.workload import load_workload
 
 
 @pytest.mark.parametrize("text", ["hello world", "naïve café — ünïcödé ✓", "", "line\nbreaks\ttabs"])

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from omnilearn.emulator.spec import trace_parse as trace_mod
+from omnilearn.emulator.spec import trace as trace_mod
 from omnilearn.emulator.spec.levels import Allocation
 from omnilearn.emulator.spec.links import Link
-from omnilearn.emulator.spec.trace import FULL, Refusal, Stall, Trace, WorkerState
+from omnilearn.emulator.spec.trace import FULL, Refusal, Stall, Trace, WorkerState, load_trace, parse_trace
 from omnilearn.emulator.spec.trace_convert import convert_trace
-from omnilearn.emulator.spec.trace_parse import load_trace, parse_trace
 from omnilearn.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from omnilearn.config import JobConfig
 from omnilearn.emulator.spec.plan import EmulationPlan
-from omnilearn.emulator.spec.trace_plan import TRACE_PREFIX
+from omnilearn.emulator.spec.trace import TRACE_PREFIX
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec, new_job_id
 from omnilearn.launch.restart import run_with_restarts
@@ -84,7 +84,7 @@ def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console
         summary = summarize(run_dir)
         if board is not None:
             board.update()  # ASP's held-out scores exist only now
-    from omnilearn.train.workload_spec import workload_name
+    from omnilearn.train.workload import workload_name
     title = f"{label} · {workload_name(cfg)} · schedule {plan.schedule.name} · backend {job.backend}"
     plot_run(run_dir, cfg.workers, title)
     if plan.schedule.name.startswith(TRACE_PREFIX):

@@ -100,18 +100,8 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
             for rank, slot in enumerate(slots):
                 log_path = job.log_dir / f"worker-{slot}.out"
                 logs.append(log_path)
-                args = ["worker", "--job", str(job_file)]
-                env = worker_env(rank, world, port)
-                with os.fdopen(create_in(job.log_dir, log_path.name), "w") as out:
-                    if fork:
-                        proc: subprocess.Popen | ForkedWorker = ForkedWorker(args, env, log_path)
-                    else:
-                        argv = [sys.executable, "-m", "omnilearn", *args]
-                        if net is not None:
-                            argv, env = net.command(slot, argv), {**env, **net.env(slot)}
-                        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                start_new_session=True,  # Ctrl-C reaches the launcher only
-                                                preexec_fn=die_with_parent)  # they die with it, even by SIGKILL
+                proc = start_worker(job_file, log_path, worker_env(rank, world, port), fork,
+                                    None if net is None else (net, slot))
                 procs.append(proc)
                 record.add(slot, proc.pid)
                 backend.add_process(job.plan.targets[slot], proc.pid)
@@ -143,6 +133,23 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
         if net is not None:
             net.close()
         record.close()
+
+
+def start_worker(job_file: Path, log_path: Path, env: dict[str, str], fork: bool,
+                 netns: tuple[JobNetwork, int] | None) -> subprocess.Popen | ForkedWorker:
+    """One worker process writing to ``log_path``: forked from the fork server, or a new interpreter (in
+    its network namespace when the job has links)."""
+    args = ["worker", "--job", str(job_file)]
+    with os.fdopen(create_in(log_path.parent, log_path.name), "w") as out:
+        if fork:
+            return ForkedWorker(args, env, log_path)
+        argv = [sys.executable, "-m", "omnilearn", *args]
+        if netns is not None:
+            net, slot = netns
+            argv, env = net.command(slot, argv), {**env, **net.env(slot)}
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True,  # Ctrl-C reaches the launcher only
+                                preexec_fn=die_with_parent)  # they die with it, even by SIGKILL
 
 
 def process_failure(job: JobSpec, slot: int, code: int, log_path: Path) -> Exception:

@@ -25,7 +25,7 @@ from omnilearn.metrics import metrics_path
 from omnilearn.train.distributed import env_int
 from omnilearn.train.models import count_parameters
 from omnilearn.train.parameter_server import LockedWriter, ParameterServer, WorkerTimeout
-from omnilearn.train.workload_spec import load_workload
+from omnilearn.train.workload import load_workload
 
 log = logging.getLogger("omnilearn.server")
 

@@ -28,8 +28,7 @@ REPEATS = 5
 def speed(job_file: Path) -> None:
     from omnilearn.jobfile import JobSpec
     from omnilearn.train.bsp import local_backward
-    from omnilearn.train.workload import gather, make_optimizer
-    from omnilearn.train.workload_spec import load_workload
+    from omnilearn.train.workload import gather, load_workload, make_optimizer
 
     cfg = JobSpec.load(job_file).config
     torch.manual_seed(cfg.train.seed)

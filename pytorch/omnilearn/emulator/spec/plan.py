@@ -22,8 +22,7 @@ from omnilearn.emulator.spec.levels import (
 )
 from omnilearn.emulator.spec.links import Link, parse_links
 from omnilearn.emulator.spec.schedule import Schedule, load_schedule
-from omnilearn.emulator.spec.trace_parse import load_trace
-from omnilearn.emulator.spec.trace_plan import trace_file, trace_levels
+from omnilearn.emulator.spec.trace import load_trace, trace_file, trace_levels
 from omnilearn.errors import UserError
 
 

@@ -11,8 +11,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from omnilearn.emulator.spec.trace import Trace, TraceEvent
-from omnilearn.emulator.spec.trace_parse import MAX_ROWS, MAX_TIME_S, MAX_WORKERS, load_trace
+from omnilearn.emulator.spec.trace import MAX_ROWS, MAX_TIME_S, MAX_WORKERS, Trace, TraceEvent, load_trace
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 

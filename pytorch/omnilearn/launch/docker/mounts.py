@@ -39,7 +39,7 @@ from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.metrics import metrics_path
 from omnilearn.train.checkpoint import BSP_CHECKPOINT
 from omnilearn.train.evaluate import SNAPSHOT_DIR
-from omnilearn.train.workload_spec import code_folder
+from omnilearn.train.workload import code_folder
 
 RUN_MOUNT = "/run/omnilearn"  # the run folder's paths inside every container
 DATA_MOUNT = "/data"

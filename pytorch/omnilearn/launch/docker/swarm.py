@@ -360,16 +360,14 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
             if remote:  # the run folders of the containers on other daemons, kept in step
                 sync = RemoteRunFolders(job, remote_containers(job, state.containers, remote), RUN_MOUNT)
                 sync.start()
-            running = state
-            clients = [default, *remote.values()]
-            seen: dict[str, tuple[str, int | None, float]] = {}
+            running, seen = state, {}  # the containers' states as the last round saw them
 
             def states() -> States:
                 watch.check()
                 try:
                     found = container_states(default, remote, running.containers)
                 except daemon_errors() as e:
-                    for client in clients:  # which one stopped answering
+                    for client in [default, *remote.values()]:  # which one stopped answering
                         watch.check_daemon(client, stopped=False)
                     raise daemon_lost(e, job.out_dir) from None
                 seen.clear()
@@ -395,15 +393,7 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
             backend.close()  # a container still paused by a stall is let go before it is removed
             if links is not None:
                 links.close()
-            if state is not None:  # SIGTERM first: workers end at a step boundary and save
-                stop_gracefully({t: (remote.get(t, default), cid) for t, cid in state.containers.items()},
-                                job.config.docker.stop_timeout)
-                if sync is not None:
-                    sync.finish()
-                save_logs(default, remote, state.containers, job.log_dir, list(job.plan.targets))
-            removed = down(job.job_id, job.config.docker.hosts,
-                           leave_swarm=bool(state and state.swarm_initialized))
-            log.info("cluster down: %s", ", ".join(removed))
+            take_down(job, state, default, remote, sync)
             record.close()
         except (UserError, *daemon_errors()) as e:  # a daemon is gone, or a lost host's tasks hold the network:
             # the job's record stays for cleanup
@@ -412,3 +402,17 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                 "every daemon answers (the launcher's: %s)", e, daemon_address())
         finally:
             reaper.release()
+
+
+def take_down(job: JobSpec, state: ClusterState | None, default: Any, remote: dict[str, Any],
+              sync: RemoteRunFolders | None) -> None:
+    """The job's containers stopped (SIGTERM first: workers end at a step boundary and save), their output
+    and remote run folders brought home, then containers and network removed."""
+    if state is not None:
+        stop_gracefully({t: (remote.get(t, default), cid) for t, cid in state.containers.items()},
+                        job.config.docker.stop_timeout)
+        if sync is not None:
+            sync.finish()
+        save_logs(default, remote, state.containers, job.log_dir, list(job.plan.targets))
+    removed = down(job.job_id, job.config.docker.hosts, leave_swarm=bool(state and state.swarm_initialized))
+    log.info("cluster down: %s", ", ".join(removed))
