@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-REQUIRE_DOCKER = os.environ.get("OMNILEARN_REQUIRE_DOCKER") == "1"  # set by `make test` and `make test-docker`
+REQUIRE_DOCKER = os.environ.get("OMNILEARN_REQUIRE_DOCKER") == "1"  # set by `make test-docker`
 
 
 def _skip_or_fail(reason: str) -> None:
@@ -42,8 +42,9 @@ def own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[object]:
-    """A client for a daemon that answers; else a skip that says why (a failure under ``make test`` and
-    ``make test-docker``, which start one with ``make docker`` first)."""
+    """A client for a daemon that answers; else a skip that says why (a failure under ``make test-docker``).
+    ``make test`` and ``make test-docker`` start one first with ``make docker``, which fails where it
+    could install one and did not."""
     from omnilearn.errors import UserError
     from omnilearn.launch.docker import daemon
 
@@ -75,5 +76,5 @@ def cleanup(docker_client: object) -> Iterator[list[str]]:
 
 
 def pytest_report_header(config: pytest.Config) -> str:  # noqa: ARG001
-    return "Docker suite: " + ("required (make test, make test-docker)" if REQUIRE_DOCKER else
+    return "Docker suite: " + ("required (make test-docker)" if REQUIRE_DOCKER else
                                "runs when a daemon answers (make docker starts one), else skipped")
