@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("request protocol and controller", ("omnilearn.emulator.protocol", "omnilearn.emulator", "omnilearn.control")),
     ("job objects", ("omnilearn.jobfile", "omnilearn.metrics")),
     ("training", ("omnilearn.train",)),
+    ("live observers", ("omnilearn.observe",)),
     ("launch, images and report", ("omnilearn.launch", "omnilearn.images", "omnilearn.report", "omnilearn.torch",
                                    "omnilearn.simulate")),
     ("experiments", ("omnilearn.experiments",)),
@@ -116,7 +117,8 @@ def test_each_package_holds_one_role_per_subpackage() -> None:
     assert {p.name for p in emulator.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == {
         "spec", "protocol", "backends", "network"}
     launch = {p.stem for p in (PACKAGE / "launch").rglob("*.py")}
-    assert not launch & {"bench", "matrix", "calibrate", "images", "base_image", "requirements"}
+    assert not launch & {"bench", "matrix", "calibrate", "images", "base_image", "requirements", "progress",
+                         "tensorboard"}
 
 
 def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:

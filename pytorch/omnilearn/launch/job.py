@@ -68,7 +68,7 @@ def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console
                   members=resumed_members(run_dir, cfg) if resume else None)
     live = contextlib.nullcontext()
     if cfg.report.tensorboard:
-        from omnilearn.launch.tensorboard import LiveTensorBoard
+        from omnilearn.observe.tensorboard import LiveTensorBoard
         live = LiveTensorBoard(job)
     with live as board:
         unreachable = None

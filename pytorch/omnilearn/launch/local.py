@@ -31,9 +31,9 @@ from omnilearn.launch.failures import WorkerFailed, last_error, tail
 from omnilearn.launch.forked import ForkedWorker, forks
 from omnilearn.launch.interrupts import Interrupts
 from omnilearn.launch.pidfile import JobRecord
-from omnilearn.launch.progress import progress_for
 from omnilearn.launch.supervise import States, supervise
 from omnilearn.launch.watch import HangWatch, describe_status
+from omnilearn.observe.progress import progress_for
 from omnilearn.train.lifecycle import LAUNCHER_PID_ENV, die_with_parent
 
 

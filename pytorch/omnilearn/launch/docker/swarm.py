@@ -64,8 +64,8 @@ from omnilearn.launch.docker.remote import RemoteRunFolders, make_volume, remote
 from omnilearn.launch.failures import WorkerFailed
 from omnilearn.launch.interrupts import Interrupts
 from omnilearn.launch.pidfile import JobRecord
-from omnilearn.launch.progress import progress_for
 from omnilearn.launch.supervise import States, supervise
+from omnilearn.observe.progress import progress_for
 from omnilearn.train.lifecycle import STOPPED_STATUS
 
 log = logging.getLogger("omnilearn.swarm")

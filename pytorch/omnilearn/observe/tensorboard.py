@@ -20,8 +20,8 @@ from typing import Any
 
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec
-from omnilearn.launch.progress import JsonlTail
 from omnilearn.metrics import eval_path, metrics_path
+from omnilearn.observe.progress import JsonlTail
 
 TB_DIR = "tensorboard"
 RATE_WINDOW = 5  # updates per worker behind one update_rate point
