@@ -23,6 +23,7 @@ FORBIDDEN_EVERYWHERE: dict[str, str] = {
     "an assert on a measured speed ratio or spread": (r"assert\b.*\b(update_rate_spread|measured_ratio|speedup|"
                                                       r"samples_per_s|cpu_rate\(|free\s*/\s*limited)\b.*[<>]"),
     "an assert on a transfer rate within bounds": r"assert\b.*\d\s*\*\s*(\w+\.)?rate\b",
+    "an assert on a measured time against a bound": r"assert\b.*\w_(ms|s)\"\]\s*[<>]=?\s*[1-9]",
 }
 FORBIDDEN_IN_UNIT: dict[str, str] = {
     "a sleep (use tests/fakes.py's FakeClock)": r"\btime\.sleep\(|\bsleep\(\d",
@@ -63,6 +64,7 @@ def test_the_patterns_catch_what_they_forbid() -> None:
         "an assert on an elapsed time or latency": "assert elapsed < 15, elapsed",
         "an assert on a measured speed ratio or spread": 'assert d["update_rate_spread"] < 1.6',
         "an assert on a transfer rate within bounds": "assert other > 3 * SLOW.rate",
+        "an assert on a measured time against a bound": 'assert s["allreduce_ms"] > 150, s',
         "a sleep (use tests/fakes.py's FakeClock)": "time.sleep(0.1)",
         "a process": "subprocess.run(['true'])",
         "a Docker daemon": "def test_x(docker_client): ...",
