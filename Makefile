@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-docker check lint docs docs-check docs-site docs-serve clean
+.PHONY: install demo check test test-docker docker lint docs docs-check docs-site docs-serve clean
 
 install: $(STAMP)
 
@@ -18,18 +18,30 @@ $(STAMP): requirements.lock pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/omnilearn run --config configs/demo.yaml --compare --out runs/demo
 
-# Everything, the Docker suite included when a daemon answers or can be started (root + apt).
-test: $(STAMP)
-	bash scripts/install_test_tools.sh
-	$(PY) -m pytest -q tests
-
-# Only the Docker integration suite; a missing daemon is a failure here, not a skip.
-test-docker: $(STAMP)
-	OMNILEARN_REQUIRE_DOCKER=1 $(PY) -m pytest -q -m docker tests
-
-# The quick unit tier (under 3 minutes): no training runs, no Docker.
+# The quick loop: the unit tier (no process, root, Docker, network or sleep), under 3 minutes.
 check: $(STAMP)
 	$(PY) -m pytest -q tests/unit
+
+# Everything: unit, integration (root-only ones skip with the reason elsewhere) and Docker tiers,
+# with a daemon started first; the 20 slowest tests are printed at the end.
+test: $(STAMP) docker
+	bash scripts/install_test_tools.sh
+	$(PY) -m pytest -q --durations=20 tests
+
+# Only the Docker tier; a missing daemon is a failure here, not a skip.
+test-docker: $(STAMP) docker
+	OMNILEARN_REQUIRE_DOCKER=1 $(PY) -m pytest -q --durations=20 tests/docker
+
+# A Docker daemon in a single-node swarm for the Docker tier: ./docker_install.sh --swarm where this
+# host allows it (root on Debian/Ubuntu); elsewhere a daemon must already answer, or that tier is skipped.
+docker: $(STAMP)
+	@if $(PY) -c 'from omnilearn.launch.docker.daemon import daemon_client; daemon_client(timeout=10)' 2>/dev/null; then \
+		echo "docker: a daemon answers"; \
+	elif [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		bash docker_install.sh --swarm; \
+	else \
+		echo "docker: no daemon answers and none can be installed here (needs root on Debian/Ubuntu): the Docker tier is skipped" >&2; \
+	fi
 
 # The generated references, docs/reference/config.md and cli.md, from the config dataclasses and the
 # argument parser; tests/unit/test_docs_reference.py fails when the committed files differ.

@@ -1,10 +1,13 @@
-"""Shared fixtures: a Docker daemon for the integration suite, started through docker_install.sh."""
+"""Shared fixtures: the machine's state kept out of reach, and a client for the Docker suite's daemon.
+
+The tiers are folders: ``tests/unit`` (``make check``), ``tests/integration`` (root-only tests in
+``tests/integration/root``) and ``tests/docker``. Installing and starting Docker is ``make docker``'s job
+(``make test`` runs it first); a fixture here only connects, and skips with the reason when no daemon answers.
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,25 +23,35 @@ def _skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Job records go to this session's own folder, never to the machine's (/run/omnilearn or
+    /tmp/omnilearn-UID): a record a test leaves behind is never reported by a later ``omnilearn cleanup``.
+    Set in the environment, so the processes a test starts inherit it."""
+    from omnilearn.launch import pidfile
+
+    path = tmp_path_factory.mktemp("omnilearn-state")
+    old = os.environ.get(pidfile.STATE_ENV)
+    os.environ[pidfile.STATE_ENV] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop(pidfile.STATE_ENV, None)
+    else:
+        os.environ[pidfile.STATE_ENV] = old
+
+
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[object]:
-    """A client for a daemon that answers: started with ./docker_install.sh when this host allows it
-    (root on Debian/Ubuntu), else a skip that says why (a failure under `make test-docker`)."""
+    """A client for a daemon that answers; else a skip that says why (a failure under ``make test-docker``).
+    ``make test`` and ``make test-docker`` start one first with ``make docker``, which fails where it
+    could install one and did not."""
     from omnilearn.errors import UserError
     from omnilearn.launch.docker import daemon
 
     try:
         client = daemon.daemon_client(timeout=30)
-    except UserError as first:
-        if os.environ.get("OMNILEARN_NO_DOCKER_INSTALL") == "1":
-            _skip_or_fail(f"{first} (OMNILEARN_NO_DOCKER_INSTALL=1)")
-        if os.geteuid() != 0 or shutil.which("apt-get") is None:
-            _skip_or_fail(f"{first}; cannot start one here (needs root on Debian/Ubuntu)")
-        r = subprocess.run(["bash", str(ROOT / "docker_install.sh"), "--swarm"], capture_output=True, text=True,
-                           timeout=900)
-        if r.returncode != 0:
-            _skip_or_fail(f"docker_install.sh failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-400:]}")
-        client = daemon.daemon_client(timeout=30)
+    except UserError as e:
+        _skip_or_fail(f"{e} (`make docker` installs and starts one: root on Debian/Ubuntu)")
     yield client
     client.close()
 
@@ -46,7 +59,7 @@ def docker_client() -> Iterator[object]:
 @pytest.fixture(scope="session")
 def worker_image(docker_client: object) -> str:
     """The worker image for this checkout (built from the Dockerfile when missing or stale)."""
-    from omnilearn.launch.docker import images
+    from omnilearn.images import worker as images
 
     return images.ensure_images(client=docker_client, on_log=lambda line: None).worker_image
 
@@ -64,4 +77,4 @@ def cleanup(docker_client: object) -> Iterator[list[str]]:
 
 def pytest_report_header(config: pytest.Config) -> str:  # noqa: ARG001
     return "Docker suite: " + ("required (make test-docker)" if REQUIRE_DOCKER else
-                               "runs when a daemon answers or can be started (root + apt), else skipped")
+                               "runs when a daemon answers (make docker starts one), else skipped")

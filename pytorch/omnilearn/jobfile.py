@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.config import JobConfig, from_dict
-from omnilearn.emulator.plan import EmulationPlan
+from omnilearn.emulator.spec.plan import EmulationPlan
 from omnilearn.files import write_atomic
 
 JOB_FILE = "job.json"

@@ -27,7 +27,7 @@ def _bsp_rank(rank: int, world: int, out: Path) -> None:
 
     import torch.distributed as dist
 
-    from omnilearn.emulator.plan import build_plan
+    from omnilearn.emulator.spec.plan import build_plan
     from omnilearn.train import bsp
 
     cfg = config.from_dict(json.loads(json.dumps(JOB)), "test job").validate()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from omnilearn import docs_gen
-from omnilearn.emulator.audit import ACK_STATUSES
+from omnilearn.emulator.protocol.audit import ACK_STATUSES
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pytorch" / "omnilearn"
@@ -358,7 +358,7 @@ def test_refusal_reasons_match_the_code() -> None:
     assert raised and raised <= documented, f"reasons missing from the table: {sorted(raised - documented)}"
     literals = set(re.findall(r"\"([a-z]+(?:-[a-z0-9]+)*)\"", sources))
     if 'f"{key}-out-of-range"' in sources:  # _check_range names the key it bounds
-        from omnilearn.emulator.requests import _FIELDS  # the format's keys
+        from omnilearn.emulator.protocol.requests import _FIELDS  # the format's keys
 
         literals |= {f"{key}-out-of-range" for key in _FIELDS}
     assert documented <= literals, f"the table names reasons the code lacks: {sorted(documented - literals)}"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from omnilearn import config
-from omnilearn.emulator.plan import build_plan
+from omnilearn.emulator.spec.plan import build_plan
 from omnilearn.jobfile import JobSpec, new_job_id
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.report.fidelity import level_speeds
@@ -164,7 +164,8 @@ def test_a_balanced_policy_gets_all_of_the_ideal_and_never_more(group: tuple[Pat
     # run alone ran one batch per worker, cannot tell k and reads its batches' ratio into the speeds
     assert result["level_speeds"]["SKEW"]["measured_ratio"] == pytest.approx(4.0, rel=0.05)
     alone = result["runs"]["dynamic"]["level_speeds"]["SKEW"]
-    assert alone["k_status"] == "not identified" and alone["measured_ratio"] > 6
+    synthetic = alone["measured_ratio"]  # from the records written above, not from this host
+    assert alone["k_status"] == "not identified" and synthetic > 6
     written = json.loads((out / "compare.json").read_text())
     assert written["ideal_speedup"] == result["ideal_speedup"]
     assert "fraction_of_ideal_uniform_run" in written["policies"]["static"]

@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from omnilearn import config
 from omnilearn.cli.manage import (
@@ -56,11 +57,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     return emulate(command, args.hl, args.schedule, args.workers, out, containers)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_run(sub: Any) -> None:
     from omnilearn.control.policies import POLICIES
-
-    p = argparse.ArgumentParser(prog="omnilearn", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="train a job under emulated heterogeneity")
     r.add_argument("--config", help="job config (YAML); defaults apply to keys it leaves out")
@@ -87,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write TensorBoard scalars to OUT/tensorboard while the job runs (report.tensorboard)")
     r.set_defaults(func=cmd_run)
 
+
+def _add_bench(sub: Any) -> None:
     bn = sub.add_parser("bench", help="run a matrix of jobs (policies x levels x modes x seeds) and tabulate it")
     bn.add_argument("--out", required=True, help="results folder; a second call skips the cells already done")
     bn.add_argument("--matrix", help="matrix file (YAML; default configs/bench/default.yaml)")
@@ -95,23 +95,33 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--no-progress", action="store_true", help="no per-run progress line (the matrix bar stays)")
     bn.set_defaults(func=cmd_bench)
 
+
+def _add_worker(sub: Any) -> None:
     w = sub.add_parser("worker", help="run one rank of a job (started by the launchers)")
     w.add_argument("--job", required=True, help="the job file written by the launcher")
     w.add_argument("--out-dir", help="the run folder as this process sees it (default: the job file's)")
     w.add_argument("--data-root", help="the data folder as this process sees it (default: data.root)")
     w.set_defaults(func=cmd_worker)
 
+
+def _add_levels(sub: Any) -> None:
     lv = sub.add_parser("levels", help="print the heterogeneity levels as allocated on this host")
     lv.add_argument("--allocation", choices=["quota", "cpuset", "none"], default="quota")
     lv.set_defaults(func=cmd_levels)
 
+
+def _add_report(sub: Any) -> None:
     rp = sub.add_parser("report", help="summarize a finished run folder again")
     rp.add_argument("out")
     rp.set_defaults(func=cmd_report)
 
+
+def _add_cleanup(sub: Any) -> None:
     c = sub.add_parser("cleanup", help="remove cgroups and network namespaces left behind by killed runs")
     c.set_defaults(func=cmd_cleanup)
 
+
+def _add_calibrate(sub: Any) -> None:
     ca = sub.add_parser("calibrate", help="measure this host for a job; write DIR/calibration.yaml, a calibrated "
                                           "level table (emulation.calibration)")
     ca.add_argument("--out", required=True, help="folder for calibration.yaml")
@@ -121,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--seconds", type=float, default=3.0, help="of steps per measurement (a check takes twice)")
     ca.set_defaults(func=cmd_calibrate, tensorboard=False)
 
+
+def _add_emulate(sub: Any) -> None:
     em = sub.add_parser("emulate", help="run any command (torchrun ...) with its ranks under emulated heterogeneity")
     em.add_argument("--hl", help="pin one level (HL1, HL2, HL4, HL8)")
     em.add_argument("--schedule", help="named schedule or a YAML file (in seconds; in epochs with omnilearn.torch)")
@@ -131,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "their own limits restored at the end")
     em.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     em.set_defaults(func=cmd_emulate)
+
+
+def _add_simulate(sub: Any) -> None:
+    from omnilearn.control.policies import POLICIES
 
     sm = sub.add_parser("simulate", help="predict a BSP job's step and epoch times and the controller's decisions "
                                          "for N workers from a finished run's measurements; or score the "
@@ -154,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--calibration", type=Path, help="calibration.yaml: its all-reduce latency and bandwidth")
     sm.set_defaults(func=cmd_simulate)
 
+
+def _add_cluster(sub: Any) -> None:
     cl = sub.add_parser("cluster", help="Docker Swarm containers for a job: up | status | down")
     cl_sub = cl.add_subparsers(dest="cluster_command", required=True)
     cu = cl_sub.add_parser("up", help="start one container per rank with the first level's allocation")
@@ -174,14 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     cd.add_argument("--leave-swarm", action="store_true", help="also leave the swarm if no job network remains")
     cd.set_defaults(func=cmd_cluster)
 
+
+def _add_toggle(sub: Any) -> None:
     tg = sub.add_parser("toggle", help="host-side toggler: apply the workers' CPU requests to their containers")
     tg.add_argument("--out", required=True, help="the job's run folder (holds job.json and logs/)")
     tg.add_argument("--interval", type=float, default=0.2)
     tg.add_argument("--until-done", action="store_true", help="stop when every container of the job has exited")
     tg.set_defaults(func=cmd_toggle)
 
-    from omnilearn.launch.docker.base_image import DEFAULT_SUITE, LOCAL_BASE_IMAGE
-    from omnilearn.launch.docker.images import DEFAULT_BASE_IMAGE, WORKER_IMAGE
+
+def _add_image(sub: Any) -> None:
+    from omnilearn.images.base import DEFAULT_SUITE, LOCAL_BASE_IMAGE
+    from omnilearn.images.worker import DEFAULT_BASE_IMAGE, WORKER_IMAGE
 
     im = sub.add_parser("image", help="build the Docker images the container launcher runs")
     im_sub = im.add_subparsers(dest="image_command", required=True)
@@ -202,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     st = im_sub.add_parser("status", help="show the images and whether the worker image matches this checkout")
     st.add_argument("--tag", default=WORKER_IMAGE)
     im.set_defaults(func=cmd_image)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="omnilearn", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_run, _add_bench, _add_worker, _add_levels, _add_report, _add_cleanup, _add_calibrate, _add_emulate, _add_simulate, _add_cluster, _add_toggle, _add_image):
+        add(sub)
     return p
 
 

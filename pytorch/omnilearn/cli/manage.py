@@ -15,7 +15,7 @@ from omnilearn.errors import UserError
 
 def _job_for_cluster(args: argparse.Namespace):
     """Config, plan and saved job file for ``cluster up`` (the same checks as ``run``)."""
-    from omnilearn.emulator.plan import build_plan
+    from omnilearn.emulator.spec.plan import build_plan
     from omnilearn.jobfile import JobSpec, new_job_id
     from omnilearn.launch.job import check_launcher
     from omnilearn.launch.runfolder import prepare_out
@@ -64,11 +64,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 def cmd_toggle(args: argparse.Namespace) -> int:
     """The host-side toggler for a job whose containers were started by ``cluster up``."""
-    import threading
-
-    from omnilearn.emulator.audit import toggler_lock
     from omnilearn.emulator.backends.docker import DockerBackend
-    from omnilearn.emulator.toggler import Toggler
+    from omnilearn.emulator.protocol.toggler import Toggler
+    from omnilearn.emulator.protocol.toggler_host import TogglerHost
     from omnilearn.jobfile import JobSpec
     from omnilearn.launch.docker import swarm
     from omnilearn.launch.docker.mounts import RUN_MOUNT
@@ -86,32 +84,25 @@ def cmd_toggle(args: argparse.Namespace) -> int:
         state = swarm.ClusterState.load(out)
         sync = RemoteRunFolders(job, remote_containers(job, state.containers, remote), RUN_MOUNT)
     console = make_console()
-    stop = threading.Event()
-    with toggler_lock(job.log_dir):
-        toggler = Toggler(job.log_dir, backend, job.plan, console=console, links=swarm.link_applier(job, backend))
-        console.print(f"toggler for job {job.job_id}: watching {job.log_dir}/cpu-*.log (Ctrl-C to stop)",
-                      markup=False)
-        try:
-            while not stop.is_set():
-                if sync is not None:
-                    sync.poll()
-                toggler.poll_once()
-                if args.until_done and all(r["status"] in ("exited", "dead", "absent")
-                                           for r in swarm.status(out)):
-                    if sync is not None:
-                        sync.poll(metrics=True)
-                    toggler.poll_once()
-                    break
-                stop.wait(args.interval)
-        except KeyboardInterrupt:
-            toggler.poll_once()
-        finally:
-            backend.close()  # a container a stall paused runs again
+    links = swarm.link_applier(job, backend)
+    host = TogglerHost(lambda: Toggler(job.log_dir, backend, job.plan, console=console, links=links), job.log_dir,
+                       interval=args.interval, before_poll=None if sync is None else lambda final: sync.poll(metrics=final))
+    try:
+        with host:  # the toggler polls in its thread (restarted if it dies); this one waits for the end
+            console.print(f"toggler for job {job.job_id}: watching {job.log_dir}/cpu-*.log (Ctrl-C to stop)",
+                          markup=False)
+            while not host.wait(args.interval):
+                if args.until_done and all(r["status"] in ("exited", "dead", "absent") for r in swarm.status(out)):
+                    break  # leaving ``with`` stops it after a last poll (the metrics synced too)
+    except KeyboardInterrupt:
+        pass  # the host was stopped on the way out, after a last poll
+    finally:
+        backend.close()  # a container a stall paused runs again
     return 0
 
 
 def cmd_levels(args: argparse.Namespace) -> int:
-    from omnilearn.emulator.levels import host_cpus, load_tables, resolve_level
+    from omnilearn.emulator.spec.levels import host_cpus, load_tables, resolve_level
 
     tables = load_tables()
     host = host_cpus()
@@ -141,8 +132,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from omnilearn.emulator.backends.cgroupfs import sweep_stale
-    from omnilearn.emulator.netns import sweep_netns
-    from omnilearn.launch.pidfile import cleanup_dead
+    from omnilearn.emulator.network.netns import sweep_netns
+    from omnilearn.launch.cleanup import cleanup_dead
 
     # Jobs whose launcher is gone (their record says what they started), then leftovers of older runs.
     removed = cleanup_dead() + sweep_stale() + sweep_netns()  # cgroups, and the namespaces (veths, bridge, IFBs) of links
@@ -151,7 +142,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from omnilearn.launch.calibrate import calibrate
+    from omnilearn.experiments.calibrate import calibrate
 
     calibrate(config.build(args.config, bench_overrides(args)), Path(args.out), make_console(), args.rounds, args.seconds)
     return 0
@@ -197,8 +188,8 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 
 def cmd_image(args: argparse.Namespace) -> int:
     """``omnilearn image build|base|status``: the Docker images the container launcher runs."""
-    from omnilearn.launch.docker.base_image import build_base_image
-    from omnilearn.launch.docker.images import ensure_images, image_status
+    from omnilearn.images.base import build_base_image
+    from omnilearn.images.worker import ensure_images, image_status
 
     def say(line: str) -> None:
         print(line, flush=True)

@@ -18,7 +18,7 @@ from omnilearn.errors import UserError
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
-    from omnilearn.emulator.plan import build_plan
+    from omnilearn.emulator.spec.plan import build_plan
     from omnilearn.launch.failures import WorkerFailed
     from omnilearn.launch.forked import forks, warm
     from omnilearn.launch.job import check_launcher, run_job, with_policy
@@ -114,8 +114,8 @@ def compare_policies(text: str) -> list[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from omnilearn.launch.bench import run_bench
-    from omnilearn.launch.matrix import DEFAULT_MATRIX, load_matrix
+    from omnilearn.experiments.bench import run_bench
+    from omnilearn.experiments.matrix import DEFAULT_MATRIX, load_matrix
 
     matrix = load_matrix(Path(args.matrix) if args.matrix else DEFAULT_MATRIX, bench_overrides(args))
     return run_bench(matrix, Path(args.out), make_console(), show_progress=not args.no_progress)

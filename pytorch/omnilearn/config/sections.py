@@ -6,10 +6,11 @@ Field defaults are the documented defaults; cross-field checks live in :meth:`Jo
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnilearn.control.policies import PAPER_DEADBAND, paper_bounds
+from omnilearn.control.policies import PAPER_DEADBAND, POLICIES, paper_bounds
 
 MODES = ("bsp", "asp")
 PEERS = ("ddp",)
@@ -17,6 +18,19 @@ PEERS = ("ddp",)
 the peer a user would otherwise run."""
 BACKENDS = ("auto", "cgroup", "affinity", "docker", "none")
 ALLOCATION_MODES = ("auto", "cpuset", "quota")
+
+Bad = Callable[[str, str], Exception]
+"""Makes the error for a key of a section (relative to it) and a message; the job's config names its file
+and the section (:meth:`omnilearn.config.JobConfig.validate`)."""
+
+
+def _seconds(text: str) -> bool:
+    """Whether ``text`` is a positive number of seconds with an ``s`` suffix (``30s``, ``2.5s``)."""
+    text = text.strip()
+    try:
+        return text.endswith("s") and float(text[:-1]) > 0 and text[:-1].replace(".", "", 1).isdigit()
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -67,6 +81,13 @@ class DataConfig:
     max_bytes: int = 2_000_000
     """Read at most this much of the corpus."""
 
+    def check(self, bad: Bad) -> None:
+        """This section's own checks (keys relative to it)."""
+        if not 0 < self.test_fraction < 1:
+            raise bad("test_fraction", f"must be between 0 and 1, not {self.test_fraction}")
+        if self.image_size < 8:
+            raise bad("image_size", f"must be at least 8, not {self.image_size}")
+
 
 @dataclass
 class TrainConfig:
@@ -99,6 +120,25 @@ class TrainConfig:
     time_budget_s: float | None = None
     """Stop after this many seconds of wall time since training started (evaluations included; epochs
     stay a cap): BSP at the end of the step that crosses it (rank 0's clock), ASP at the server."""
+
+    def check(self, bad: Bad) -> None:
+        """This section's own checks (keys relative to it)."""
+        if self.global_batch <= 0:
+            raise bad("global_batch", f"must be positive, not {self.global_batch}")
+        if self.epochs <= 0:
+            raise bad("epochs", f"must be positive, not {self.epochs}")
+        if self.lr <= 0:
+            raise bad("lr", f"must be positive, not {self.lr}")
+        if self.eval_every < 1:
+            raise bad("eval_every", f"must be at least 1, not {self.eval_every}")
+        if self.optimizer not in ("sgd", "adamw"):
+            raise bad("optimizer", f"must be sgd or adamw, not {self.optimizer!r}")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            raise bad("time_budget_s", f"must be positive (or null), not {self.time_budget_s}")
+        if self.dist_backend not in ("auto", "gloo", "nccl"):
+            raise bad("dist_backend", f"must be auto, gloo or nccl, not {self.dist_backend!r}")
+        if any(m <= 0 for m in self.milestones) or self.milestones != sorted(self.milestones):
+            raise bad("milestones", f"must be increasing positive epochs, not {self.milestones}")
 
 
 @dataclass
@@ -170,6 +210,33 @@ class ControlConfig:
                                    skip_after_change=0, change_threshold=0.0, fit_overhead=False,
                                    damp_reversals=False, min_batch=lo, max_batch=hi)
 
+    def check(self, bad: Bad) -> None:
+        """This section's own checks (keys relative to it); how it fits the job's batch is the job's."""
+        if self.policy not in (*POLICIES, *PEERS):
+            raise bad("policy", f"must be one of {', '.join((*POLICIES, *PEERS))}, not {self.policy!r}")
+        if self.min_batch < 1:
+            raise bad("min_batch", f"must be at least 1, not {self.min_batch}")
+        if self.max_batch is not None and self.max_batch < self.min_batch:
+            raise bad("max_batch", f"{self.max_batch} is below control.min_batch {self.min_batch}")
+        if self.interval < 0 or self.window < 1 or self.min_samples < 1 or self.min_samples > self.window:
+            raise bad("", "need interval >= 0, window >= 1 and 1 <= min_samples <= window")
+        if self.change_threshold < 0:
+            raise bad("change_threshold", f"must be >= 0, not {self.change_threshold}")
+        if not 0 <= self.memory_margin < 1:
+            raise bad("memory_margin", f"must be in [0, 1), not {self.memory_margin}")
+        if not 0 <= self.deadband < 1:
+            raise bad("deadband", f"must be in [0, 1), not {self.deadband}")
+        if self.skip_after_change < 0:
+            raise bad("skip_after_change", "must be >= 0")
+        if self.confidence < 0:
+            raise bad("confidence", f"must be >= 0, not {self.confidence}")
+        if not 0 < self.drift < 1:
+            raise bad("drift", f"must be in (0, 1), not {self.drift}")
+        if not 0 < self.hazard < 1:
+            raise bad("hazard", f"must be in (0, 1), not {self.hazard}")
+        if self.probe_steps < 0:
+            raise bad("probe_steps", f"must be >= 0, not {self.probe_steps}")
+
 
 @dataclass
 class EmulationConfig:
@@ -192,11 +259,11 @@ class EmulationConfig:
     (``{worker1: 100mbit}``), or a mapping level -> either. An entry is null (unshaped), a rate
     (``100mbit``) or ``{rate, delay, jitter, loss}`` (``10ms``, ``0.5%``; these three need the kernel's
     sch_netem). Shaping needs root; ``--set emulation.links=null`` switches links off. Checked when
-    the plan is built (emulator/links.py)."""
+    the plan is built (emulator/spec/links.py)."""
     trace: str | None = None
     """A trace file (CSV or JSONL, configs/traces/) whose CPU shares, links and stalls drive the run,
     stretched over train.epochs; ``hl`` names the level a share is a fraction of (default HL1).
-    ``schedule`` may name the trace file instead (emulator/trace_plan.py)."""
+    ``schedule`` may name the trace file instead (emulator/spec/trace.py)."""
     calibration: str | None = None
     """A file written by ``omnilearn calibrate``: its calibrated level table replaces the nominal one."""
     cpu_period_us: int = 10_000
@@ -205,6 +272,17 @@ class EmulationConfig:
     speed, then waits out the period: with the kernel's 100 ms, a step of a few tens of ms runs at
     full speed or waits whole periods by its phase, and its time jumps rather than growing with the
     batch. A short period makes a share of a core behave like a slower core."""
+
+    def check(self, bad: Bad) -> None:
+        """This section's own checks (keys relative to it)."""
+        if self.backend not in BACKENDS:
+            raise bad("backend", f"must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        if self.allocation not in ALLOCATION_MODES:
+            raise bad("allocation", f"must be one of {', '.join(ALLOCATION_MODES)}, not {self.allocation!r}")
+        if self.ack_timeout <= 0:
+            raise bad("ack_timeout", "must be positive")
+        if not 1_000 <= self.cpu_period_us <= 1_000_000:  # the kernel's range of CFS periods
+            raise bad("cpu_period_us", f"must be in 1000-1000000 (microseconds), not {self.cpu_period_us}")
 
 
 @dataclass
@@ -220,6 +298,15 @@ class AspConfig:
     snapshot is evaluated on the held-out split after training (the end is always snapshotted)."""
     worker_timeout_s: float = 60.0
     """A worker silent for this long (no pull or push) stops the job, after a server checkpoint."""
+
+    def check(self, bad: Bad) -> None:
+        """This section's own checks (keys relative to it)."""
+        if self.lr_reference_batch is not None and self.lr_reference_batch < 1:
+            raise bad("lr_reference_batch", f"must be at least 1, not {self.lr_reference_batch}")
+        if self.eval_interval <= 0:
+            raise bad("eval_interval", f"must be positive, not {self.eval_interval}")
+        if self.worker_timeout_s <= 0:
+            raise bad("worker_timeout_s", f"must be positive, not {self.worker_timeout_s}")
 
 
 @dataclass
@@ -254,6 +341,21 @@ class DockerConfig:
     """Extra pip requirements of a user's workload (``["scikit-learn==1.5.2"]``): installed in a layer on
     ``image``, tagged by their hash and built once."""
 
+    def check(self, bad: Bad) -> None:
+        """This section's own checks (keys relative to it)."""
+        if not 0 < self.master_port < 65536:
+            raise bad("master_port", f"must be a TCP port, not {self.master_port}")
+        if self.pids_limit < 64:
+            raise bad("pids_limit", f"must be at least 64 (torch's threads grow with the host's CPUs), "
+                      f"not {self.pids_limit}")
+        for req in self.requirements:
+            if not isinstance(req, str) or not req.strip() or req.lstrip().startswith("-"):
+                raise bad("requirements", f"{req!r} is not a requirement (a name with an optional version, "
+                          f"no pip options)")
+        for target, url in self.hosts.items():
+            if not url.startswith(("unix://", "tcp://", "ssh://", "http://", "https://")):
+                raise bad(f"hosts.{target}", f"{url!r} is not a daemon URL (unix://, tcp://, ssh://)")
+
 
 @dataclass
 class ReportConfig:
@@ -266,6 +368,13 @@ class ReportConfig:
     default: ``target_fraction`` of the best final value among the compared runs."""
     target_fraction: float = 0.95
     """The default target: this share of the best final accuracy (perplexity: the best / this)."""
+
+    def check(self, bad: Bad) -> None:
+        """This section's own checks (keys relative to it)."""
+        if self.target is not None and self.target <= 0:
+            raise bad("target", f"must be positive, not {self.target}")
+        if not 0 < self.target_fraction <= 1:
+            raise bad("target_fraction", f"must be in (0, 1], not {self.target_fraction}")
 
 
 @dataclass
@@ -285,6 +394,12 @@ class CheckpointConfig:
             return "epochs", float(self.every)
         return "seconds", float(self.every.strip()[:-1])
 
+    def check(self, bad: Bad) -> None:
+        """This section's own checks (keys relative to it)."""
+        every = self.every
+        if every is not None and (isinstance(every, int) and every < 1 or isinstance(every, str) and not _seconds(every)):
+            raise bad("every", f"must be a number of epochs >= 1 or seconds such as '30s', not {every!r}")
+
 
 @dataclass
 class FaultConfig:
@@ -300,3 +415,12 @@ class FaultConfig:
     the survivors (the global batch re-split among them). 0: always restart with every worker."""
     min_workers: int = 1
     """BSP: the fewest survivors a restart may go on with; below it the job fails."""
+
+    def check(self, bad: Bad) -> None:
+        """This section's own checks (keys relative to it); ``min_workers`` against the job's is the job's."""
+        if self.max_restarts < 0:
+            raise bad("max_restarts", f"must be >= 0, not {self.max_restarts}")
+        if self.drop_after < 0:
+            raise bad("drop_after", f"must be >= 0 (0: never go on without a worker), not {self.drop_after}")
+        if self.timeout_s <= 0:
+            raise bad("timeout_s", f"must be positive, not {self.timeout_s}")

@@ -23,19 +23,19 @@ import json
 import logging
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from omnilearn import config
-from omnilearn.emulator.audit import read_audit
 from omnilearn.emulator.backends import Backend, select_backend
 from omnilearn.emulator.backends.docker_user import UserContainers
-from omnilearn.emulator.client import RequestWriter
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.plan import build_plan
-from omnilearn.emulator.toggler import Toggler
+from omnilearn.emulator.protocol.audit import read_audit
+from omnilearn.emulator.protocol.client import RequestWriter
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.protocol.toggler_host import TogglerHost
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.plan import EmulationPlan, build_plan
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import OUT_ENV, T0_ENV, JobSpec, new_job_id
@@ -146,6 +146,59 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int 
             containers: list[str] | None = None) -> int:
     """Run ``argv`` under the levels; returns its exit status. ``containers``: the user's, one per rank
     (``workers`` defaults to their count, else to 4)."""
+    job = emulation_job(argv, hl, schedule, workers, out, containers)
+    plan, cfg = job.plan, job.config
+    backend: Backend = (container_backend(job.job_id, list(plan.targets), containers) if containers
+                        else select_backend("auto", job.job_id, list(plan.targets), period_us=cfg.emulation.cpu_period_us))
+    job.backend = backend.name
+    job.save()
+    toggler = TogglerHost(lambda: Toggler(job.log_dir, backend, plan), job.log_dir)
+    writers = [RequestWriter(job.log_dir, r) for r in range(len(plan.targets))]
+    ranks = RankWatch(backend, plan.targets)
+    proc: subprocess.Popen | None = None
+    t0 = time.time()
+
+    def apply(level: str, at: float | None) -> None:
+        apply_level(writers, plan, level, at, cfg.emulation.ack_timeout)
+
+    # Ctrl-C and SIGTERM are noted and acted on at the loop's pace: a second one cannot cut the
+    # teardown short, where the user's containers get their own limits back.
+    with Interrupts() as interrupts:
+        try:
+            toggler.start()
+            sched = plan.schedule
+            apply(sched.levels[0], 0.0)
+            interrupts.check()
+            pending = list(zip(sched.starts[1:], sched.levels[1:], strict=True)) if sched.unit == "seconds" else []
+            t0 = time.time()
+            env = {**os.environ, OUT_ENV: str(job.out_dir), T0_ENV: repr(t0)}
+            try:
+                proc = subprocess.Popen(argv, env=env)
+            except OSError as e:
+                raise UserError(f"omnilearn emulate: cannot start {argv[0]!r}: {e.strerror}") from None
+            while proc.poll() is None:
+                if not containers:
+                    ranks.scan(proc.pid)
+                while pending and time.time() - t0 >= pending[0][0]:
+                    apply(pending.pop(0)[1], None)
+                interrupts.wait(SCAN_S)
+            status = proc.returncode
+        except KeyboardInterrupt:
+            status = 130
+        finally:
+            end_process(proc)
+            toggler.stop()
+            backend.close()  # the user's containers get their own limits back here
+            seconds, busy_s = ranks.totals()
+            if isinstance(backend, UserContainers):
+                seconds = [backend.cpu_seconds(t) or 0.0 for t in plan.targets]
+            write_summary(job, t0, seconds, None if containers else busy_s, len(ranks.placed), containers)
+    return status
+
+
+def emulation_job(argv: list[str], hl: str | None, schedule: str | None, workers: int | None, out: Path,
+                  containers: list[str] | None) -> JobSpec:
+    """The job ``emulate`` runs the command as: its config, plan and run folder, checked before anything starts."""
     if not argv:
         raise UserError("omnilearn emulate: give a command after --, e.g. -- torchrun --nproc-per-node 4 train.py")
     if hl and schedule:
@@ -158,83 +211,63 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int 
     plan = build_plan(cfg)
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out}: exists and is not empty")
-    job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="")
-    backend: Backend = (container_backend(job.job_id, list(plan.targets), containers) if containers
-                        else select_backend("auto", job.job_id, list(plan.targets), period_us=cfg.emulation.cpu_period_us))
-    job.backend = backend.name
-    job.save()
-    stop = threading.Event()
-    toggler = Toggler(job.log_dir, backend, plan)
-    thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
-    writers = [RequestWriter(job.log_dir, r) for r in range(len(plan.targets))]
-    placed: dict[int, int] = {}  # pid -> rank
-    used: dict[int, float] = {}  # pid -> CPU seconds last seen
-    busy: dict[int, float] = {}  # pid -> busy seconds last seen
-    proc: subprocess.Popen | None = None
-    t0 = time.time()
+    return JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="")
 
-    def apply(level: str, at: float | None) -> None:
-        reqs = [w.submit(t, level, plan.allocation(level, t), at) for w, t in zip(writers, plan.targets, strict=True)]
-        for w, r, t in zip(writers, reqs, plan.targets, strict=True):
-            decision = w.wait_applied(r, timeout=cfg.emulation.ack_timeout)
-            if decision is None or decision.get("status") != "applied":
-                log.warning("%s: level %s not applied (%s)", t, level,
-                            decision.get("detail") if decision else "no answer from the toggler")
 
-    # Ctrl-C and SIGTERM are noted and acted on at the loop's pace: a second one cannot cut the
-    # teardown short, where the user's containers get their own limits back.
-    with Interrupts() as interrupts:
-        try:
-            thread.start()
-            sched = plan.schedule
-            apply(sched.levels[0], 0.0)
-            interrupts.check()
-            pending = list(zip(sched.starts[1:], sched.levels[1:], strict=True)) if sched.unit == "seconds" else []
-            t0 = time.time()
-            env = {**os.environ, OUT_ENV: str(job.out_dir), T0_ENV: repr(t0)}
-            try:
-                proc = subprocess.Popen(argv, env=env)
-            except OSError as e:
-                raise UserError(f"omnilearn emulate: cannot start {argv[0]!r}: {e.strerror}") from None
-            while proc.poll() is None:
-                for pid in descendants(proc.pid) if not containers else ():
-                    if pid not in placed:
-                        rank = rank_of(pid)
-                        if rank is not None and 0 <= rank < len(plan.targets):
-                            try:
-                                backend.add_process(plan.targets[rank], pid)
-                                placed[pid] = rank
-                            except (OSError, ValueError):
-                                continue  # exited meanwhile
-                    if pid in placed:
-                        used[pid] = cpu_seconds(pid) or used.get(pid, 0.0)
-                        busy[pid] = busy_seconds(pid) or busy.get(pid, 0.0)
-                while pending and time.time() - t0 >= pending[0][0]:
-                    apply(pending.pop(0)[1], None)
-                interrupts.wait(SCAN_S)
-            status = proc.returncode
-        except KeyboardInterrupt:
-            status = 130
-        finally:
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
+def apply_level(writers: list[RequestWriter], plan: EmulationPlan, level: str, at: float | None,
+                timeout: float) -> None:
+    """Ask the toggler for ``level`` on every rank, as a worker would, and wait for its answers."""
+    reqs = [w.submit(t, level, plan.allocation(level, t), at) for w, t in zip(writers, plan.targets, strict=True)]
+    for w, r, t in zip(writers, reqs, plan.targets, strict=True):
+        decision = w.wait_applied(r, timeout=timeout)
+        if decision is None or decision.get("status") != "applied":
+            log.warning("%s: level %s not applied (%s)", t, level,
+                        decision.get("detail") if decision else "no answer from the toggler")
+
+
+class RankWatch:
+    """The command's processes that carry a ``RANK``: each put under its rank's target once, and the CPU and
+    busy time each used, as last seen."""
+
+    def __init__(self, backend: Backend, targets: tuple[str, ...]) -> None:
+        self.backend, self.targets = backend, targets
+        self.placed: dict[int, int] = {}  # pid -> rank
+        self.used: dict[int, float] = {}  # pid -> CPU seconds last seen
+        self.busy: dict[int, float] = {}  # pid -> busy seconds last seen
+
+    def scan(self, root: int) -> None:
+        for pid in descendants(root):
+            if pid not in self.placed:
+                rank = rank_of(pid)
+                if rank is None or not 0 <= rank < len(self.targets):
+                    continue
                 try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            stop.set()
-            thread.join(timeout=10)
-            backend.close()  # the user's containers get their own limits back here
-            toggler.close()
-            seconds, busy_s = [0.0] * len(plan.targets), [0.0] * len(plan.targets)
-            for pid, rank in placed.items():
-                seconds[rank] += used.get(pid, 0.0)
-                busy_s[rank] += busy.get(pid, 0.0)
-            if isinstance(backend, UserContainers):
-                seconds = [backend.cpu_seconds(t) or 0.0 for t in plan.targets]
-            write_summary(job, t0, seconds, None if containers else busy_s, len(placed), containers)
-    return status
+                    self.backend.add_process(self.targets[rank], pid)
+                except (OSError, ValueError):
+                    continue  # exited meanwhile
+                self.placed[pid] = rank
+            self.used[pid] = cpu_seconds(pid) or self.used.get(pid, 0.0)
+            self.busy[pid] = busy_seconds(pid) or self.busy.get(pid, 0.0)
+
+    def totals(self) -> tuple[list[float], list[float]]:
+        """CPU and busy seconds per rank."""
+        seconds, busy = [0.0] * len(self.targets), [0.0] * len(self.targets)
+        for pid, rank in self.placed.items():
+            seconds[rank] += self.used.get(pid, 0.0)
+            busy[rank] += self.busy.get(pid, 0.0)
+        return seconds, busy
+
+
+def end_process(proc: subprocess.Popen | None) -> None:
+    """Terminate the command if it still runs (killed when it will not go within 10 s)."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def write_summary(job: JobSpec, t0: float, seconds: list[float], busy: list[float] | None, processes: int,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import setproctitle
 
-from omnilearn.emulator.plan import EmulationPlan
+from omnilearn.emulator.spec.plan import EmulationPlan
 from omnilearn.train.lifecycle import die_with_parent
 
 PRELOAD = ["torch", "torchvision", "torch._dynamo", "omnilearn.cli", "omnilearn.cli.run", "omnilearn.train.bsp",

@@ -14,8 +14,8 @@ from typing import Any
 from rich.console import Console
 
 from omnilearn.config import JobConfig
-from omnilearn.emulator.plan import EmulationPlan
-from omnilearn.emulator.trace_plan import TRACE_PREFIX
+from omnilearn.emulator.spec.plan import EmulationPlan
+from omnilearn.emulator.spec.trace import TRACE_PREFIX
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec, new_job_id
 from omnilearn.launch.restart import run_with_restarts
@@ -37,7 +37,7 @@ def check_launcher(cfg: JobConfig, plan: EmulationPlan | None = None) -> None:
         from omnilearn.launch.local import check_local_prerequisites
         check_local_prerequisites()
     if plan is not None and plan.links:
-        from omnilearn.emulator.shaping import LinkShaper
+        from omnilearn.emulator.network.shaping import LinkShaper
         LinkShaper().check_all(plan.links)  # root, tc, and every link this kernel can shape
         remote = sorted({t for per in plan.links.values() for t in per} & set(cfg.docker.hosts))
         if cfg.emulation.backend == "docker" and remote:
@@ -68,7 +68,7 @@ def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console
                   members=resumed_members(run_dir, cfg) if resume else None)
     live = contextlib.nullcontext()
     if cfg.report.tensorboard:
-        from omnilearn.launch.tensorboard import LiveTensorBoard
+        from omnilearn.observe.tensorboard import LiveTensorBoard
         live = LiveTensorBoard(job)
     with live as board:
         unreachable = None
@@ -84,7 +84,7 @@ def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console
         summary = summarize(run_dir)
         if board is not None:
             board.update()  # ASP's held-out scores exist only now
-    from omnilearn.train.workload_spec import workload_name
+    from omnilearn.train.workload import workload_name
     title = f"{label} · {workload_name(cfg)} · schedule {plan.schedule.name} · backend {job.backend}"
     plot_run(run_dir, cfg.workers, title)
     if plan.schedule.name.startswith(TRACE_PREFIX):

@@ -3,7 +3,7 @@
 It starts the toggler (a thread here, reading the same CPU-request logs a host-side toggler reads
 for containers), one process per rank with torchrun's environment variables, and tears everything
 down, cgroups included, however the run ends. A job with links runs each worker in a network
-namespace of its own (:mod:`omnilearn.emulator.netns`); others talk over loopback.
+namespace of its own (:mod:`omnilearn.emulator.network.netns`); others talk over loopback.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,18 +21,19 @@ from rich.console import Console
 
 from omnilearn.emulator.backends import select_backend
 from omnilearn.emulator.backends.cgroupfs import sweep_stale
-from omnilearn.emulator.netns import JobNetwork, sweep_netns
-from omnilearn.emulator.toggler import Toggler
-from omnilearn.emulator.toggler_watch import TogglerWatchdog
+from omnilearn.emulator.network.netns import JobNetwork, sweep_netns
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.protocol.toggler_host import TogglerHost
 from omnilearn.errors import UserError
 from omnilearn.files import create_in
 from omnilearn.jobfile import JobSpec
-from omnilearn.launch.failures import WorkerFailed, first_failure, last_error, tail
+from omnilearn.launch.failures import WorkerFailed, last_error, tail
 from omnilearn.launch.forked import ForkedWorker, forks
 from omnilearn.launch.interrupts import Interrupts
 from omnilearn.launch.pidfile import JobRecord
-from omnilearn.launch.progress import progress_for
+from omnilearn.launch.supervise import States, supervise
 from omnilearn.launch.watch import HangWatch, describe_status
+from omnilearn.observe.progress import progress_for
 from omnilearn.train.lifecycle import LAUNCHER_PID_ENV, die_with_parent
 
 
@@ -80,8 +80,6 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
                              period_us=cfg.emulation.cpu_period_us)
     job.backend = backend.name
     job_file = job.save()
-    stop = threading.Event()
-    toggler_thread: TogglerWatchdog | None = None
     net: JobNetwork | None = None
     procs: list[subprocess.Popen | ForkedWorker] = []
     logs: list[Path] = []
@@ -89,30 +87,21 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
     world = len(slots)
     port = free_port()
     record = JobRecord(job.job_id, job.out_dir, backend.name)  # what `omnilearn cleanup` finds if we are killed
+    toggler: TogglerHost | None = None
     try:
         if job.plan.links:  # each worker in a network namespace of its own, its link shaped on its veth
             net = JobNetwork(job.job_id, job.plan.targets).up()
-        toggler_thread = TogglerWatchdog(lambda: Toggler(job.log_dir, backend, job.plan, links=net), stop)
+        toggler = TogglerHost(lambda: Toggler(job.log_dir, backend, job.plan, links=net), job.log_dir)
         with Interrupts() as interrupts:
-            toggler_thread.start()
+            toggler.start()
             fork = forks(job.plan)
             # Everything but the rendezvous knows a worker by its slot (its target's index in the plan):
             # the same files and allocations after survivors are re-ranked.
             for rank, slot in enumerate(slots):
                 log_path = job.log_dir / f"worker-{slot}.out"
                 logs.append(log_path)
-                args = ["worker", "--job", str(job_file)]
-                env = worker_env(rank, world, port)
-                with os.fdopen(create_in(job.log_dir, log_path.name), "w") as out:
-                    if fork:
-                        proc: subprocess.Popen | ForkedWorker = ForkedWorker(args, env, log_path)
-                    else:
-                        argv = [sys.executable, "-m", "omnilearn", *args]
-                        if net is not None:
-                            argv, env = net.command(slot, argv), {**env, **net.env(slot)}
-                        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                start_new_session=True,  # Ctrl-C reaches the launcher only
-                                                preexec_fn=die_with_parent)  # they die with it, even by SIGKILL
+                proc = start_worker(job_file, log_path, worker_env(rank, world, port), fork,
+                                    None if net is None else (net, slot))
                 procs.append(proc)
                 record.add(slot, proc.pid)
                 backend.add_process(job.plan.targets[slot], proc.pid)
@@ -122,37 +111,53 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
                     progress.set_epochs(cfg.train.epochs)
                 watched = {s: p.pid for s, p in zip(slots, procs, strict=True) if not (cfg.mode == "asp" and s == 0)}
                 hangs = HangWatch(job.out_dir, watched, cfg.fault.timeout_s)  # the ASP server watches its workers
-                while True:
+
+                def states() -> States:
                     codes = {s: p.poll() for s, p in zip(slots, procs, strict=True)}
-                    now = time.monotonic()
-                    failed = {s: (now, c) for s, c in codes.items() if c not in (None, 0)}
                     hung = hangs.check(lambda r: who_is(job, r))
-                    if failed and hung is None:
+                    if hung is None and any(c not in (None, 0) for c in codes.values()):
                         hung = hangs.check_stopped(lambda r: who_is(job, r))  # its peers' timeouts came first
                     if hung is not None:
                         console.print(f"{label}: {hung}; stopping the job", markup=False)  # before the teardown
                         raise WorkerFailed(hung, slot=hangs.culprit)
-                    if failed:
-                        s = first_failure(failed)
-                        who, log_s = who_is(job, s), logs[slots.index(s)]
-                        if codes[s] == UserError.exit_status:  # the worker found a user error: pass it on
-                            raise UserError(f"{who}: {last_error(log_s)}")
-                        raise WorkerFailed(f"{who} {describe_status(codes[s])}; "
-                                           f"end of {log_s}:\n{tail(log_s)}", slot=s)
-                    if all(c == 0 for c in codes.values()):
-                        break
-                    if progress:
-                        progress.update()
-                    interrupts.wait(0.25)
+                    now = time.monotonic()
+                    return {s: (c, now) for s, c in codes.items()}
+
+                supervise(states, lambda s, code: process_failure(job, s, code, logs[slots.index(s)]), interrupts,
+                          progress, interval=0.25)
     finally:
         stop_processes(procs)
-        stop.set()
-        if toggler_thread is not None and toggler_thread.is_alive():
-            toggler_thread.join(timeout=10)
+        if toggler is not None:
+            toggler.stop()
         backend.close()
         if net is not None:
             net.close()
         record.close()
+
+
+def start_worker(job_file: Path, log_path: Path, env: dict[str, str], fork: bool,
+                 netns: tuple[JobNetwork, int] | None) -> subprocess.Popen | ForkedWorker:
+    """One worker process writing to ``log_path``: forked from the fork server, or a new interpreter (in
+    its network namespace when the job has links)."""
+    args = ["worker", "--job", str(job_file)]
+    with os.fdopen(create_in(log_path.parent, log_path.name), "w") as out:
+        if fork:
+            return ForkedWorker(args, env, log_path)
+        argv = [sys.executable, "-m", "omnilearn", *args]
+        if netns is not None:
+            net, slot = netns
+            argv, env = net.command(slot, argv), {**env, **net.env(slot)}
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True,  # Ctrl-C reaches the launcher only
+                                preexec_fn=die_with_parent)  # they die with it, even by SIGKILL
+
+
+def process_failure(job: JobSpec, slot: int, code: int, log_path: Path) -> Exception:
+    """What a worker process's failure is told as: a user error it found is passed on (exit status 2)."""
+    who = who_is(job, slot)
+    if code == UserError.exit_status:
+        return UserError(f"{who}: {last_error(log_path)}")
+    return WorkerFailed(f"{who} {describe_status(code)}; end of {log_path}:\n{tail(log_path)}", slot=slot)
 
 
 def who_is(job: JobSpec, slot: int) -> str:

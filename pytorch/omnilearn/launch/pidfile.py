@@ -2,7 +2,7 @@
 
 The record names the launcher (pid and start time, so a reused pid is never taken for it), every
 worker process, and the job's id (its cgroups, network namespaces and Docker resources carry it).
-``omnilearn cleanup`` (:func:`cleanup_dead`) removes what a job left when its launcher is gone, and
+``omnilearn cleanup`` (:func:`omnilearn.launch.cleanup.cleanup_dead`) removes what a job left when its launcher is gone, and
 never touches a job whose launcher still runs.
 """
 
@@ -108,38 +108,3 @@ def _state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except OSError:
         return None
-
-
-def cleanup_dead() -> list[str]:
-    """Remove the processes, cgroups, namespaces and Docker resources of every job whose launcher is gone."""
-    from omnilearn.emulator.backends.cgroupfs import sweep_stale
-    removed: list[str] = []
-    for path, record in records():
-        if launcher_alive(record):
-            continue
-        job_id = str(record.get("job_id", ""))
-        removed += kill_workers(record)
-        removed += sweep_stale(jobs=[job_id], min_age=0.0)
-        if record.get("backend") == "docker":
-            done, complete = _docker_down(job_id, record.get("hosts") or {})
-            removed += done
-            if not complete:  # another host's daemon did not answer: kept for the next cleanup
-                continue
-        with contextlib.suppress(OSError):
-            path.unlink()
-    return removed
-
-
-def _docker_down(job_id: str, hosts: dict[str, str]) -> tuple[list[str], bool]:
-    """What was removed of the job's Docker resources, and whether every daemon answered."""
-    from omnilearn.errors import UserError
-    try:
-        from omnilearn.launch.docker.daemon import daemon_client
-        from omnilearn.launch.docker.swarm import down
-        daemon_client()
-    except UserError as e:  # no daemon here: nothing of the job can be running in it now
-        return [f"(docker resources of job {job_id} not checked: {e})"], True
-    try:
-        return down(job_id, hosts), True
-    except UserError as e:  # another host's daemon does not answer (or a lost host's tasks hold the network)
-        return [f"(docker resources of job {job_id} not all removed: {e})"], False

@@ -81,8 +81,7 @@ def run_with_restarts(job: JobSpec, run_once: Callable[[JobSpec], None], console
     checkpoint they go on from). ``unreachable(job)``: the workers that cannot come back now, asked after
     a failure (Docker: those on another host whose daemon does not answer); the next attempt goes on
     without them."""
-    from omnilearn.train.checkpoint import checkpoint_path
-    from omnilearn.train.checkpointers import cut_lost_worker
+    from omnilearn.train.checkpoint import checkpoint_path, cut_lost_worker
 
     limit = job.config.fault.max_restarts
     attempt, streak, last_lost = 0, 0, None

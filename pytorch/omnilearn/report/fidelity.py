@@ -22,12 +22,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from omnilearn.emulator.audit import read_audit
-from omnilearn.emulator.bounded_json import loads_bounded
-from omnilearn.emulator.levels import Allocation, parse_cpuset
-from omnilearn.emulator.links import Link
-from omnilearn.emulator.plan import SERVER_TARGET, EmulationPlan
-from omnilearn.emulator.requests import MAX_JSON_DEPTH, MAX_LINE_BYTES, request_log
+from omnilearn.bounded_json import loads_bounded
+from omnilearn.emulator.protocol.audit import read_audit
+from omnilearn.emulator.protocol.requests import MAX_JSON_DEPTH, MAX_LINE_BYTES, request_log
+from omnilearn.emulator.spec.levels import Allocation, parse_cpuset
+from omnilearn.emulator.spec.links import Link
+from omnilearn.emulator.spec.plan import SERVER_TARGET, EmulationPlan
 from omnilearn.files import read_lines
 from omnilearn.report.worker_models import WorkerModels, fit_worker_models
 

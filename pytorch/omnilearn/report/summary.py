@@ -10,7 +10,7 @@ from typing import Any
 
 from omnilearn.config.sections import ControlConfig
 from omnilearn.control.policies import KNOWS
-from omnilearn.emulator.plan import SERVER_TARGET
+from omnilearn.emulator.spec.plan import SERVER_TARGET
 from omnilearn.files import read_records, write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, read_rank, restarts_path

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.config import JobConfig
-from omnilearn.emulator.plan import EmulationPlan, worker_target
+from omnilearn.emulator.spec.plan import EmulationPlan, worker_target
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import JobSpec, new_job_id

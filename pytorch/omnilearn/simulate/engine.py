@@ -28,7 +28,7 @@ from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop, probe_time
 from omnilearn.control.policies import Bounds
-from omnilearn.emulator.plan import EmulationPlan
+from omnilearn.emulator.spec.plan import EmulationPlan
 from omnilearn.metrics import METRICS_DIR, metrics_path
 from omnilearn.simulate.models import RunModels
 from omnilearn.train.sampler import GlobalBatchSampler

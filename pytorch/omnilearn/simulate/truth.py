@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 
 from omnilearn.control.loop import probe_time
-from omnilearn.emulator.levels import LevelTable, load_tables, parse_cpuset
-from omnilearn.emulator.schedule import load_schedule
-from omnilearn.emulator.trace_parse import load_trace
+from omnilearn.emulator.spec.levels import LevelTable, load_tables, parse_cpuset
+from omnilearn.emulator.spec.schedule import load_schedule
+from omnilearn.emulator.spec.trace import load_trace
 from omnilearn.errors import UserError
 from omnilearn.files import CONFIG_DIR
 

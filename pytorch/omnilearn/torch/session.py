@@ -21,8 +21,8 @@ from typing import Any
 import torch.distributed as dist
 
 from omnilearn import config
-from omnilearn.emulator.client import AllocationClient
-from omnilearn.emulator.plan import build_plan, worker_target
+from omnilearn.emulator.protocol.client import AllocationClient
+from omnilearn.emulator.spec.plan import build_plan, worker_target
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JOB_FILE, OUT_ENV, T0_ENV, JobSpec, new_job_id
 

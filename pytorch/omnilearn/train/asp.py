@@ -40,16 +40,15 @@ import numpy as np
 import torch
 import torch.distributed.rpc as rpc
 
-from omnilearn.emulator.client import AllocationClient
-from omnilearn.emulator.plan import SERVER_TARGET
+from omnilearn.emulator.protocol.client import AllocationClient
+from omnilearn.emulator.spec.plan import SERVER_TARGET
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.train import asp_rpc, memory
-from omnilearn.train.checkpointers import cut_worker_metrics
+from omnilearn.train.checkpoint import cut_worker_metrics
 from omnilearn.train.distributed import GradBuffer, env_int, flat_state
 from omnilearn.train.models import count_parameters
-from omnilearn.train.workload import Workload, gather
-from omnilearn.train.workload_spec import load_workload
+from omnilearn.train.workload import Workload, gather, load_workload
 
 log = logging.getLogger("omnilearn.worker")
 
@@ -134,28 +133,11 @@ def run_worker(job: JobSpec) -> None:
     stream = IndexStream(len(train), t_cfg.seed, slot)
     augment = torch.Generator().manual_seed(t_cfg.seed * 1000 + slot)
     timeout = cfg.asp.worker_timeout_s
-    memory_model = probe_memory(cfg, model, work, grads) if c_cfg.memory_bounds else None
-    max_batch: int | None = None
-    metrics: MetricsWriter | None = None  # opened after the hello: a resumed worker cuts its file first
-
-    def follow(control: dict[str, Any], step: int) -> dict[str, Any] | None:
-        """Adopt the level the server's epoch (or clock) implies for this worker's own target."""
-        nonlocal max_batch
-        event = client.ensure(control["level"], control["epoch"])
-        if event is not None:
-            event = {"step": step, "elapsed_s": control["elapsed"], "time": time.time(), **event}
-            if metrics is not None:
-                metrics.write("hl_change", **event)
-        late = client.settle(control["epoch"])  # a retried change's outcome
-        if late is not None and metrics is not None:
-            metrics.write("hl_outcome", step=step, elapsed_s=control["elapsed"], **late)
-        if memory_model is not None and (event is not None or late is not None or max_batch is None):
-            max_batch = memory_model.max_batch_now(torch.device("cpu"))  # the level may change the limit
-        return event
-
+    follow = LevelFollower(client, probe_memory(cfg, model, work, grads) if c_cfg.memory_bounds else None)
     first = follow({"level": job.plan.schedule.level_at(0), "epoch": 0.0, "elapsed": 0.0}, 0)
     rpc.init_rpc(target, rank=rank, world_size=world, rpc_backend_options=asp_rpc.rpc_options(timeout, world - 1))
-    control = rpc.rpc_sync(SERVER_TARGET, asp_rpc.rpc_hello, args=(slot, timeout, max_batch), timeout=2 * timeout)
+    control = rpc.rpc_sync(SERVER_TARGET, asp_rpc.rpc_hello, args=(slot, timeout, follow.max_batch),
+                           timeout=2 * timeout)
     t_start = time.time()
     batch = control["batch"]
     step = seq = control["pushes"]  # a resumed worker goes on after its pushes the server's checkpoint holds
@@ -163,10 +145,8 @@ def run_worker(job: JobSpec) -> None:
     if job.resume:
         cut_worker_metrics(metrics_path(job.out_dir, slot), seq)
     if seq:
-        stream.skip(samples)
-        mixed = np.random.SeedSequence([t_cfg.seed, slot, seq]).generate_state(1, dtype=np.uint64)[0]
-        augment.manual_seed(int(mixed) & ((1 << 63) - 1))
-    metrics = MetricsWriter(metrics_path(job.out_dir, slot))
+        resume_stream(stream, augment, t_cfg.seed, slot, seq, samples)
+    metrics = follow.metrics = MetricsWriter(metrics_path(job.out_dir, slot))
     metrics.write("start", rank=rank, slot=slot, world=world, target=target, role="worker", params=count_parameters(model),
                   train_samples=len(train), test_samples=len(test), policy=c_cfg.policy, pushes=seq, samples=samples)
     if first is not None:
@@ -188,7 +168,7 @@ def run_worker(job: JobSpec) -> None:
         t2 = time.perf_counter()
         seq += 1
         stats = {"loss": float(loss_sum.detach()), "correct": float(correct), "compute_s": t2 - t1,
-                 "level": client.level, "max_batch": max_batch}
+                 "level": client.level, "max_batch": follow.max_batch}
         control = _call(asp_rpc.rpc_push, (slot, seq, version, grads.flat, batch, stats), timeout)
         t3 = time.perf_counter()
         step += 1
@@ -204,6 +184,36 @@ def run_worker(job: JobSpec) -> None:
                   level=client.level)
     metrics.close()
     asp_rpc.shutdown_rpc()
+
+
+class LevelFollower:
+    """Adopts the level the server's epoch (or clock) implies for this worker's own target, writes what
+    changed to the metrics once they are open, and keeps the memory bound for the level in force."""
+
+    def __init__(self, client: AllocationClient, memory_model: memory.MemoryModel | None) -> None:
+        self.client, self.memory_model = client, memory_model
+        self.max_batch: int | None = None
+        self.metrics: MetricsWriter | None = None  # opened after the hello: a resumed worker cuts its file first
+
+    def __call__(self, control: dict[str, Any], step: int) -> dict[str, Any] | None:
+        event = self.client.ensure(control["level"], control["epoch"])
+        if event is not None:
+            event = {"step": step, "elapsed_s": control["elapsed"], "time": time.time(), **event}
+            if self.metrics is not None:
+                self.metrics.write("hl_change", **event)
+        late = self.client.settle(control["epoch"])  # a retried change's outcome
+        if late is not None and self.metrics is not None:
+            self.metrics.write("hl_outcome", step=step, elapsed_s=control["elapsed"], **late)
+        if self.memory_model is not None and (event is not None or late is not None or self.max_batch is None):
+            self.max_batch = self.memory_model.max_batch_now(torch.device("cpu"))  # the level may change the limit
+        return event
+
+
+def resume_stream(stream: IndexStream, augment: torch.Generator, seed: int, slot: int, seq: int, samples: int) -> None:
+    """A resumed worker's data position and augmentation generator, as after its ``seq`` pushes of ``samples``."""
+    stream.skip(samples)
+    mixed = np.random.SeedSequence([seed, slot, seq]).generate_state(1, dtype=np.uint64)[0]
+    augment.manual_seed(int(mixed) & ((1 << 63) - 1))
 
 
 def probe_memory(cfg: Any, model: torch.nn.Module, work: Workload, grads: GradBuffer) -> memory.MemoryModel:

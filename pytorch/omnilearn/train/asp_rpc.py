@@ -17,15 +17,15 @@ from typing import Any
 import torch
 import torch.distributed.rpc as rpc
 
-from omnilearn.emulator.client import AllocationClient
-from omnilearn.emulator.plan import SERVER_TARGET
+from omnilearn.emulator.protocol.client import AllocationClient
+from omnilearn.emulator.spec.plan import SERVER_TARGET
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import metrics_path
 from omnilearn.train.distributed import env_int
 from omnilearn.train.models import count_parameters
 from omnilearn.train.parameter_server import LockedWriter, ParameterServer, WorkerTimeout
-from omnilearn.train.workload_spec import load_workload
+from omnilearn.train.workload import load_workload
 
 log = logging.getLogger("omnilearn.server")
 

@@ -30,17 +30,16 @@ from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop, probe_time
 from omnilearn.control.policies import Bounds
-from omnilearn.emulator.client import AllocationClient
+from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.train import distributed, lifecycle, memory
-from omnilearn.train.checkpointers import BSPCheckpoint
+from omnilearn.train.checkpoint import BSPCheckpoint
 from omnilearn.train.distributed import GradBuffer
 from omnilearn.train.evaluate import evaluate
 from omnilearn.train.models import count_parameters
 from omnilearn.train.sampler import GlobalBatchSampler
-from omnilearn.train.workload import Workload, gather, make_optimizer, perplexity
-from omnilearn.train.workload_spec import load_workload
+from omnilearn.train.workload import Workload, gather, load_workload, make_optimizer, perplexity
 
 log = logging.getLogger("omnilearn.worker")
 

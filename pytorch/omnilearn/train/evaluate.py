@@ -22,8 +22,7 @@ from omnilearn.metrics import MetricsWriter, eval_path
 from omnilearn.train import distributed
 from omnilearn.train.distributed import flat_state
 from omnilearn.train.sampler import eval_indices
-from omnilearn.train.workload import Workload, gather, perplexity
-from omnilearn.train.workload_spec import load_workload
+from omnilearn.train.workload import Workload, gather, load_workload, perplexity
 
 log = logging.getLogger("omnilearn.evaluate")
 

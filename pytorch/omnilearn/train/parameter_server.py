@@ -56,7 +56,7 @@ A watchdog stops the job, with ``OUT/snapshots/checkpoint.pt`` saved, when a wor
 ``asp.worker_timeout_s``; SIGTERM (the launcher stopping the job) also saves the checkpoint.
 
 **Checkpoints and resume.** The server also checkpoints on ``checkpoint.every`` and at the end
-(:class:`~omnilearn.train.checkpointers.ASPCheckpoint`). A resumed job (``omnilearn run --resume``, or a
+(:class:`~omnilearn.train.checkpoint.ASPCheckpoint`). A resumed job (``omnilearn run --resume``, or a
 restart) loads it before the workers register: the version, samples, clock, level and controller go
 on, and each worker's ``hello`` reply tells it how many of its pushes were applied and how many
 samples they held, so it goes on from there in its own data stream (a push computed but never
@@ -77,12 +77,12 @@ import torch
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop
 from omnilearn.control.policies import Bounds
-from omnilearn.emulator.client import AllocationClient
+from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter
-from omnilearn.train.checkpointers import ASPCheckpoint
+from omnilearn.train.checkpoint import ASPCheckpoint
 from omnilearn.train.distributed import GradBuffer, flat_state
 from omnilearn.train.evaluate import SNAPSHOT_DIR
 from omnilearn.train.memory import enforce_bounds

@@ -13,7 +13,7 @@ from typing import Any
 from omnilearn.config import JobConfig
 from omnilearn.train.models import count_parameters
 from omnilearn.train.sampler import GlobalBatchSampler
-from omnilearn.train.workload_spec import check_workload, load_workload, workload_name
+from omnilearn.train.workload import check_workload, load_workload, workload_name
 
 
 def preflight(cfg: JobConfig) -> dict[str, Any]:

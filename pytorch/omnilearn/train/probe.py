@@ -1,5 +1,5 @@
 """Probes for ``omnilearn calibrate``: the speed of one training step of a job's model, and the cost of
-an all-reduce, each in a process of its own (started by :mod:`omnilearn.launch.calibrate`).
+an all-reduce, each in a process of its own (started by :mod:`omnilearn.experiments.calibrate`).
 
 ``python -m omnilearn.train.probe speed JOB_FILE``: builds the job's data and model as a worker does,
 prints ``ready``, then answers each line ``{"threads": t, "batch": b, "seconds": s, "min_steps": k}``
@@ -28,8 +28,7 @@ REPEATS = 5
 def speed(job_file: Path) -> None:
     from omnilearn.jobfile import JobSpec
     from omnilearn.train.bsp import local_backward
-    from omnilearn.train.workload import gather, make_optimizer
-    from omnilearn.train.workload_spec import load_workload
+    from omnilearn.train.workload import gather, load_workload, make_optimizer
 
     cfg = JobSpec.load(job_file).config
     torch.manual_seed(cfg.train.seed)

@@ -5,7 +5,7 @@ files, sched_getaffinity or Docker), so the toggler's audit records what the ker
 what was asked; ``current`` reads the allocation in force without changing it (what the toggler
 records while a change fails). Every backend can also pause a target for a while (a trace's stalls, :mod:`.pauses`).
 A job with links has a :class:`LinkApplier` beside its backend: the workers' network namespaces
-(:mod:`omnilearn.emulator.netns`) or the containers' veths (:mod:`.docker_net`). Modules:
+(:mod:`omnilearn.emulator.network.netns`) or the containers' veths (:mod:`.docker_net`). Modules:
 :mod:`.cgroupfs` (the cgroup files), :mod:`.cgroup`, :mod:`.affinity`, :mod:`.docker`.
 """
 
@@ -15,8 +15,8 @@ import logging
 from typing import Protocol, runtime_checkable
 
 from omnilearn.emulator.backends.cgroupfs import PERIOD_US
-from omnilearn.emulator.levels import Allocation
-from omnilearn.emulator.links import Link
+from omnilearn.emulator.spec.levels import Allocation
+from omnilearn.emulator.spec.links import Link
 from omnilearn.errors import UserError
 
 log = logging.getLogger("omnilearn.backends")

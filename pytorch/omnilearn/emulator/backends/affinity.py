@@ -18,7 +18,13 @@ import time
 from dataclasses import dataclass, field
 
 from omnilearn.emulator.backends.pauses import Pauses
-from omnilearn.emulator.levels import Allocation, effective_cpuset, format_cpuset, host_cpus, parse_cpuset
+from omnilearn.emulator.spec.levels import (
+    Allocation,
+    effective_cpuset,
+    format_cpuset,
+    host_cpus,
+    parse_cpuset,
+)
 
 log = logging.getLogger("omnilearn.backends")
 

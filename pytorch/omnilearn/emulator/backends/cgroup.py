@@ -23,7 +23,7 @@ from omnilearn.emulator.backends.cgroupfs import (
     write,
 )
 from omnilearn.emulator.backends.pauses import CONT, STOP, Pauses, signal_all
-from omnilearn.emulator.levels import Allocation, effective_cpuset
+from omnilearn.emulator.spec.levels import Allocation, effective_cpuset
 from omnilearn.errors import UserError
 
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from omnilearn.emulator.levels import Allocation, format_cpuset, parse_cpuset
+from omnilearn.emulator.spec.levels import Allocation, format_cpuset, parse_cpuset
 from omnilearn.errors import UserError
 
 log = logging.getLogger("omnilearn.backends")

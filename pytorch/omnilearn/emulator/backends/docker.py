@@ -18,7 +18,7 @@ from typing import Any
 
 from omnilearn.emulator.backends.cgroupfs import KERNEL_PERIOD_US, PERIOD_US, cfs_limits, try_read
 from omnilearn.emulator.backends.pauses import Pauses
-from omnilearn.emulator.levels import Allocation
+from omnilearn.emulator.spec.levels import Allocation
 from omnilearn.errors import UserError
 
 log = logging.getLogger("omnilearn.docker")

@@ -22,7 +22,7 @@ from typing import Any
 
 from omnilearn.emulator.backends.cgroupfs import KERNEL_PERIOD_US
 from omnilearn.emulator.backends.docker import DockerBackend, cpu_usage_seconds, docker_sdk
-from omnilearn.emulator.levels import Allocation
+from omnilearn.emulator.spec.levels import Allocation
 from omnilearn.errors import UserError
 
 log = logging.getLogger("omnilearn.docker")

@@ -11,6 +11,10 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
+
+Timer: Callable[..., Any] = threading.Timer
+"""What runs a resume later: a ``threading.Timer``-like class (``start``, ``cancel``); tests put a manual one here."""
 
 
 class Pauses:
@@ -19,7 +23,7 @@ class Pauses:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._timers: dict[str, threading.Timer] = {}
+        self._timers: dict[str, Any] = {}
         self._resume: dict[str, Callable[[], None]] = {}
 
     def pause(self, target: str, seconds: float, stop: Callable[[], None], resume: Callable[[], None]) -> None:
@@ -31,7 +35,7 @@ class Pauses:
             else:
                 stop()
             self._resume[target] = resume
-            timer = threading.Timer(seconds, self._end, args=(target,))
+            timer = Timer(seconds, self._end, args=(target,))
             timer.daemon = True
             timer.name = f"omnilearn-stall-{target}"
             self._timers[target] = timer

@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.emulator.backends.docker import docker_sdk
-from omnilearn.emulator.requests import AUDIT_NAME, audit_path, request_log, request_name
+from omnilearn.emulator.protocol.requests import AUDIT_NAME, audit_path, request_log, request_name
 from omnilearn.errors import UserError
 from omnilearn.files import open_in
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.metrics import metrics_path
 from omnilearn.train.checkpoint import BSP_CHECKPOINT
 from omnilearn.train.evaluate import SNAPSHOT_DIR
-from omnilearn.train.workload_spec import code_folder
+from omnilearn.train.workload import code_folder
 
 RUN_MOUNT = "/run/omnilearn"  # the run folder's paths inside every container
 DATA_MOUNT = "/data"

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.emulator.backends.docker import LABEL_JOB, LABEL_TARGET
-from omnilearn.emulator.requests import AUDIT_NAME, MAX_LOG_BYTES, audit_path, request_name
+from omnilearn.emulator.protocol.requests import AUDIT_NAME, MAX_LOG_BYTES, audit_path, request_name
 from omnilearn.files import open_in, write_in
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.metrics import METRICS_DIR, metrics_path

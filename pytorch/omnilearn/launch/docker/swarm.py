@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,6 @@ from typing import Any
 from rich.console import Console
 
 from omnilearn.config import DockerConfig
-from omnilearn.emulator.audit import toggler_lock
 from omnilearn.emulator.backends.docker import (
     LABEL_JOB,
     LABEL_RANK,
@@ -33,10 +31,13 @@ from omnilearn.emulator.backends.docker import (
     docker_sdk,
     run_kwargs,
 )
-from omnilearn.emulator.backends.docker_net import ContainerLinks
-from omnilearn.emulator.toggler import Toggler
+from omnilearn.emulator.network.docker_net import ContainerLinks
+from omnilearn.emulator.protocol.toggler import Toggler
+from omnilearn.emulator.protocol.toggler_host import TogglerHost
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
+from omnilearn.images.requirements import with_requirements
+from omnilearn.images.worker import ensure_images
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.launch.docker.containers import container_states, save_logs, tail_logs
 from omnilearn.launch.docker.daemon import answering, clients_for, daemon_client, image_or_none
@@ -49,7 +50,6 @@ from omnilearn.launch.docker.faults import (
     stop_gracefully,
     vanished,
 )
-from omnilearn.launch.docker.images import ensure_images
 from omnilearn.launch.docker.mounts import (
     DATA_MOUNT,
     RUN_MOUNT,
@@ -61,11 +61,11 @@ from omnilearn.launch.docker.mounts import (
 )
 from omnilearn.launch.docker.reaper import Reaper
 from omnilearn.launch.docker.remote import RemoteRunFolders, make_volume, remote_containers, run_remote
-from omnilearn.launch.docker.requirements import with_requirements
-from omnilearn.launch.failures import WorkerFailed, first_failure
+from omnilearn.launch.failures import WorkerFailed
 from omnilearn.launch.interrupts import Interrupts
 from omnilearn.launch.pidfile import JobRecord
-from omnilearn.launch.progress import progress_for
+from omnilearn.launch.supervise import States, supervise
+from omnilearn.observe.progress import progress_for
 from omnilearn.train.lifecycle import STOPPED_STATUS
 
 log = logging.getLogger("omnilearn.swarm")
@@ -299,8 +299,34 @@ def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = F
     return removed
 
 
+def _exit_status(state: str, code: int | None) -> int | None:
+    """A container's exit status for :func:`~omnilearn.launch.supervise.supervise`: None while it runs; one
+    that vanished or died without a status failed (-1)."""
+    if state not in ("exited", "dead", "vanished"):
+        return None
+    return code if code is not None else -1
 
 
+def container_failure(job: JobSpec, state: ClusterState, default: Any, remote: dict[str, Any], watch: DaemonWatch,
+                      states: dict[str, tuple[str, int | None, float]], slot: int, code: int) -> Exception:
+    """What the first failed container is told as: its daemon stopping (raised by ``watch``), a container
+    that vanished, a user error the worker found (exit status 2), else its exit and last log lines.
+    ``states``: the containers' as the supervise loop last saw them."""
+    target = job.plan.targets[slot]
+    client = remote.get(target, default)
+    # A daemon going down stops the containers first: is it the cause?
+    watch.check_daemon(client, stopped=code in (STOPPED_STATUS, 128 + signal.SIGTERM))
+    gone = [t for t, (s, _, _) in states.items() if s == "vanished"]  # the cause, not its peers'
+    if gone:
+        return vanished(gone[0], job.plan.targets.index(gone[0]))
+    if code == UserError.exit_status:  # a user error found by the worker
+        logs = tail_logs(client, state.containers[target], 40)
+        errors = [ln for ln in logs.splitlines() if ln.startswith("omnilearn: error: ")]
+        return UserError(f"container {target}: " + (errors[-1].removeprefix("omnilearn: error: ") if errors
+                                                     else "exited with status 2"))
+    status = states.get(target, ("exited", code, 0.0))[0]
+    return WorkerFailed(f"container {target} (rank {slot}) ended: {status}, exit code {code}; last lines:\n"
+                        f"{tail_logs(client, state.containers[target])}", slot=slot)
 
 
 def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool = True) -> None:
@@ -311,8 +337,7 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
     default, remote = clients_for(job)
     backend = DockerBackend(job.job_id, default, clients=remote, period_us=job.config.emulation.cpu_period_us)
     links = link_applier(job, backend)
-    stop = threading.Event()
-    thread: threading.Thread | None = None
+    toggler = TogglerHost(lambda: Toggler(job.log_dir, backend, job.plan, links=links), job.log_dir)
     state: ClusterState | None = None
     watch: DaemonWatch | None = None
     daemon_gone = False
@@ -328,76 +353,47 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
         return daemon_lost(error, job.out_dir, url, ran, [job.plan.targets.index(t) for t in ran])
 
     try:
-        with toggler_lock(job.log_dir):
-            toggler = Toggler(job.log_dir, backend, job.plan, links=links)
-            thread = threading.Thread(target=toggler.run, args=(stop,), name="toggler", daemon=True)
-            thread.start()
+        with toggler:
             state = up(job, console)  # Ctrl-C here interrupts the image build or the SDK call at once
             watch = DaemonWatch([default, *{id(c): c for c in remote.values()}.values()], job.job_id, job.out_dir,
                                 blame)
             if remote:  # the run folders of the containers on other daemons, kept in step
                 sync = RemoteRunFolders(job, remote_containers(job, state.containers, remote), RUN_MOUNT)
                 sync.start()
+            running, seen = state, {}  # the containers' states as the last round saw them
+
+            def states() -> States:
+                watch.check()
+                try:
+                    found = container_states(default, remote, running.containers)
+                except daemon_errors() as e:
+                    for client in [default, *remote.values()]:  # which one stopped answering
+                        watch.check_daemon(client, stopped=False)
+                    raise daemon_lost(e, job.out_dir) from None
+                seen.clear()
+                seen.update(found)
+                return {job.plan.targets.index(t): (_exit_status(s, code), when) for t, (s, code, when) in found.items()}
+
+            def failure(slot: int, code: int) -> Exception:
+                return container_failure(job, running, default, remote, watch, seen, slot, code)
+
             with Interrupts() as interrupts, (progress_for(job, label, console)
                                               if show_progress else contextlib.nullcontext()) as progress:
                 if progress:
                     progress.set_epochs(job.config.train.epochs)
-                while True:
-                    watch.check()
-                    try:
-                        states = container_states(default, remote, state.containers)
-                    except daemon_errors() as e:
-                        for client in [default, *remote.values()]:  # which one stopped answering
-                            watch.check_daemon(client, stopped=False)
-                        raise daemon_lost(e, job.out_dir) from None
-                    failed = {job.plan.targets.index(t): (when, code) for t, (s, code, when) in states.items()
-                              if s in ("exited", "dead", "vanished") and code != 0}
-                    if failed:  # a daemon going down stops the containers first: is it the cause?
-                        first = job.plan.targets[first_failure(failed)]
-                        watch.check_daemon(remote.get(first, default),  # the daemon that ran it: is it stopping?
-                                           stopped=states[first][1] in (STOPPED_STATUS, 128 + signal.SIGTERM))
-                        gone = [t for t, (s, _, _) in states.items() if s == "vanished"]  # the cause, not its peers'
-                        if gone:
-                            raise vanished(gone[0], job.plan.targets.index(gone[0]))
-                        target = job.plan.targets[first_failure(failed)]
-                        if states[target][1] == UserError.exit_status:  # a user error found by the worker
-                            logs = tail_logs(remote.get(target, default), state.containers[target], 40)
-                            errors = [ln for ln in logs.splitlines() if ln.startswith("omnilearn: error: ")]
-                            raise UserError(f"container {target}: " + (errors[-1].removeprefix(
-                                "omnilearn: error: ") if errors else "exited with status 2"))
-                        raise WorkerFailed(f"container {target} (rank {job.plan.targets.index(target)}) ended: "
-                                           f"{states[target][0]}, exit code {states[target][1]}; last lines:\n"
-                                           f"{tail_logs(remote.get(target, default), state.containers[target])}",
-                                           slot=job.plan.targets.index(target))
-                    if all(s == "exited" for s, _, _ in states.values()):
-                        break
-                    if progress:
-                        progress.update()
-                    interrupts.wait(1.0)
-            stop.set()
-            thread.join(timeout=10)
+                supervise(states, failure, interrupts, progress, interval=1.0)
     except DaemonLost:
         daemon_gone = True  # the message says what to do; no second one from the teardown
         raise
     finally:
-        stop.set()
+        toggler.stop()
         if watch is not None:
             watch.close()
-        if thread is not None and thread.is_alive():
-            thread.join(timeout=10)
         try:
             backend.close()  # a container still paused by a stall is let go before it is removed
             if links is not None:
                 links.close()
-            if state is not None:  # SIGTERM first: workers end at a step boundary and save
-                stop_gracefully({t: (remote.get(t, default), cid) for t, cid in state.containers.items()},
-                                job.config.docker.stop_timeout)
-                if sync is not None:
-                    sync.finish()
-                save_logs(default, remote, state.containers, job.log_dir, list(job.plan.targets))
-            removed = down(job.job_id, job.config.docker.hosts,
-                           leave_swarm=bool(state and state.swarm_initialized))
-            log.info("cluster down: %s", ", ".join(removed))
+            take_down(job, state, default, remote, sync)
             record.close()
         except (UserError, *daemon_errors()) as e:  # a daemon is gone, or a lost host's tasks hold the network:
             # the job's record stays for cleanup
@@ -406,3 +402,17 @@ def run_docker(job: JobSpec, console: Console, label: str, show_progress: bool =
                 "every daemon answers (the launcher's: %s)", e, daemon_address())
         finally:
             reaper.release()
+
+
+def take_down(job: JobSpec, state: ClusterState | None, default: Any, remote: dict[str, Any],
+              sync: RemoteRunFolders | None) -> None:
+    """The job's containers stopped (SIGTERM first: workers end at a step boundary and save), their output
+    and remote run folders brought home, then containers and network removed."""
+    if state is not None:
+        stop_gracefully({t: (remote.get(t, default), cid) for t, cid in state.containers.items()},
+                        job.config.docker.stop_timeout)
+        if sync is not None:
+            sync.finish()
+        save_logs(default, remote, state.containers, job.log_dir, list(job.plan.targets))
+    removed = down(job.job_id, job.config.docker.hosts, leave_swarm=bool(state and state.swarm_initialized))
+    log.info("cluster down: %s", ", ".join(removed))

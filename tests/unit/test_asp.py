@@ -1,0 +1,247 @@
+"""ASP: the parameter server (in process) and whole jobs (server + 3 workers over TensorPipe RPC)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from omnilearn import config
+from omnilearn.emulator.spec.plan import SERVER_TARGET, build_plan
+from omnilearn.errors import UserError
+from omnilearn.files import read_records as read_jsonl
+from omnilearn.jobfile import JobSpec
+from omnilearn.train.asp import IndexStream
+from omnilearn.train.distributed import flat_state
+from omnilearn.train.parameter_server import LockedWriter, ParameterServer
+
+# ---------------------------------------------------------------------------------------- in process
+
+
+class TinyBN(torch.nn.Module):
+    """A linear layer and a BatchNorm: parameters and running statistics in one small model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+        self.bn = torch.nn.BatchNorm1d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.fc(x))
+
+
+def make_server(tmp_path: Path, *sets: tuple[str, Any], train_size: int = 100) -> ParameterServer:
+    overrides = [("mode", "asp"), ("workers", 2), ("train.global_batch", 16), ("train.epochs", 1),
+                 ("train.lr", 0.1), ("train.momentum", 0.0), ("train.weight_decay", 0.0),
+                 ("emulation.backend", "none"), ("emulation.hl", "HL1"), *sets]
+    cfg = config.build(None, overrides)
+    job = JobSpec(job_id="t", config=cfg, plan=build_plan(cfg), out_dir=tmp_path, backend="none")
+    torch.manual_seed(0)
+    return ParameterServer(job, TinyBN(), train_size, LockedWriter(tmp_path / "metrics" / "rank-0.jsonl"))
+
+
+def push(server: ParameterServer, rank: int, seq: int, version: int, flat: torch.Tensor, batch: int,
+         compute_s: float = 0.1) -> dict[str, Any]:
+    stats = {"loss": 1.0, "correct": 0, "compute_s": compute_s, "level": server.level}
+    return server.push(rank, seq, version, flat, batch, stats)
+
+
+def records(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
+    return [r for r in read_jsonl(tmp_path / "metrics" / "rank-0.jsonl") if r["kind"] == kind]
+
+
+def test_flat_state_makes_parameters_and_buffers_views() -> None:
+    model = TinyBN()
+    flat, n_params = flat_state(model)
+    assert n_params == 3 * 2 + 2 + 2 + 2  # fc weight, fc bias, bn weight, bn bias
+    assert flat.numel() == n_params + 4  # running mean and var
+    flat.fill_(7.0)
+    assert float(model.fc.weight[0, 0].detach()) == 7.0 and float(model.bn.running_var[1]) == 7.0
+    model(torch.randn(5, 3))  # a training forward updates the running statistics inside ``flat``
+    assert float(flat[n_params]) != 7.0
+
+
+def test_push_is_applied_once_with_linear_lr_scaling(tmp_path: Path) -> None:
+    server = make_server(tmp_path)
+    assert server.b_ref == 8  # global_batch / workers
+    before = server.state.clone()
+    grad = torch.zeros_like(server.state)
+    grad[: server.n_params] = 1.0
+    reply = push(server, 1, 1, 0, grad, batch=4)
+    assert reply["version"] == 1 and reply["staleness"] == 0 and reply["lr"] == pytest.approx(0.1 * 4 / 8)
+    # Plain SGD: every parameter moved by lr * b / b_ref * gradient.
+    assert torch.allclose(server.state[: server.n_params], before[: server.n_params] - 0.05)
+    # The same push again (a retry after an RPC timeout): answered, not applied.
+    again = push(server, 1, 1, 0, grad, batch=4)
+    assert again == reply and server.version == 1
+    assert torch.allclose(server.state[: server.n_params], before[: server.n_params] - 0.05)
+    # A stale gradient from the other worker, computed on version 0, applied at version 1.
+    reply2 = push(server, 2, 1, 0, grad, batch=12)
+    assert reply2["staleness"] == 1 and reply2["version"] == 2 and reply2["lr"] == pytest.approx(0.1 * 12 / 8)
+    updates = records(tmp_path, "update")
+    assert [(u["worker"], u["seq"], u["version"], u["staleness"]) for u in updates] == [(1, 1, 1, 0), (2, 1, 2, 1)]
+    assert len(records(tmp_path, "duplicate")) == 1
+    with pytest.raises(AssertionError, match="seq 3 after 1"):
+        push(server, 1, 3, 2, grad, batch=4)  # a lost push is an internal error, never skipped silently
+
+
+def test_adamw_scales_the_update_lr_instead_of_the_gradient(tmp_path: Path) -> None:
+    server = make_server(tmp_path, ("train.optimizer", "adamw"))
+    grad = torch.ones_like(server.state)
+    reply = push(server, 1, 1, 0, grad, batch=4)
+    assert reply["lr"] == pytest.approx(0.05) and server.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert torch.equal(server.grads.flat, grad[: server.n_params])  # Adam would normalise a scale away
+
+
+def test_staleness_damping_divides_the_lr(tmp_path: Path) -> None:
+    server = make_server(tmp_path, ("asp.staleness_damping", True), ("asp.lr_reference_batch", 4))
+    grad = torch.zeros_like(server.state)
+    push(server, 1, 1, 0, grad, batch=4)
+    push(server, 1, 2, 1, grad, batch=4)
+    reply = push(server, 2, 1, 0, grad, batch=8)  # staleness 2
+    assert reply["staleness"] == 2 and reply["lr"] == pytest.approx(0.1 * 8 / 4 / 3)
+
+
+def test_batchnorm_statistics_add_up_as_changes(tmp_path: Path) -> None:
+    server = make_server(tmp_path)
+    n = server.n_params
+    start = server.state[n:].clone()
+    # Both workers pulled version 0; each pushes what its forward pass did to the statistics.
+    for rank, delta in ((1, 0.5), (2, 0.25)):
+        flat = torch.zeros_like(server.state)
+        flat[n:] = delta
+        push(server, rank, 1, 0, flat, batch=8)
+    assert torch.allclose(server.state[n:], start + 0.75)  # neither change overwrote the other
+    assert int(server.model.bn.num_batches_tracked) == 2
+
+
+def test_server_dynamic_rebalances_on_one_measurement_of_each_worker(tmp_path: Path) -> None:
+    server = make_server(tmp_path, ("control.policy", "dynamic"))
+    flat = torch.zeros_like(server.state)
+    push(server, 1, 1, 0, flat, batch=8, compute_s=0.4)
+    push(server, 1, 2, 1, flat, batch=8, compute_s=0.4)  # worker 2 has no measurement yet: no decision
+    assert server.controller.batch == [8, 8] and server.controller.holds == {"uncertain": 2}
+    reply = push(server, 2, 1, 2, flat, batch=8, compute_s=0.1)  # worker 1 is 4x slower
+    assert server.controller.batch[0] <= 3 and reply["batch"] == server.controller.batch[1]
+    assert sum(server.controller.batch) == 16
+    change = records(tmp_path, "batch_change")[-1]
+    assert change["old"] == [8, 8] and change["reason"] == "compute-time" and change["gain_s"] > 0
+
+
+def test_server_controller_rebalances_without_a_barrier(tmp_path: Path) -> None:
+    server = make_server(tmp_path, ("control.policy", "dynamic-v1"), ("control.min_samples", 2),
+                         ("control.deadband", 0.05))
+    flat = torch.zeros_like(server.state)
+    assert server.controller.batch == [8, 8]
+    push(server, 1, 1, 0, flat, batch=8, compute_s=0.4)
+    push(server, 1, 2, 1, flat, batch=8, compute_s=0.4)  # worker 2 has no measurement yet: no decision
+    assert server.controller.batch == [8, 8]
+    push(server, 2, 1, 2, flat, batch=8, compute_s=0.1)
+    reply = push(server, 2, 2, 3, flat, batch=8, compute_s=0.1)  # worker 1 is 4x slower
+    assert server.controller.batch == [3, 13] and reply["batch"] == 13
+    assert sum(server.controller.batch) == 16
+    # Worker 1 learns its size at its next push; its time at the old size must not count.
+    reply = push(server, 1, 3, 4, flat, batch=8, compute_s=0.4)
+    assert reply["batch"] == 3 and server.controller.estimates()[1][0] == 0
+    changes = records(tmp_path, "batch_change")
+    assert changes[-1]["old"] == [8, 8] and changes[-1]["batch"] == [3, 13]
+
+
+def test_server_dynamic_is_never_told_the_allocations_or_the_level(tmp_path: Path) -> None:
+    schedule = tmp_path / "sched.yaml"
+    schedule.write_text("unit: seconds\npoints:\n  - {at: 0, level: EVEN}\n  - {at: 5, level: SKEW}\n")
+    server = make_server(tmp_path, ("emulation.hl", None), ("emulation.schedule", str(schedule)),
+                         ("emulation.backend", "auto"), ("emulation.allocation", "quota"),
+                         ("emulation.levels", {"EVEN": [0.5, 0.5], "SKEW": [0.2, 0.6]}),
+                         ("control.policy", "dynamic-v1"), ("control.min_samples", 2))
+
+    def unreadable(level: str) -> list[float | None]:
+        raise AssertionError("the dynamic policy was given the allocations")
+
+    server.shares = unreadable  # type: ignore[method-assign]
+    flat = torch.zeros_like(server.state)
+    push(server, 1, 1, 0, flat, batch=8, compute_s=0.2)
+    push(server, 1, 2, 1, flat, batch=8, compute_s=0.2)
+    server.t_start = time.time() - 6  # six seconds into training: the schedule moves to SKEW
+    with server.lock:
+        server.advance()
+    assert server.level == "SKEW" and server.controller.batch == [8, 8]  # nothing moved on the event
+    assert server.controller.estimates()[1][0] == 2  # and nothing measured was dropped
+    push(server, 2, 1, 2, flat, batch=8, compute_s=0.6)
+    push(server, 2, 2, 3, flat, batch=8, compute_s=0.6)  # measured: worker 2 is 3x slower
+    assert server.controller.batch == [12, 4]
+
+
+def test_a_seconds_schedule_moves_the_level_and_static_batches_follow(tmp_path: Path) -> None:
+    schedule = tmp_path / "sched.yaml"
+    schedule.write_text("unit: seconds\npoints:\n  - {at: 0, level: EVEN}\n  - {at: 5, level: SKEW}\n")
+    server = make_server(tmp_path, ("emulation.hl", None), ("emulation.schedule", str(schedule)),
+                         ("emulation.backend", "auto"), ("emulation.allocation", "quota"),
+                         ("emulation.levels", {"EVEN": [0.5, 0.5], "SKEW": [0.2, 0.6]}),
+                         ("control.policy", "static"))
+    assert server.level == "EVEN" and server.controller.batch == [8, 8]
+    server.t_start = time.time() - 6  # six seconds into training
+    with server.lock:
+        server.advance()
+    assert server.level == "SKEW" and server.controller.batch == [4, 12]  # in proportion to 0.2 : 0.6
+    assert records(tmp_path, "batch_change")[-1]["reason"] == "allocation"
+    _, control = server.pull(1)
+    assert control["level"] == "SKEW" and control["batch"] == 4 and control["elapsed"] >= 6
+
+
+def test_training_stops_at_the_target_samples(tmp_path: Path) -> None:
+    server = make_server(tmp_path, train_size=20)  # 1 epoch: 20 samples
+    flat = torch.zeros_like(server.state)
+    assert not push(server, 1, 1, 0, flat, batch=8)["stop"]
+    assert not push(server, 2, 1, 1, flat, batch=8)["stop"]
+    assert push(server, 1, 2, 2, flat, batch=8)["stop"]  # 24 >= 20
+    state, control = server.pull(2)
+    assert state is None and control["stop"] and all(server.stopped)
+    reply = push(server, 2, 2, 2, flat, batch=8)  # a gradient in flight is still applied
+    assert reply["stop"] and server.version == 4 and server.samples == 32
+
+
+def test_index_stream_sees_every_sample_once_per_pass() -> None:
+    stream = IndexStream(10, seed=1, rank=1)
+    taken = torch.cat([stream.take(k) for k in (3, 4, 2, 5, 6)])  # 20 indices: two passes
+    assert sorted(taken[:10].tolist()) == list(range(10)) and sorted(taken[10:].tolist()) == list(range(10))
+    assert not torch.equal(taken[:10], taken[10:])
+    other = IndexStream(10, seed=1, rank=2).take(10)
+    assert not torch.equal(other, taken[:10])
+    assert torch.equal(IndexStream(10, seed=1, rank=1).take(20), taken)
+
+
+def test_asp_targets_are_in_rank_order_and_levels_may_set_the_server(tmp_path: Path) -> None:
+    cfg = config.build(None, [("mode", "asp"), ("workers", 3), ("emulation.allocation", "quota"),
+                              ("emulation.levels", {"SKEW": [0.3, 0.15, 0.3, 1.2]}), ("emulation.hl", "SKEW")])
+    plan = build_plan(cfg, host=[0, 1])
+    assert plan.targets == (SERVER_TARGET, "aspworker2", "aspworker3", "aspworker4")
+    assert [plan.allocation("SKEW", t).cpus for t in plan.targets] == [0.3, 0.15, 0.3, 1.2]
+    cfg3 = config.build(None, [("mode", "asp"), ("workers", 3), ("emulation.allocation", "quota"),
+                               ("emulation.levels", {"SKEW": [0.15, 0.3, 1.2]}), ("emulation.hl", "SKEW")])
+    assert build_plan(cfg3, host=[0, 1]).allocation("SKEW", SERVER_TARGET).cpus is None  # unlimited
+    paper = build_plan(config.build(None, [("mode", "asp"), ("emulation.hl", "HL8"),
+                                           ("emulation.allocation", "quota")]), host=[0, 1])
+    assert paper.targets[0] == SERVER_TARGET
+    assert [round(paper.allocation("HL8", t).cpus, 3) for t in paper.targets] == [0.333, 0.167, 0.167, 0.167, 1.167]
+    with pytest.raises(UserError, match=r"emulation.levels.SKEW: has 2 entries for 3 workers \(or 4"):
+        build_plan(config.build(None, [("mode", "asp"), ("workers", 3), ("emulation.hl", "SKEW"),
+                                       ("emulation.levels", {"SKEW": [0.3, 0.3]})]), host=[0, 1])
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("asp.eval_interval", 0, "asp.eval_interval: must be positive"),
+    ("asp.worker_timeout_s", -1, "asp.worker_timeout_s: must be positive"),
+    ("asp.lr_reference_batch", 0, "asp.lr_reference_batch: must be at least 1"),
+    ("asp.bogus", 1, "unknown key 'asp.bogus'"),
+    ("asp.worker_timeout_s", 20, "asp.worker_timeout_s: 20 must exceed emulation.ack_timeout 20"),
+])
+def test_asp_config_errors_name_the_key(key: str, value: Any, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        config.build(None, [("mode", "asp"), (key, value)])
+
+
+# ---------------------------------------------------------------------------------------- whole jobs
