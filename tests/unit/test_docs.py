@@ -150,7 +150,7 @@ def test_links_resolve(page: Path) -> None:
 
 def named_paths(text: str) -> list[str]:
     """Repository paths a page names: any token under a top-level folder, and package-relative paths
-    (``emulator/toggler.py``) or root files in inline code."""
+    (``emulator/protocol/toggler.py``) or root files in inline code."""
     out = re.findall(rf"(?<![\w./<-])((?:{'|'.join(ROOT_DIRS)})/[\w./-]*)", text)
     for code in inline_code(text):
         token = code.strip()
@@ -328,7 +328,7 @@ def limits_table() -> dict[str, list[str]]:
 
 
 def test_request_limits_match_the_code() -> None:
-    from omnilearn.emulator import requests as rq
+    from omnilearn.emulator.protocol import requests as rq
 
     table = limits_table()
     value = {k: v[0] for k, v in table.items()}
@@ -353,7 +353,7 @@ def test_refusal_reasons_match_the_code() -> None:
     """Every reason the parser raises is in the table, and every code the table names is in the code."""
     table = limits_table()
     documented = {code for cells in table.values() for code in re.findall(r"`([a-z]+(?:-[a-z0-9]+)*)`", cells[-1])}
-    sources = "".join((PACKAGE / "emulator" / name).read_text() for name in ("requests.py", "toggler.py"))
+    sources = "".join((PACKAGE / "emulator" / "protocol" / name).read_text() for name in ("requests.py", "toggler.py"))
     raised = set(re.findall(r'_Refused\(\s*"([a-z-]+)"', sources))
     assert raised and raised <= documented, f"reasons missing from the table: {sorted(raised - documented)}"
     literals = set(re.findall(r"\"([a-z]+(?:-[a-z0-9]+)*)\"", sources))
@@ -365,7 +365,7 @@ def test_refusal_reasons_match_the_code() -> None:
 
 
 def test_retry_constants_match_the_emulator_page() -> None:
-    from omnilearn.emulator import retry
+    from omnilearn.emulator.protocol import retry
 
     text = (ROOT / "docs" / "design" / "emulator.md").read_text()
     assert f"is tried again after {retry.RETRY_FIRST_S} s." in text
@@ -373,7 +373,7 @@ def test_retry_constants_match_the_emulator_page() -> None:
 
 
 def test_audit_limits_match_the_request_protocol_page() -> None:
-    from omnilearn.emulator import requests as rq
+    from omnilearn.emulator.protocol import requests as rq
 
     text = (ROOT / "docs" / "design" / "request-protocol.md").read_text()
     assert f"{rq.MAX_AUDIT_LINE_BYTES // 2**10} KiB a line, depth {rq.MAX_AUDIT_DEPTH}." in text
