@@ -35,7 +35,7 @@ def test_local_job_moves_batch_toward_the_faster_worker(tmp_path: Path) -> None:
     records = [json.loads(line) for line in (out / "metrics" / "rank-0.jsonl").read_text().splitlines()]
     changes = [r for r in records if r["kind"] == "batch_change"]
     assert changes[0]["reason"] == "initial" and changes[0]["batch"] == [64, 64, 64]
-    assert {r["reason"] for r in changes[1:]} == {"compute-time"}
+    assert {r["reason"] for r in changes[1:]} <= {"probe", "compute-time"}  # measured: the probe, then steps
     assert s["batch_sizes"][2] > 64 > s["batch_sizes"][0]
     assert s["batch_changes"] >= 1
     assert [(r["from_level"], r["level"]) for r in s["settle"]] == [(None, "EVEN"), ("EVEN", "SKEW")]
