@@ -114,8 +114,7 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
         cost = max(sum(a) + sum(b) for a, b in probe)
         if loop.probe_sizes() is not None:
             loop.probe(small, large, [probe_time(a) for a, _ in probe], [probe_time(b) for _, b in probe], cost,
-                       step=0, time=0.0)
-        clock += cost
+                       step=0, time=0.0)  # set-up before the training clock, as in the trainer
     position, eval_time = 0.0, 0.0
     per_level: dict[str, list[tuple[str, int]]] = {}
     for epoch in range(t.epochs):

@@ -209,8 +209,9 @@ class BSPTrainer:
                        lambda: self.shares(self.client.level), step=step)
 
     def start_up(self, step: int, resumed: bool) -> None:
-        """The start-up pass, once the first allocation is in force and inside the training clock,
-        the same for every policy: steps (forward, backward and update, each worker on its own) at
+        """The start-up pass, once the first allocation is in force and before the training clock
+        starts (set-up, like building the model; ``dynamic`` reports its seconds), the same for every
+        policy: steps (forward, backward and update, each worker on its own) at
         the two sizes of :func:`~omnilearn.control.policies.probe_sizes`, twice each (more with
         ``control.probe_steps``). Their peak memory gives this worker's memory bound
         (``control.memory_bounds``); their times give ``dynamic`` its k and every speed (one gather,
@@ -266,11 +267,11 @@ class BSPTrainer:
         ckpt.restore()  # a resumed run: controller, model, optimizer, position and counters as saved
         self.loop.start(lambda: self.shares(self.client.level), ckpt.resumed, step=p.steps)
         self.started = True
+        self.start_up(p.steps, ckpt.resumed)  # set-up, the same for every policy: before the clock
         dist.barrier()  # everyone starts the clock together; the first level is in force before it starts
         lifecycle.arm()  # SIGTERM from now on: stop after the current step
         t_start = time.time() - p.clock  # the training clock goes on from the checkpoint's
         p.started = p.started or t_start  # the whole run's wall time counts from its first start
-        self.start_up(p.steps, ckpt.resumed)
         clock, steps_done, samples, eval_time, position = p.clock, p.steps, p.samples, p.eval_time, p.position
         for epoch in range(ckpt.sampler.epoch, t.epochs):
             self.sampler.set_epoch(epoch)
