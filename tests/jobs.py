@@ -73,13 +73,13 @@ def decisions_replay(run: Path, rank: int = 0) -> tuple[list[dict], list[dict]]:
     """The run's batch changes and what a fresh controller decides on the run's recorded inputs."""
     from omnilearn.control.controller import make_controller
     from omnilearn.control.loop import replay
-    from omnilearn.control.policies import Bounds
+    from omnilearn.control.policies import Bounds, effective
     from omnilearn.jobfile import JobSpec
     from omnilearn.metrics import read_rank
 
     job = JobSpec.load(run / "job.json", out_dir=run)
     cfg = job.config
-    c = cfg.control.effective(cfg.train.global_batch, cfg.workers)
+    c = effective(cfg.control, cfg.train.global_batch, cfg.workers)
     ctl = make_controller(c, cfg.train.global_batch, Bounds.make(cfg.workers, c.min_batch, c.max_batch,
                                                                  cfg.train.global_batch))
     records = read_rank(run, rank)

@@ -235,7 +235,7 @@ class Unreadable(Sequence):
 
 @pytest.mark.parametrize("policy", ["uniform", "dynamic-v1", "paper"])
 def test_policies_not_named_for_allocations_never_read_them(policy: str) -> None:
-    c = BatchController(ControlConfig(policy=policy).effective(128, 4), global_batch=128, bounds=bounds(4))
+    c = BatchController(policies.effective(ControlConfig(policy=policy), 128, 4), global_batch=128, bounds=bounds(4))
 
     def read() -> list[float]:
         raise AssertionError("the allocations were read")
@@ -369,10 +369,10 @@ def test_balanced_equalises_predicted_times_and_keeps_bounds() -> None:
 
 
 def test_paper_preset_and_rule() -> None:
-    eff = ControlConfig(policy="paper", deadband=0.01, interval=3).effective(global_batch=128, workers=4)
+    eff = policies.effective(ControlConfig(policy="paper", deadband=0.01, interval=3), global_batch=128, workers=4)
     assert (eff.interval, eff.deadband, eff.min_batch, eff.max_batch) == (0, 0.2, 16, 96)  # its [16, 96] at 32
     assert not eff.fit_overhead and eff.change_threshold == 0 and eff.skip_after_change == 0
-    assert ControlConfig(policy="dynamic-v1").effective(128, 4) == ControlConfig(policy="dynamic-v1")
+    assert policies.effective(ControlConfig(policy="dynamic-v1"), 128, 4) == ControlConfig(policy="dynamic-v1")
     b = Bounds(16, (96,) * 4)
     # Every batch would move by less than 20% of its new size: kept.
     assert policies.paper([32, 32, 32, 32], [1.0, 1.0, 1.1, 0.95], 128, b) == [32, 32, 32, 32]
@@ -411,7 +411,7 @@ def test_a_settled_controller_needs_hysteresis_times_the_deadband_until_a_speed_
 
 def test_after_a_quick_first_decision_bsp_waits_for_two_steps_per_split_until_it_knows_its_noise() -> None:
     """A job deciding every other step on one step each never measures its noise and chases it."""
-    c = ControlConfig(policy="dynamic-v1").effective(120, 3)
+    c = policies.effective(ControlConfig(policy="dynamic-v1"), 120, 3)
     ctl = BatchController(c, 120, bounds(3, B=120))
     ctl.forget(skip=0)
     ctl.observe_step([1.0, 2.0, 4.0])

@@ -72,7 +72,7 @@ def test_linear_steps_are_left_alone() -> None:
 
 def test_damping_is_asked_for_and_never_under_the_paper_policy() -> None:
     assert ControlConfig().damp_reversals is False
-    cfg = ControlConfig(policy="paper", damp_reversals=True).effective(B, 4)
+    cfg = policies.effective(ControlConfig(policy="paper", damp_reversals=True), B, 4)
     assert cfg.damp_reversals is False
 
 

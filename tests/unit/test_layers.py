@@ -19,7 +19,6 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytorch" / "omnilearn"
 # layered inside too: what to emulate, then the mechanisms (CPU, then network), then the request protocol.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("omnilearn.errors", "omnilearn.files", "omnilearn.typed", "omnilearn.bounded_json")),
-    ("policies", ("omnilearn.control.policies",)),
     ("config", ("omnilearn.config",)),
     ("what to emulate", ("omnilearn.emulator.spec",)),
     ("CPU mechanisms", ("omnilearn.emulator.backends",)),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from omnilearn import config
-from omnilearn.control.policies import Bounds
+from omnilearn.control.policies import Bounds, effective
 from omnilearn.control.v1 import BatchController
 from omnilearn.emulator.spec.plan import build_plan
 from omnilearn.jobfile import JobSpec
@@ -18,7 +18,7 @@ from omnilearn.train.checkpoint import ControllerState
 
 
 def _controller(cfg: config.JobConfig, workers: int) -> BatchController:
-    c = cfg.control.effective(cfg.train.global_batch, workers)
+    c = effective(cfg.control, cfg.train.global_batch, workers)
     return BatchController(c, cfg.train.global_batch, Bounds.make(workers, c.min_batch, c.max_batch,
                                                                    cfg.train.global_batch))
 

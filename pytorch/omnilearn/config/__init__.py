@@ -19,6 +19,7 @@ from omnilearn.config.sections import (  # noqa: F401  (the sections are part of
     BACKENDS,
     MODES,
     PEERS,
+    POLICIES,
     AspConfig,
     CheckpointConfig,
     ControlConfig,
@@ -30,7 +31,6 @@ from omnilearn.config.sections import (  # noqa: F401  (the sections are part of
     ReportConfig,
     TrainConfig,
 )
-from omnilearn.control.policies import POLICIES  # noqa: F401 - config.POLICIES
 from omnilearn.errors import UserError
 from omnilearn.files import CONFIG_DIR, load_yaml
 from omnilearn.typed import build_dataclass

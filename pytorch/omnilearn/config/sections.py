@@ -5,12 +5,9 @@ Field defaults are the documented defaults; cross-field checks live in :meth:`Jo
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from omnilearn.control.policies import PAPER_DEADBAND, POLICIES, paper_bounds
 
 MODES = ("bsp", "asp")
 PEERS = ("ddp",)
@@ -18,6 +15,24 @@ PEERS = ("ddp",)
 the peer a user would otherwise run."""
 BACKENDS = ("auto", "cgroup", "affinity", "docker", "none")
 ALLOCATION_MODES = ("auto", "cpuset", "quota")
+
+POLICIES = ("uniform", "static", "dynamic", "dynamic-v1", "dynamic+prior", "paper")
+
+KNOWS = {
+    "uniform": "nothing: equal batches, never changed",
+    "static": "the allocated CPU shares (the emulator's allocations); nothing measured",
+    "dynamic": "measured compute times only (a start-up probe at two batch sizes, then every step's): no "
+               "allocations, no level events",
+    "dynamic-v1": "measured compute times only: equal batches at the start, no allocations, no level events "
+                  "(the heuristic controller that preceded dynamic, kept for comparison)",
+    "dynamic+prior": "measured compute times and the allocated CPU shares (its start and its level changes)",
+    "paper": "measured compute times only (per-epoch means), with the paper's fixed settings",
+    "ddp": "nothing: plain DistributedDataParallel with equal batches (the peer, not a policy of ours)",
+}
+USES_ALLOCATION = frozenset({"static", "dynamic+prior"})
+"""Policies that read the emulator's allocations: only these are ever given them."""
+MEASURED = frozenset({"dynamic", "dynamic-v1", "dynamic+prior", "paper"})
+"""Policies that decide from measured compute times."""
 
 Bad = Callable[[str, str], Exception]
 """Makes the error for a key of a section (relative to it) and a message; the job's config names its file
@@ -148,7 +163,7 @@ class ControlConfig:
     policy: str = "dynamic"
     """uniform | static (knows allocations) | dynamic (measured times only: a start-up probe, then every
     step) | dynamic-v1 (the earlier heuristic controller, measured times only) | dynamic+prior (dynamic-v1
-    told the allocations) | paper (measured times, the paper's settings: see :meth:`effective`) | ddp
+    told the allocations) | paper (measured times, the paper's settings: control.policies.effective) | ddp
     (plain DistributedDataParallel with equal batches, BSP only: the peer to compare with)."""
     interval: int = 1
     """Consider a decision every N steps (0: at epoch ends)."""
@@ -199,16 +214,6 @@ class ControlConfig:
     baseline, ignores it (and is warned)."""
     memory_margin: float = 0.15
     """Share of the budget kept free when deriving the memory bound."""
-
-    def effective(self, global_batch: int, workers: int) -> ControlConfig:
-        """The settings the policy runs with: ``paper`` replaces all but the memory keys by the paper's
-        (epoch ends, per-epoch means, deadband 0.2, bounds [B/n / 2, 3 B/n], no k, no change detection)."""
-        if self.policy != "paper":
-            return self
-        lo, hi = paper_bounds(workers, global_batch)
-        return dataclasses.replace(self, interval=0, window=1, min_samples=1, deadband=PAPER_DEADBAND, hysteresis=1.0,
-                                   skip_after_change=0, change_threshold=0.0, fit_overhead=False,
-                                   damp_reversals=False, min_batch=lo, max_batch=hi)
 
     def check(self, bad: Bad) -> None:
         """This section's own checks (keys relative to it); how it fits the job's batch is the job's."""

@@ -19,7 +19,7 @@ Controller = BatchController | DynamicController
 
 def make_controller(config: ControlConfig, global_batch: int, bounds: Bounds, synchronous: bool = True
                     ) -> Controller:
-    """The controller of ``config.policy`` (``config`` already :meth:`~ControlConfig.effective`)."""
+    """The controller of ``config.policy`` (``config`` already :func:`~omnilearn.control.policies.effective`)."""
     if config.policy == "dynamic":
         return DynamicController(config, global_batch, bounds, synchronous=synchronous)
     return BatchController(config, global_batch, bounds, synchronous=synchronous)

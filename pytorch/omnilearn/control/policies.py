@@ -26,6 +26,7 @@ what one worker cannot take is redistributed to the others.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import math
@@ -35,23 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-POLICIES = ("uniform", "static", "dynamic", "dynamic-v1", "dynamic+prior", "paper")
-
-KNOWS = {
-    "uniform": "nothing: equal batches, never changed",
-    "static": "the allocated CPU shares (the emulator's allocations); nothing measured",
-    "dynamic": "measured compute times only (a start-up probe at two batch sizes, then every step's): no "
-               "allocations, no level events",
-    "dynamic-v1": "measured compute times only: equal batches at the start, no allocations, no level events "
-                  "(the heuristic controller that preceded dynamic, kept for comparison)",
-    "dynamic+prior": "measured compute times and the allocated CPU shares (its start and its level changes)",
-    "paper": "measured compute times only (per-epoch means), with the paper's fixed settings",
-    "ddp": "nothing: plain DistributedDataParallel with equal batches (the peer, not a policy of ours)",
-}
-USES_ALLOCATION = frozenset({"static", "dynamic+prior"})
-"""Policies that read the emulator's allocations: only these are ever given them."""
-MEASURED = frozenset({"dynamic", "dynamic-v1", "dynamic+prior", "paper"})
-"""Policies that decide from measured compute times."""
+# The policies' names and what each knows belong to the config (one layer below): re-exported here.
+from omnilearn.config.sections import KNOWS, MEASURED, POLICIES, USES_ALLOCATION, ControlConfig  # noqa: E402,F401
 
 PAPER_DEADBAND = 0.2
 """The paper's rule applies a new split only when some worker's batch moves by 20% of its new size."""
@@ -271,6 +257,18 @@ def probe_sizes(global_batch: int, workers: int, bounds: Bounds) -> tuple[int, i
     small = max(bounds.min_batch, 1, round(share / 8))
     large = min(max(small + 1, round(share / 4)), min(bounds.max_batch))
     return (small, large) if large > small else (max(1, large - 1), large)
+
+
+def effective(control: ControlConfig, global_batch: int, workers: int) -> ControlConfig:
+    """The settings ``control``'s policy runs with: ``paper`` replaces all but the memory keys by the
+    paper's (epoch ends, per-epoch means, deadband 0.2, bounds [B/n / 2, 3 B/n], no k, no change
+    detection)."""
+    if control.policy != "paper":
+        return control
+    lo, hi = paper_bounds(workers, global_batch)
+    return dataclasses.replace(control, interval=0, window=1, min_samples=1, deadband=PAPER_DEADBAND, hysteresis=1.0,
+                               skip_after_change=0, change_threshold=0.0, fit_overhead=False, damp_reversals=False,
+                               min_batch=lo, max_batch=hi)
 
 
 def paper_bounds(workers: int, global_batch: int) -> tuple[int, int]:

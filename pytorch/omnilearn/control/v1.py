@@ -38,7 +38,7 @@ class BatchController:
     """Holds the current batch sizes of all workers and decides new ones.
 
     Its settings are the job's ``control`` section, resolved for the policy
-    (:meth:`~omnilearn.config.ControlConfig.effective`). A measuring policy considers a decision
+    (:func:`~omnilearn.control.policies.effective`). A measuring policy considers a decision
     every ``interval`` steps (0: at epoch ends) and takes one once every worker has enough fresh
     measurements (:meth:`samples_needed`); the deadband widens while few measurements back the
     estimates (:meth:`deadband`), so a small correction needs more evidence.

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.config.sections import ControlConfig
-from omnilearn.control.policies import KNOWS
+from omnilearn.control.policies import KNOWS, effective
 from omnilearn.emulator.spec.plan import SERVER_TARGET
 from omnilearn.files import read_records, write_atomic
 from omnilearn.jobfile import JobSpec
@@ -74,7 +74,7 @@ def describe(job: JobSpec) -> dict[str, Any]:
     """What ran: the keys every summary starts with."""
     cfg = job.config
     workers = len(job.slots) - (1 if cfg.mode == "asp" else 0)
-    control = cfg.control.effective(cfg.train.global_batch, workers)
+    control = effective(cfg.control, cfg.train.global_batch, workers)
     described = {"mode": cfg.mode, "policy": cfg.control.policy, "policy_knows": KNOWS[cfg.control.policy],
                  "control": {k: getattr(control, k) for k in CONTROL_KEYS}, "backend": job.backend,
                  "allocation_mode": job.plan.mode, "workers": workers, "model": cfg.model.name,

@@ -66,7 +66,7 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
     """Step the job ``cfg`` (``plan``) through its epochs; ``accuracy``: the run's evaluations by epoch
     (replayed when the global batch is the run's: BSP's update does not depend on the split)."""
     t, n, measured = cfg.train, cfg.workers, models.workers
-    c = cfg.control.effective(t.global_batch, n)
+    c = policies.effective(cfg.control, t.global_batch, n)
     ctl = make_controller(c, t.global_batch, Bounds.make(n, c.min_batch, c.max_batch, t.global_batch))
     size = models.train_samples * t.global_batch // models.job.config.train.global_batch
     sampler = GlobalBatchSampler(size, t.global_batch, t.seed, drop_last=t.drop_last, min_local=c.min_batch)

@@ -52,7 +52,7 @@ import numpy as np
 from omnilearn.config import ControlConfig
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop
-from omnilearn.control.policies import POLICIES, Bounds, probe_sizes
+from omnilearn.control.policies import POLICIES, Bounds, effective, probe_sizes
 from omnilearn.errors import UserError
 from omnilearn.files import CONFIG_DIR, load_yaml, write_atomic
 from omnilearn.simulate.truth import Scenario, Timeline, World, describe, timeline
@@ -164,7 +164,7 @@ def run_policy(world: World, policy: str, oracle_step_s: np.ndarray,
     sc, line = world.sc, world.line
     n, B = sc.workers, sc.global_batch
     assert B is not None
-    cfg = ControlConfig(policy=policy, min_batch=sc.min_batch, max_batch=sc.max_batch).effective(B, n)
+    cfg = effective(ControlConfig(policy=policy, min_batch=sc.min_batch, max_batch=sc.max_batch), B, n)
     ctl = make_controller(cfg, B, Bounds.make(n, cfg.min_batch, cfg.max_batch, B))
     count = [0]
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop
-from omnilearn.control.policies import POLICIES, Bounds
+from omnilearn.control.policies import POLICIES, Bounds, effective
 from omnilearn.errors import UserError
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.report.summary import summarize
@@ -93,7 +93,7 @@ class HeteroDataParallel(torch.nn.Module):
         self.job, emulated = make_job(self.world, self.rank, global_batch, self.settings,
                                       (type(self.module).__name__, names[1]), self.out)
         cfg = self.job.config
-        c = cfg.control.effective(global_batch, self.world)
+        c = effective(cfg.control, global_batch, self.world)
         if c.policy not in POLICIES:
             raise UserError(f"HeteroDataParallel: policy {c.policy!r} is not a batch controller's")
         self.controller = make_controller(c, global_batch, Bounds.make(self.world, c.min_batch, c.max_batch,

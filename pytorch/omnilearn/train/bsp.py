@@ -70,7 +70,7 @@ class BSPTrainer:
         self.stopped = False
         cfg = self.cfg = job.config
         self.slots = job.slots  # survivors of a lost worker are re-ranked; a worker's files and level follow its slot
-        t, c = cfg.train, cfg.control.effective(cfg.train.global_batch, len(self.slots))
+        t, c = cfg.train, policies.effective(cfg.control, cfg.train.global_batch, len(self.slots))
         self.env = distributed.init(t.dist_backend, cfg.fault.timeout_s)
         self.rank, self.world = self.env.rank, self.env.world_size
         assert self.world == len(self.slots), (self.world, self.slots)

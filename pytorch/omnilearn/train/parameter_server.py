@@ -76,7 +76,7 @@ import torch
 
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop
-from omnilearn.control.policies import Bounds
+from omnilearn.control.policies import Bounds, effective
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
@@ -123,7 +123,7 @@ class ParameterServer:
         cfg = job.config
         self.slots = job.slots[1:]  # the workers' slots: how they name themselves in every call
         self.workers = len(self.slots)  # fewer than configured when the job went on without a lost one
-        t, c = cfg.train, cfg.control.effective(cfg.train.global_batch, self.workers)
+        t, c = cfg.train, effective(cfg.control, cfg.train.global_batch, self.workers)
         self.job, self.cfg, self.metrics = job, cfg, metrics
         self.schedule = job.plan.schedule
         self.model = model.train()
