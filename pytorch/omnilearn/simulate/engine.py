@@ -19,11 +19,12 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omnilearn.config import JobConfig
+from omnilearn.config import ControlConfig, JobConfig
 from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop, probe_time
@@ -106,15 +107,7 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
                   train_samples=size, policy=c.policy, simulated=True, time=0.0)
     change_level(plan.schedule.level_at(0), 0.0, 0)
     loop.start(lambda: shares(state["level"]), False, step=0, time=0.0)
-    if c.memory_bounds or loop.probe_sizes() is not None:  # the start-up pass, every policy's (BSPTrainer.start_up)
-        small, large = policies.probe_sizes(t.global_batch, n, ctl.bounds)
-        rounds = max(c.probe_steps, 2) if loop.probe_sizes() is not None else 2
-        probe = [([timed(r, state["level"], small) for _ in range(rounds)],
-                  [timed(r, state["level"], large) for _ in range(rounds)]) for r in range(n)]
-        cost = max(sum(a) + sum(b) for a, b in probe)
-        if loop.probe_sizes() is not None:
-            loop.probe(small, large, [probe_time(a) for a, _ in probe], [probe_time(b) for _, b in probe], cost,
-                       step=0, time=0.0)  # set-up before the training clock, as in the trainer
+    start_up(loop, c, t.global_batch, n, lambda r, b: timed(r, state["level"], b))
     position, eval_time = 0.0, 0.0
     per_level: dict[str, list[tuple[str, int]]] = {}
     for epoch in range(t.epochs):
@@ -135,15 +128,8 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
             if level not in per_level:  # each rank's allocation fields at this level, as JSON text
                 per_level[level] = [(json.dumps(a.share), a.threads(1))
                                     for a in (plan.allocation(level, tg) for tg in targets)]
-            fields = per_level[level]
-            head = f'{{"kind":"step","step":{out.steps},"epoch":{epoch},"batch":'
-            middle = f',"global_batch":{sum(sizes)},"compute_ms":'
-            tail = f',"level":{json.dumps(level)},"cpus":'
-            stamp = repr(round(clock + eval_time, 6))
-            for r in range(n):  # the trainers' step record (json.dumps per record is most of a large replay)
-                rec.lines[r].append(f'{head}{sizes[r]}{middle}{round(times[r] * 1e3, 3)!r},"sync_ms":'
-                                    f'{round((slowest - times[r] + reduce_s) * 1e3, 3)!r}{tail}{fields[r][0]},'
-                                    f'"threads":{fields[r][1]},"time":{stamp}}}')
+            write_steps(rec, per_level[level], level, epoch, out.steps, sizes, times, slowest + reduce_s,
+                        clock + eval_time)
             full = sum(sizes) == t.global_batch
             due = ctl.due(out.steps, step == steps - 1)
             t0 = time.perf_counter()
@@ -163,6 +149,35 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
                   steps=out.steps, batch=list(ctl.batch), level=state["level"], epochs=out.steps / sampler.steps_per_epoch,
                   out_of_time=False, time=out.wall_time_s, **loop.summary())
     return out
+
+
+def start_up(loop: ControlLoop, c: ControlConfig, global_batch: int, n: int, timed: Callable[[int, int], float]
+             ) -> None:
+    """The start-up pass every policy runs (BSPTrainer.start_up), before the training clock: its
+    steps at the two sizes, timed from the models; ``dynamic`` takes the times (its probe)."""
+    wanted = loop.probe_sizes() is not None
+    if not (c.memory_bounds or wanted):
+        return
+    small, large = policies.probe_sizes(global_batch, n, loop.controller.bounds)
+    rounds = max(c.probe_steps, 2) if wanted else 2
+    probe = [([timed(r, small) for _ in range(rounds)], [timed(r, large) for _ in range(rounds)]) for r in range(n)]
+    if wanted:
+        loop.probe(small, large, [probe_time(a) for a, _ in probe], [probe_time(b) for _, b in probe],
+                   max(sum(a) + sum(b) for a, b in probe), step=0, time=0.0)
+
+
+def write_steps(rec: Recorder, fields: list[tuple[str, int]], level: str, epoch: int, step: int, sizes: list[int],
+                times: list[float], step_s: float, stamp: float) -> None:
+    """Every rank's step record in the trainers' format (``fields``: each rank's allocation share and
+    threads as JSON text; ``step_s``: the step's compute and all-reduce, so a rank's sync time is what
+    it waited). Written as text: ``json.dumps`` per record is most of a large replay."""
+    head = f'{{"kind":"step","step":{step},"epoch":{epoch},"batch":'
+    middle = f',"global_batch":{sum(sizes)},"compute_ms":'
+    tail = f',"level":{json.dumps(level)},"cpus":'
+    when = repr(round(stamp, 6))
+    for r, (b, t) in enumerate(zip(sizes, times, strict=True)):
+        rec.lines[r].append(f'{head}{b}{middle}{round(t * 1e3, 3)!r},"sync_ms":{round((step_s - t) * 1e3, 3)!r}'
+                            f'{tail}{fields[r][0]},"threads":{fields[r][1]},"time":{when}}}')
 
 
 def mean(values: list[float]) -> float | None:
