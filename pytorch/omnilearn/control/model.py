@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy.special import gammaln
 
 DOF = 4.0
 """Degrees of freedom of the Student-t measurement noise (heavy tails: CFS-period jumps)."""
@@ -42,6 +43,9 @@ NOISE_PRIOR = 0.05
 """Measurement noise (sd of a log time) assumed until a worker's own innovations have measured it."""
 NOISE_FLOOR = 0.005
 """The smallest measurement noise believed: timers and schedulers are never exact."""
+NOISE_DOF = 2
+"""Degrees of freedom the prior noise is worth (a speed's posterior is Student-t with the noise's
+measured steps plus these): an unmeasured noise makes every gain uncertain."""
 NOISE_MEMORY = 32
 """Steps of each worker's innovations behind its measurement noise."""
 PRIOR_WEIGHT = 4.0
@@ -266,11 +270,14 @@ class SpeedModel:
         prior = self.var + self.drift ** 2
         s = (prior + self.noise2) * share
         e2 = nu * nu / s
-        w = (DOF + 1) / (DOF + e2)  # the Student-t's weight of this residual
-        log_stay = math.log1p(-self.hazard) + _t_logpdf(np.sqrt(e2)) - 0.5 * np.log(s)
+        # Student-t tails: the measurement noise's (DOF), heavier while the noise scale itself rests on
+        # few steps (its own estimate's degrees of freedom).
+        dof = np.minimum(DOF, self.noise_count + NOISE_DOF)
+        w = (dof + 1) / (dof + e2)  # the Student-t's weight of this residual
+        log_stay = (math.log1p(-self.hazard) - 0.5 * (dof + 1) * np.log1p(e2 / dof) - 0.5 * np.log(s * dof * math.pi)
+                    + gammaln((dof + 1) / 2) - gammaln(dof / 2))
         s_jump = s + JUMP ** 2
-        log_jump = math.log(self.hazard) - 0.5 * nu * nu / s_jump - 0.5 * np.log(s_jump) - 0.5 * math.log(
-            2 * math.pi) + 0.5 * math.log(math.pi * DOF) + math.lgamma(DOF / 2) - math.lgamma((DOF + 1) / 2)
+        log_jump = math.log(self.hazard) - 0.5 * nu * nu / s_jump - 0.5 * np.log(2 * math.pi * s_jump)
         p_jump = 1.0 / (1.0 + np.exp(np.clip(log_stay - log_jump, -50, 50)))
         gain0 = prior / (prior + self.noise2 / w)
         u0, v0 = self.u + gain0 * nu, (1 - gain0) * prior
@@ -285,16 +292,18 @@ class SpeedModel:
         self.hist_count[jump] = 0
         shifted = self._shifts(nu, s, live & ~jump)
         jump = jump | shifted
-        # an estimate that existed before this step (not a first measurement, not a reopened one)
-        self._learn_noise(nu / math.sqrt(share), live & ~jump & (prior < JUMP ** 2), live, batch)
+        # Every step of an estimate that existed before it (not a first measurement) tells the noise,
+        # jumps included: one jump is one outlier to a median, but a worker that "jumps" step after step
+        # (waits of whole CFS periods on steps shorter than one) is noisy, and then no longer chased.
+        self._learn_noise(nu / math.sqrt(share), live & (prior < JUMP ** 2), live, batch)
         changed = [int(i) for i in np.flatnonzero(jump)]
         for i in changed:
             self.regimes[i] += 1
         return changed
 
     def _learn_noise(self, nu: np.ndarray, steady: np.ndarray, live: np.ndarray, batch: np.ndarray) -> None:
-        """Each worker's measurement noise from how its innovation (``nu``, scaled back to one worker's)
-        changes from one step to the next at the same batch: a bias of the estimate (a speed that moved
+        """Each worker's measurement noise from how its innovation (``nu``, scaled back to one worker's,
+        before this step's update) changes from one step to the next at the same batch: a bias of the estimate (a speed that moved
         a little, a k slightly off) is the same in both and drops out, the noise does not. The median
         of the last :data:`NOISE_MEMORY` changes, as a normal sd (1.4826 MAD / sqrt(2): robust to the
         heavy tails it is the scale of), shrunk towards the pool of every worker's (a worker with few
@@ -349,7 +358,10 @@ class SpeedModel:
         ``u`` and ``k`` are not independent: a speed was estimated from times at ``measured_at`` under
         the mean k, so a draw of k moves each u with it and leaves the prediction at ``measured_at``
         where the times put it: k's uncertainty shows only in how far a move extrapolates."""
-        u = self.u[None, :] + np.sqrt(self.var)[None, :] * rng.standard_normal((count, self.workers))
+        # The noise scale is itself estimated: with m steps behind it, a speed's posterior is Student-t with
+        # m + NOISE_DOF degrees of freedom (normal-inverse-gamma), wide until the noise is measured.
+        dof = (self.noise_count + NOISE_DOF)[None, :]
+        u = self.u[None, :] + np.sqrt(self.var)[None, :] * rng.standard_t(dof, (count, self.workers))
         k = rng.choice(self.k_grid, size=count, p=self.k_posterior())
         at = np.asarray(measured_at, float)[None, :]
         u = u + np.log(at + self.k) - np.log(at + k[:, None])
