@@ -208,7 +208,7 @@ class DynamicController:
             return self._hold("cost")
         self.decision = {"gain_s": round(mean, 6), "gain_sd_s": round(sd, 6), "cost_s": round(resplit, 6),
                      "horizon": round(horizon, 1)}
-        return self._adopt(new, reason=None)
+        return self._adopt(new)
 
     def _hold(self, reason: str) -> None:
         self.holds[reason] = self.holds.get(reason, 0) + 1
@@ -232,7 +232,7 @@ class DynamicController:
                 new = policies.round_preserving_sum(new, self.global_batch, lifted.min_batch, lifted.max_batch)
         return new
 
-    def _adopt(self, new: list[int], reason: str | None) -> list[int] | None:
+    def _adopt(self, new: list[int]) -> list[int] | None:
         if new == self.batch:
             return None
         self._moved = (list(self.batch), self.model.predict_log(self.batch))
@@ -247,7 +247,7 @@ class DynamicController:
         self.bounds = bounds
         if all(bounds.min_batch <= b <= m for b, m in zip(self.batch, bounds.max_batch, strict=True)):
             return None
-        return self._adopt(policies.split(self.batch, self.global_batch, bounds), reason=None)
+        return self._adopt(policies.split(self.batch, self.global_batch, bounds))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
