@@ -5,19 +5,21 @@ sample (1 / its speed), ``k`` the workload's fixed cost of a step, in samples (o
 overhead), shared by every worker because it is work done on the same kind of core. A busy host slows
 every worker of a step alike: a step's times carry one common factor ``exp(m_t)``.
 
-**Estimator.** State: ``u_i = log c_i`` for every worker (a mean and a variance each: workers are
-estimated independently given ``k``) and ``k`` (a posterior on a grid). One step's observation of
-worker i is ``z_i = log t_i - log(b_i + k)``; its residual against the prediction, ``z_i - u_i``, holds
-the step's common factor (their weighted median, removed: BSP) and the worker's innovation.
+**Estimator.** State: ``u_i = log c_i`` for every worker (a mean, and its evidence counted in steps of
+the worker's own noise: the variance is ``noise2 / count``; workers are estimated independently given
+``k``) and ``k`` (a posterior on a grid). One step's observation of worker i is
+``z_i = log t_i - log(b_i + k)``; its residual against the prediction, ``z_i - u_i``, holds the step's
+common factor (a Student-t weighted mean over the workers, removed: BSP) and the worker's innovation.
 
-- *Noise.* Measurement noise is Student-t (:data:`DOF` degrees of freedom) with a per-worker scale
-  estimated from its own innovations (a forgetting mean, :data:`NOISE_MEMORY` steps, started from
-  :data:`NOISE_PRIOR`): a step that jumps by whole CFS periods is down-weighted, not chased.
+- *Noise.* Measurement noise is Student-t (:data:`DOF` degrees of freedom, fewer while the noise rests on
+  few steps) with a per-worker scale: the median change of its innovation from one step to the next at
+  one batch, over :data:`NOISE_MEMORY` steps, pooled across workers until measured
+  (:data:`NOISE_PRIOR`). A step that waits a whole CFS period is down-weighted, not chased.
 - *Drift and jumps.* Between steps ``u_i`` drifts (a random walk of variance ``drift**2`` a step) and,
   with probability ``hazard``, jumps (its variance grows by :data:`JUMP` squared). Each step weighs the
-  two hypotheses by the innovation's likelihood under each (a normalised innovation far in the tails
-  is a jump), and the estimate is their mixture: a level change needs one step of evidence, an
-  outlier moves the estimate a little. Only the changed worker's speed reopens.
+  two hypotheses by the innovation's likelihood under each, and the likelier wins: a level change
+  needs one step of evidence, an outlier moves the estimate a little. Only the changed worker's speed
+  reopens. A shift too small for one step shows in a windowed test over the last few innovations.
 - *k.* A log-posterior on a grid over ``[0, K_MAX_FACTOR * B / n]`` (prior: :data:`K_PRIOR`): the
   start-up probe (every worker timed at two batch sizes) and every re-split (each worker's time
   before and after, the step's common factor profiled out) add their Student-t log-likelihood. Only
