@@ -100,20 +100,11 @@ class ControlLoop:
         t0 = time.perf_counter()
         ctl = self.controller
         changed = ctl.observe_step(times) if times is not None and ctl.measures else []
-        new = None
-        if due:
-            estimates, counts = ctl.estimates()
-            old = self.batch
-            new = ctl.decide(ctl.allocations(shares), steps_left=steps_left)
-        self.overhead_s += time.perf_counter() - t0
-        self.calls += 1
+        decision = self._decide(shares, steps_left) if due else None
+        self._spent(t0)
         if changed:
             self.write("speed_change", **where, workers=changed, regimes=ctl.regimes())
-        if new is not None:
-            self.write("batch_change", **where, old=old, batch=list(new), reason="compute-time",
-                       compute_ms=_ms(estimates), samples=counts, overhead=round(ctl.overhead, 2),
-                       **(getattr(ctl, "decision", None) or {}))
-        return new
+        return self._record(decision, where)
 
     def push(self, worker: int, batch: int, seconds: float, due: bool, shares: Shares, worker_name: Any,
              **where: Any) -> list[int] | None:
@@ -121,20 +112,35 @@ class ControlLoop:
         t0 = time.perf_counter()
         ctl = self.controller
         changed = ctl.observe(worker, batch, seconds)
-        new = None
-        if due:
-            estimates, counts = ctl.estimates()
-            old = self.batch
-            new = ctl.decide(ctl.allocations(shares))
-        self.overhead_s += time.perf_counter() - t0
-        self.calls += 1
+        decision = self._decide(shares, None) if due else None
+        self._spent(t0)
         if changed:
             self.write("speed_change", **where, worker=worker_name, regimes=ctl.regimes())
-        if new is not None:
-            self.write("batch_change", **where, old=old, batch=list(new), reason="compute-time",
-                       compute_ms=_ms(estimates), samples=counts, overhead=round(ctl.overhead, 2),
-                       **(getattr(ctl, "decision", None) or {}))
-        return new
+        return self._record(decision, where)
+
+    def _decide(self, shares: Shares, steps_left: int | None) -> dict[str, Any] | None:
+        """The controller's decision, with what it was decided from (None: the split stays)."""
+        ctl = self.controller
+        estimates, counts = ctl.estimates()
+        old = self.batch
+        new = ctl.decide(ctl.allocations(shares), steps_left=steps_left)
+        if new is None:
+            return None
+        return {"old": old, "batch": list(new), "compute_ms": _ms(estimates), "samples": counts}
+
+    def _spent(self, t0: float) -> None:
+        self.overhead_s += time.perf_counter() - t0
+        self.calls += 1
+
+    def _record(self, decision: dict[str, Any] | None, where: dict[str, Any]) -> list[int] | None:
+        """The ``batch_change`` record of a decision taken; returns the new split, or None."""
+        if decision is None:
+            return None
+        ctl = self.controller
+        self.write("batch_change", **where, old=decision["old"], batch=decision["batch"], reason="compute-time",
+                   compute_ms=decision["compute_ms"], samples=decision["samples"], overhead=round(ctl.overhead, 2),
+                   **(getattr(ctl, "decision", None) or {}))
+        return list(decision["batch"])
 
     def summary(self) -> dict[str, Any]:
         """What the end record says of the controller: its cost and the decisions it held."""
