@@ -118,7 +118,8 @@ def test_multi_daemon_bsp_job_with_a_level_change(tmp_path: Path, farm: Farm) ->
     out = tmp_path / "run"
     env = dict(os.environ, DOCKER_HOST=manager.url)
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "omnilearn", "run", "--config", str(_config(tmp_path, other.url)),
+    # Four epochs, three of them at SKEW: the containers run while the checks below exec into them.
+    proc = subprocess.Popen([sys.executable, "-m", "omnilearn", "run", "--config", str(_config(tmp_path, other.url, 4)),
                              "--out", str(out), "--no-progress"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     readback: dict[str, dict] = {}

@@ -55,7 +55,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             summaries[policy] = run_job(with_policy(cfg, policy), plan, run_dir, console, label=policy,
                                         show_progress=not args.no_progress, resume=bool(args.resume))
         except WorkerFailed as e:
-            console.print(str(e), style="red", markup=False)  # worker logs hold brackets rich would parse
+            # Worker logs hold brackets rich would parse; soft wrap keeps the message's commands whole.
+            console.print(str(e), style="red", markup=False, soft_wrap=True)
             return 1
         runs[policy] = run_dir
     result = None
