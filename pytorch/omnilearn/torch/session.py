@@ -216,8 +216,12 @@ class StepSession:
         return self.sampler
 
     # ----------------------------------------------------------------------------- steps
-    def begin_step(self, epoch: int, step: int, steps: int) -> list[int]:
-        """Close the previous step, follow the level, and open this one; returns the step's sizes."""
+    def begin_step(self, epoch: int, step: int, steps: int, sizes: list[int] | None = None) -> list[int]:
+        """Close the previous step, follow the level, and open this one; returns the step's sizes.
+
+        ``sizes``: every rank's share of this step, when a loader drew its samples ahead of the step
+        (from :attr:`batch_sizes` at that time, the same on every rank); by default the controller's now.
+        """
         self.finish_step()
         position = epoch + step / steps
         event = self.levels.at(position, self.clock)
@@ -232,7 +236,8 @@ class StepSession:
         if late is not None:
             self.metrics.write("hl_outcome", step=self.steps_done, **late)
         assert self.sampler is not None
-        self.sizes = self.sampler.step_sizes(step, self.controller.batch)
+        self.sizes = list(sizes) if sizes is not None else self.sampler.step_sizes(step, self.controller.batch)
+        assert sum(self.sizes) == self.sampler.step_size(step) and len(self.sizes) == self.world, self.sizes
         self.sync_s = 0.0
         self.pending = {"epoch": epoch, "step": step, "last": step == steps - 1, "t0": time.perf_counter()}
         return self.sizes
