@@ -139,7 +139,8 @@ def share_loader(loader: DataLoader, session: StepSession, global_batch: int | N
         raise UserError(f"{library}: the training DataLoader has {what}; omnilearn's batch sampler gives each rank "
                         "its share of the global batch: give the DataLoader a batch_size")
     if type(loader.sampler) not in _PLAIN_SAMPLERS:  # exactly: Lightning wraps a user's own in a DistributedSampler
-        raise UserError(f"{library}: the training DataLoader has its own sampler ({type(loader.sampler).__name__}); "
+        own = getattr(getattr(loader.sampler, "dataset", None), "_sampler", loader.sampler)  # inside Lightning's wrapper
+        raise UserError(f"{library}: the training DataLoader has its own sampler ({type(own).__name__}); "
                         "omnilearn's sampler decides the order (one seeded permutation per epoch): leave it out")
     batch = global_batch if global_batch is not None else loader.batch_size * session.world
     shares = ShareBatchSampler(session, loader.dataset, batch, seed=seed, drop_last=loader.drop_last)
