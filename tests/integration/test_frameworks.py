@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from framework_checks import EPOCHS, GLOBAL_BATCH, SAMPLES
+
 from jobs import decisions_replay
 
 ROOT = Path(__file__).resolve().parents[2]

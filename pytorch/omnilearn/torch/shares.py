@@ -19,8 +19,15 @@ from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
 
-from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler,
-                              SequentialSampler, default_collate)
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    default_collate,
+)
 
 from omnilearn.errors import UserError
 from omnilearn.torch.loader import _empty
