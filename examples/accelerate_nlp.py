@@ -6,7 +6,7 @@ warm-up schedule, ``accelerator.prepare``, the loop with ``accelerator.backward`
 pass with ``gather_for_metrics`` after each epoch) and ``main`` with its ``config`` dict. So that it
 runs here, without the model and dataset hubs: the BERT is built from a small ``BertConfig`` (not
 ``from_pretrained``), the sentence pairs are generated (the second sentence is on the first one's
-topic, label 1, or on another, label 0) and already given as token ids, and the metric (accuracy
+topic, label 1, or unrelated, label 0) and already given as token ids, and the metric (accuracy
 and F1, as GLUE's for MRPC) is computed here.
 
     torchrun --nproc-per-node 4 examples/accelerate_nlp.py --cpu
@@ -30,19 +30,19 @@ CLS, SEP = 2, 3
 class SentencePairs(Dataset):
     """``n`` generated sentence pairs as BERT's tokenizer gives them: [CLS] first [SEP] second [SEP].
 
-    Each sentence draws its words from one of ``TOPICS`` topics (ranges of token ids); a pair is a
-    paraphrase (label 1) when both sentences are on the same topic.
+    The first sentence draws its words from one of ``TOPICS`` topics (ranges of token ids). The
+    second is on the same topic (a paraphrase, label 1) or draws its words from the whole
+    vocabulary (an unrelated sentence, label 0).
     """
 
     def __init__(self, n: int, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
         self.labels = torch.randint(0, 2, (n,), generator=g)
-        topic = torch.randint(0, TOPICS, (n, 1), generator=g)
-        other = (topic + torch.randint(1, TOPICS, (n, 1), generator=g)) % TOPICS
         size = (VOCAB - 5) // TOPICS
-        first = 5 + topic * size + torch.randint(0, size, (n, WORDS), generator=g)
-        second = 5 + torch.where(self.labels[:, None] == 1, topic, other) * size + torch.randint(0, size, (n, WORDS),
-                                                                                               generator=g)
+        topic = 5 + size * torch.randint(0, TOPICS, (n, 1), generator=g)
+        first = topic + torch.randint(0, size, (n, WORDS), generator=g)
+        second = torch.where(self.labels[:, None] == 1, topic + torch.randint(0, size, (n, WORDS), generator=g),
+                             torch.randint(5, VOCAB, (n, WORDS), generator=g))
         cls, sep = torch.full((n, 1), CLS), torch.full((n, 1), SEP)
         self.input_ids = torch.cat([cls, first, sep, second, sep], dim=1)
         self.token_type_ids = torch.cat([torch.zeros(n, WORDS + 2, dtype=torch.long),
@@ -151,7 +151,7 @@ def main():
     parser.add_argument("--cpu", action="store_true", help="If passed, will train on the CPU.")
     parser.add_argument("--num_epochs", type=int, default=3)
     args = parser.parse_args()
-    config = {"lr": 5e-4, "num_epochs": args.num_epochs, "seed": 42, "batch_size": 16}
+    config = {"lr": 1e-3, "num_epochs": args.num_epochs, "seed": 42, "batch_size": 16}
     training_function(config, args)
 
 

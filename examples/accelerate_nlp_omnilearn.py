@@ -9,8 +9,8 @@ batch), ``training_function`` (an ``Accelerator``, a BERT sequence classifier, A
 warm-up schedule, ``accelerator.prepare``, the loop with ``accelerator.backward``, an evaluation
 pass with ``gather_for_metrics`` after each epoch) and ``main`` with its ``config`` dict. So that it
 runs here, without the model and dataset hubs: the BERT is built from a small ``BertConfig`` (not
-``from_pretrained``), the sentence pairs are generated (the second sentence paraphrases the first,
-label 1, or is another sentence, label 0) and already given as token ids, and the metric (accuracy
+``from_pretrained``), the sentence pairs are generated (the second sentence is on the first one's
+topic, label 1, or unrelated, label 0) and already given as token ids, and the metric (accuracy
 and F1, as GLUE's for MRPC) is computed here.
 """
 
@@ -26,20 +26,26 @@ from transformers import set_seed
 
 MAX_GPU_BATCH_SIZE = 16
 EVAL_BATCH_SIZE = 32
-VOCAB, WORDS = 1000, 16  # token ids (0-4 are [PAD], [UNK], [CLS], [SEP], [MASK]); words per sentence
+VOCAB, WORDS, TOPICS = 1000, 16, 8  # token ids (0-4: [PAD], [UNK], [CLS], [SEP], [MASK]); words per sentence
 CLS, SEP = 2, 3
 
 
 class SentencePairs(Dataset):
-    """``n`` generated sentence pairs as BERT's tokenizer gives them: [CLS] first [SEP] second [SEP]."""
+    """``n`` generated sentence pairs as BERT's tokenizer gives them: [CLS] first [SEP] second [SEP].
+
+    The first sentence draws its words from one of ``TOPICS`` topics (ranges of token ids). The
+    second is on the same topic (a paraphrase, label 1) or draws its words from the whole
+    vocabulary (an unrelated sentence, label 0).
+    """
 
     def __init__(self, n: int, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
-        first, other = torch.randint(5, VOCAB, (n, WORDS), generator=g), torch.randint(5, VOCAB, (n, WORDS), generator=g)
         self.labels = torch.randint(0, 2, (n,), generator=g)
-        shuffled = first.gather(1, torch.argsort(torch.rand(n, WORDS, generator=g), dim=1))
-        paraphrase = torch.where(torch.rand(n, WORDS, generator=g) < 0.25, other, shuffled)
-        second = torch.where(self.labels[:, None] == 1, paraphrase, other)
+        size = (VOCAB - 5) // TOPICS
+        topic = 5 + size * torch.randint(0, TOPICS, (n, 1), generator=g)
+        first = topic + torch.randint(0, size, (n, WORDS), generator=g)
+        second = torch.where(self.labels[:, None] == 1, topic + torch.randint(0, size, (n, WORDS), generator=g),
+                             torch.randint(5, VOCAB, (n, WORDS), generator=g))
         cls, sep = torch.full((n, 1), CLS), torch.full((n, 1), SEP)
         self.input_ids = torch.cat([cls, first, sep, second, sep], dim=1)
         self.token_type_ids = torch.cat([torch.zeros(n, WORDS + 2, dtype=torch.long),
@@ -149,7 +155,7 @@ def main():
     parser.add_argument("--num_epochs", type=int, default=3)
     parser.add_argument("--policy", default="dynamic")
     args = parser.parse_args()
-    config = {"lr": 5e-4, "num_epochs": args.num_epochs, "seed": 42, "batch_size": 16}
+    config = {"lr": 1e-3, "num_epochs": args.num_epochs, "seed": 42, "batch_size": 16}
     training_function(config, args)
 
 
