@@ -63,10 +63,11 @@ class Recorder:
         self._before = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
         self._indices = [int(i) for i in indices]
 
-    def grads(self) -> None:
+    def grads(self, weight: float) -> None:
+        """After the all-reduce; ``weight``: this rank's b_i / B (0: a stand-in batch for an empty share)."""
         assert self._before is not None
         grads = [p.grad.detach().clone() for p in self.net.parameters()]
-        self.steps.append((self._before, grads, self._indices))
+        self.steps.append((self._before, grads, self._indices if weight > 0 else []))
         self._before = None
 
 

@@ -43,7 +43,7 @@ def main() -> None:
             slow_down(len(y))
             loss = F.cross_entropy(model(x), y)
             accelerator.backward(loss)
-            recorder.grads()
+            recorder.grads(accelerator.session.weight)
             optimizer.step()
             optimizer.zero_grad()
     report(recorder, data, len(loader), {"errors": errors})

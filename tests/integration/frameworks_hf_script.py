@@ -37,9 +37,10 @@ class Classifier(nn.Module):
 class RecordGrads(TrainerCallback):
     def __init__(self, model: Classifier) -> None:
         self.model = model
+        self.trainer: HeteroTrainer | None = None
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self.model.recorder.grads()
+        self.model.recorder.grads(self.trainer.session.weight)
 
 
 class Stream(IterableDataset):
@@ -51,7 +52,7 @@ def arguments(folder: str, **kwargs) -> TrainingArguments:
     return TrainingArguments(output_dir=folder, per_device_train_batch_size=GLOBAL_BATCH // int(os.environ["WORLD_SIZE"]),
                              num_train_epochs=EPOCHS, learning_rate=0.1, optim="sgd", lr_scheduler_type="constant",
                              weight_decay=0.0, max_grad_norm=0.0, use_cpu=True, report_to="none", save_strategy="no",
-                             logging_strategy="no", disable_tqdm=True, **kwargs)
+                             logging_strategy="no", disable_tqdm=True, ddp_find_unused_parameters=False, **kwargs)
 
 
 def main() -> None:
@@ -68,8 +69,10 @@ def main() -> None:
         errors.append(str(e))
     torch.manual_seed(int(os.environ["RANK"]))  # different starts: DDP must make them equal
     model = Classifier()
+    record = RecordGrads(model)
     trainer = HeteroTrainer(model=model, args=arguments(folder), train_dataset=data, policy="dynamic", out=out,
-                            callbacks=[RecordGrads(model)])
+                            callbacks=[record])
+    record.trainer = trainer
     trainer.train()
     report(model.recorder, data, len(trainer.shares), {"errors": errors})
     torch.distributed.destroy_process_group()

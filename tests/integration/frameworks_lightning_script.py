@@ -32,7 +32,7 @@ class Classifier(L.LightningModule):
         self.recorder.before(batch[2])
 
     def on_before_optimizer_step(self, optimizer):
-        self.recorder.grads()
+        self.recorder.grads(self.trainer.strategy.session.weight)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)

@@ -8,7 +8,7 @@ used once per epoch, and every rank runs the same number of steps.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -83,6 +83,6 @@ def _empty(batch: Any) -> Any:
         return batch[:0]
     if isinstance(batch, (list, tuple)):
         return type(batch)(_empty(b) for b in batch)
-    if isinstance(batch, Mapping):  # a dict, or a dict-like batch (transformers' BatchEncoding)
-        return type(batch)({k: _empty(v) for k, v in batch.items()})
+    if isinstance(batch, dict):
+        return {k: _empty(v) for k, v in batch.items()}
     return batch

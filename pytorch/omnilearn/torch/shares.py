@@ -10,14 +10,16 @@ of the one being trained (worker processes, a framework's look-ahead): the split
 step is kept, and the loop's step hooks open and close the steps in order (:meth:`begin_step`,
 :meth:`end_step`), so each step's gradient is weighted by the shares its samples were drawn with.
 Every rank's loader draws the same number of steps ahead, so every rank splits each step alike.
+A rank whose share of a partial last step is empty gets two of the step's samples as a stand-in
+batch of weight 0 (:attr:`StepSession.weight <omnilearn.torch.session.StepSession.weight>`): the
+framework's step runs as usual, and its gradient does not count.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass
-from typing import Any
 
 from torch.utils.data import (
     BatchSampler,
@@ -26,11 +28,9 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     SequentialSampler,
-    default_collate,
 )
 
 from omnilearn.errors import UserError
-from omnilearn.torch.loader import _empty
 from omnilearn.torch.session import StepSession
 from omnilearn.train.sampler import GlobalBatchSampler
 
@@ -80,8 +80,13 @@ class ShareBatchSampler:
         for step in range(steps):
             sizes = sampler.step_sizes(step, self.session.batch_sizes)
             self._drawn.append(DrawnStep(epoch, step, steps, sizes))
-            start = step * self.global_batch + sum(sizes[:rank])
-            yield sampler.permutation[start:start + sizes[rank]].tolist()
+            first = step * self.global_batch
+            start = first + sum(sizes[:rank])
+            mine = sampler.permutation[start:start + sizes[rank]].tolist()
+            # An empty share (a partial last step) still runs the model, on a stand-in of two of the step's
+            # samples: many models cannot take an empty batch, and BatchNorm no single sample. Its weight
+            # b_i / B is 0, so the hook drops its gradient and every sample still counts once.
+            yield mine or sampler.permutation[first:first + min(2, sampler.step_size(step))].tolist()
 
     # ---------------------------------------------------------------- the loop's step hooks
     def begin_step(self) -> list[int]:
@@ -112,19 +117,6 @@ class ShareBatchSampler:
             self.session.end_epoch(self._next_epoch - 1)
 
 
-class ShareCollate:
-    """The loader's collate function, which also makes the batch of an empty share (a partial last step)."""
-
-    def __init__(self, collate: Callable[[list[Any]], Any] | None, dataset: Any) -> None:
-        self.collate = collate or default_collate
-        self.dataset = dataset
-
-    def __call__(self, samples: list[Any]) -> Any:
-        if samples:
-            return self.collate(samples)
-        return _empty(self.collate([self.dataset[0]]))  # no samples, of the usual structure and dtype
-
-
 _PLAIN_SAMPLERS = (SequentialSampler, RandomSampler, DistributedSampler)
 
 
@@ -152,7 +144,7 @@ def share_loader(loader: DataLoader, session: StepSession, global_batch: int | N
     batch = global_batch if global_batch is not None else loader.batch_size * session.world
     shares = ShareBatchSampler(session, loader.dataset, batch, seed=seed, drop_last=loader.drop_last)
     workers = loader.num_workers
-    return DataLoader(loader.dataset, batch_sampler=shares, collate_fn=ShareCollate(loader.collate_fn, loader.dataset),
+    return DataLoader(loader.dataset, batch_sampler=shares, collate_fn=loader.collate_fn,
                       num_workers=workers, pin_memory=loader.pin_memory, timeout=loader.timeout,
                       worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
                       generator=loader.generator, prefetch_factor=loader.prefetch_factor if workers else None,
