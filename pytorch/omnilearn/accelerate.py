@@ -22,6 +22,7 @@ One backward and one optimizer step per batch: ``gradient_accumulation_steps`` a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -74,6 +75,10 @@ class HeteroAccelerator(Accelerator):
                  control: dict[str, Any] | None = None, out: str | None = None, seed: int = 0,
                  epochs: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.num_processes != launched:
+            raise UserError(f"{LIBRARY}: WORLD_SIZE={launched} processes were launched but the Accelerator runs "
+                            f"{self.num_processes}: without GPUs, give Accelerator(cpu=True)")
         if self.gradient_accumulation_steps != 1:
             raise UserError(f"{LIBRARY}: gradient_accumulation_steps={self.gradient_accumulation_steps} is not "
                             "supported: the controller sizes each step's batch; raise the global batch instead")

@@ -27,6 +27,7 @@ one optimizer step per batch: ``gradient_accumulation_steps`` above 1, ``compute
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from torch import nn
@@ -126,6 +127,10 @@ class _Steps(TrainerCallback):
 def _check_args(trainer: HeteroTrainer) -> None:
     """One backward and one optimizer step per batch, the loss a mean, omnilearn's order: else a UserError."""
     args = trainer.args
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.world_size != launched:
+        raise UserError(f"{LIBRARY}: WORLD_SIZE={launched} processes were launched but the Trainer runs "
+                        f"{args.world_size}: without GPUs, give TrainingArguments(use_cpu=True)")
     if args.gradient_accumulation_steps != 1:
         raise UserError(f"{LIBRARY}: gradient_accumulation_steps={args.gradient_accumulation_steps} is not "
                         "supported: the controller sizes each step's batch; raise the global batch instead")
