@@ -180,6 +180,8 @@ class StepSession:
         self.filled_at: float | None = None
         self.reduced_at: float | None = None
         self.values: list[float] | None = None
+        self.between_s = 0.0  # time between an epoch's end and the next step (evaluation): not training time
+        self.epoch_ended_at: float | None = None
 
     # ------------------------------------------------------------------------ set-up
     def attach(self, dataset_size: int, global_batch: int, seed: int, drop_last: bool, names: tuple[str, str]
@@ -223,6 +225,9 @@ class StepSession:
         (from :attr:`batch_sizes` at that time, the same on every rank); by default the controller's now.
         """
         self.finish_step()
+        if self.epoch_ended_at is not None:
+            self.between_s += time.time() - self.epoch_ended_at
+            self.epoch_ended_at = None
         position = epoch + step / steps
         event = self.levels.at(position, self.clock)
         if event is not None:
@@ -289,17 +294,24 @@ class StepSession:
                        step=self.steps_done)
 
     def end_epoch(self, epoch: int) -> None:
-        """After an epoch: its last step closed, an end record (the latest counts), ``summary.json``."""
+        """After an epoch: its last step closed, an end record (the latest counts), ``summary.json``.
+
+        ``train_time_s`` leaves out the time between an epoch's end and the next step (the loop's
+        evaluation), as a run's does.
+        """
         self.finish_step()
         assert self.sampler is not None
-        wall = time.time() - self.t_start
-        self.metrics.write("end", wall_time_s=wall, train_time_s=wall, samples=self.samples, steps=self.steps_done,
+        ended = time.time()
+        wall = ended - self.t_start
+        self.metrics.write("end", wall_time_s=wall, train_time_s=wall - self.between_s, samples=self.samples,
+                           steps=self.steps_done,
                            batch=list(self.controller.batch), level=self.levels.level,
                            epochs=self.steps_done / self.sampler.steps_per_epoch, out_of_time=False,
                            **self.loop.summary())
         dist.barrier()  # every rank's end record is written before rank 0 reads them
         if self.rank == 0:
             summarize(self.job.out_dir)
+        self.epoch_ended_at = ended
 
     @property
     def batch_sizes(self) -> list[int]:
