@@ -4,6 +4,7 @@ First two wrong set-ups, each of which must be one UserError on every rank; then
 whose steps are checked by framework_checks.report.
 """
 
+import gc
 import os
 import sys
 
@@ -47,6 +48,8 @@ def main() -> None:
             optimizer.step()
             optimizer.zero_grad()
     report(recorder, data, len(loader), {"errors": errors})
+    del model, optimizer, loader  # the DDP model holds the process group: gone before the group, its threads end with it
+    gc.collect()
     accelerator.end_training()  # destroys the process group
 
 

@@ -4,6 +4,7 @@ First two wrong set-ups, each of which must be one UserError on every rank; then
 whose steps are checked by framework_checks.report.
 """
 
+import gc
 import os
 import sys
 
@@ -75,6 +76,8 @@ def main() -> None:
     record.trainer = trainer
     trainer.train()
     report(model.recorder, data, len(trainer.shares), {"errors": errors})
+    del trainer, record  # the DDP model holds the process group: gone before the group, its threads end with it
+    gc.collect()
     torch.distributed.destroy_process_group()
 
 

@@ -4,6 +4,7 @@ First two wrong set-ups, each of which must be one UserError on every rank; then
 steps are checked by framework_checks.report.
 """
 
+import gc
 import os
 import sys
 
@@ -66,6 +67,8 @@ def main() -> None:
     run = trainer(out)
     run.fit(model, DataLoader(data, batch_size=batch, shuffle=True))  # Lightning's own sampler stays on
     report(model.recorder, data, len(run.train_dataloader), {"errors": errors})
+    del run  # the DDP model holds the process group: gone before the group, its threads end with it
+    gc.collect()
     torch.distributed.destroy_process_group()
 
 
