@@ -2,11 +2,12 @@
 
 The same parts as there: a ``Backbone`` module (two linear layers), a ``LitClassifier`` system that
 trains it, a ``MyDataModule`` with train/val/test/predict loaders, and a main that fits, tests and
-predicts. Two things differ, so that it runs here: the data is scikit-learn's handwritten digits
-scaled to MNIST's 28x28 (no download), and the flags are read with argparse under the names
-LightningCLI gives them (LightningCLI needs jsonargparse, which the project does not install).
+predicts. Two things differ, so that it runs here. The data is scikit-learn's handwritten digits at
+MNIST's 28x28, each at 25 small shifts (no download; 37,425 training images, 7,500 test). The flags
+are read with argparse under the names LightningCLI gives them (LightningCLI needs jsonargparse,
+which the project does not install).
 
-    torchrun --nproc-per-node 4 examples/lightning_backbone.py --trainer.max_epochs 5
+    torchrun --nproc-per-node 4 examples/lightning_backbone.py --trainer.max_epochs 2
 
 ``examples/lightning_backbone_omnilearn.py`` is this script with omnilearn's controller.
 """
@@ -22,14 +23,19 @@ from torch.utils.data import DataLoader, Dataset, random_split
 
 
 class Digits(Dataset):
-    """scikit-learn's 1,797 digits as 1x28x28 images in [0, 1]: the first 1,497 to train, the rest to test."""
+    """scikit-learn's 1,797 digits as MNIST-like 1x28x28 images in [0, 1], each at 25 shifts of up to 2 pixels.
+
+    The first 1,497 digits give the training images (37,425), the last 300 the test images (7,500).
+    """
 
     def __init__(self, train: bool = True) -> None:
         bunch = load_digits()
-        images = F.interpolate(torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0, size=(28, 28),
-                               mode="bilinear", align_corners=False)
         part = slice(0, 1497) if train else slice(1497, None)
-        self.images, self.labels = images[part], torch.tensor(bunch.target)[part]
+        digits = F.interpolate(torch.tensor(bunch.images[part], dtype=torch.float32).unsqueeze(1) / 16.0,
+                               size=(24, 24), mode="bilinear", align_corners=False)
+        framed = F.pad(digits, (2, 2, 2, 2))
+        self.images = torch.cat([framed.roll((dy, dx), dims=(2, 3)) for dy in range(-2, 3) for dx in range(-2, 3)])
+        self.labels = torch.tensor(bunch.target[part]).repeat(25)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -84,7 +90,7 @@ class MyDataModule(LightningDataModule):
         super().__init__()
         dataset = Digits(train=True)
         self.digits_test = Digits(train=False)
-        self.digits_train, self.digits_val = random_split(dataset, [1297, 200],
+        self.digits_train, self.digits_val = random_split(dataset, [32425, 5000],
                                                           generator=torch.Generator().manual_seed(42))
         self.batch_size = batch_size
 
@@ -103,7 +109,7 @@ class MyDataModule(LightningDataModule):
 
 def cli_main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--trainer.max_epochs", dest="max_epochs", type=int, default=5)
+    p.add_argument("--trainer.max_epochs", dest="max_epochs", type=int, default=2)
     p.add_argument("--trainer.accelerator", dest="accelerator", default="cpu")
     p.add_argument("--trainer.devices", dest="devices", type=int, default=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     p.add_argument("--trainer.strategy", dest="strategy", default="ddp")
