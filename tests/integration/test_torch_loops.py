@@ -144,20 +144,19 @@ def _get_batch_loop(out: Path, rank: int) -> dict:
     model = HeteroDataParallel(net(), out=str(out))
     batches = HeteroBatches(get_batch, batch_size=5, accumulate=k, steps=steps)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    record, sizes = [], []
-    it = iter(batches)
-    for _ in range(steps):
-        before = {n: v.clone() for n, v in model.module.state_dict().items()}
-        for micro in range(k):
-            x, y = next(it)
-            with model.no_sync() if micro < k - 1 else nullcontext():
-                (F.cross_entropy(model(x), y) / k).backward()
-        mine = [i for part in drawn[-k:] for i in part]
-        sizes.append(len(mine))
-        record.append((before, [p.grad.clone() for p in model.module.parameters()], mine, None))
-        opt.step()
-        opt.zero_grad()
-    next(it, None)  # the pass ends: its end record and summary.json
+    record, sizes, before = [], [], None
+    for i, (x, y) in enumerate(batches):  # the loader's pattern; the pass ends with its summary.json
+        if i % k == 0:
+            before = {n: v.clone() for n, v in model.module.state_dict().items()}
+        last = (i + 1) % k == 0
+        with nullcontext() if last else model.no_sync():
+            (F.cross_entropy(model(x), y) / k).backward()
+        if last:
+            mine = [j for part in drawn[-k:] for j in part]
+            sizes.append(len(mine))
+            record.append((before, [p.grad.clone() for p in model.module.parameters()], mine, None))
+            opt.step()
+            opt.zero_grad()
     totals = [sum(s) for s in zip(*_gather(sizes), strict=True)]
     return {"grad_error": _worst_error(record, data), "step_totals": totals}
 
