@@ -132,7 +132,7 @@ def _get_batch_loop(out: Path, rank: int) -> dict:
     from omnilearn.torch import HeteroBatches, HeteroDataParallel
 
     torch.manual_seed(rank)
-    data, k, steps = Indexed(500), 2, 6
+    data, k, steps = Indexed(500), 2, 8
     g = torch.Generator().manual_seed(100 + rank)
     drawn: list[list[int]] = []
 
@@ -141,7 +141,7 @@ def _get_batch_loop(out: Path, rank: int) -> dict:
         drawn.append(idx.tolist())
         return data.x[idx], data.y[idx]
 
-    model = HeteroDataParallel(net(), out=str(out))
+    model = HeteroDataParallel(net(), out=str(out), tensorboard=True)
     batches = HeteroBatches(get_batch, batch_size=5, accumulate=k, steps=steps)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     record, sizes, before = [], [], None
@@ -224,6 +224,9 @@ def test_a_peek_and_an_evaluation_are_not_training_steps(loops: Path) -> None:
     assert got["eval_every_sample_once"] and got["steps"] == 2 * 4
     summary = json.loads((loops / "amp" / "summary.json").read_text())
     assert summary["samples"] == 2 * 64 and summary["epochs_done"] == 2, summary  # no phantom step per epoch
+    scores = summary["straggler_scores"]  # samples per compute-second of each rank, over its steps
+    assert len(scores) == 2 and max(s["relative"] for s in scores) == 1.0
+    assert all(0 < s["relative"] <= 1 and 0 < s["individual"] <= 1 for s in scores), scores
     for rank in (0, 1):
         assert len(_steps(loops / "amp", rank)) == 8
 
@@ -236,9 +239,19 @@ def test_the_launchers_threads_are_kept(loops: Path) -> None:
 
 def test_a_get_batch_loop_draws_its_share_and_is_measured(loops: Path) -> None:
     got = json.loads((loops / "results.json").read_text())["get_batch"]
-    assert got["grad_error"] < 1e-5 and got["step_totals"] == [20] * 6, got  # 5 per device x 2 ranks x 2
+    assert got["grad_error"] < 1e-5 and got["step_totals"] == [20] * 8, got  # 5 per device x 2 ranks x 2
     summary = json.loads((loops / "get_batch" / "summary.json").read_text())
-    assert summary["samples"] == 6 * 20 and summary["global_batch"] == 20
+    assert summary["samples"] == 8 * 20 and summary["global_batch"] == 20
+
+
+def test_tensorboard_shows_each_ranks_straggler_scores(loops: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    charts = sorted((loops / "get_batch" / "tensorboard").glob("straggler_relative_*"))
+    assert len(charts) == 2, charts  # one line per rank, after its first window of 8 steps
+    values = [EventAccumulator(str(c)).Reload().Scalars("straggler/relative")[-1].value for c in charts]
+    assert max(values) == 1.0 and all(0 < v <= 1 for v in values), values
 
 
 def test_a_step_left_without_its_all_reduce_is_named(loops: Path) -> None:

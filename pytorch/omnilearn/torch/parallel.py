@@ -43,13 +43,14 @@ class HeteroDataParallel(torch.nn.Module):
     ``policy`` and ``control`` (a dict of ``control.*`` keys, e.g. ``{"interval": 5}``) are the
     job config's ``control`` section; ``out``: the run folder (default: ``omnilearn emulate``'s, or
     ``runs/torch-<job id>``); ``per_level_threads``: under ``omnilearn emulate``, set torch's threads
-    to each level's CPUs (by default they stay as the launcher set them). One backward per
+    to each level's CPUs (by default they stay as the launcher set them); ``tensorboard``: rank 0
+    writes TensorBoard scalars to the run folder while it trains. One backward per
     micro-batch; the loss must be a mean over the micro-batch, divided by the micro-batches a step.
     ``model.eval()`` closes the step in progress, so evaluation is not timed as training.
     """
 
     def __init__(self, module: torch.nn.Module, *, policy: str = "dynamic", control: dict[str, Any] | None = None,
-                 out: str | None = None, per_level_threads: bool = False) -> None:
+                 out: str | None = None, per_level_threads: bool = False, tensorboard: bool = False) -> None:
         super().__init__()
         if not dist.is_initialized():
             raise UserError("HeteroDataParallel: call torch.distributed.init_process_group first")
@@ -62,7 +63,7 @@ class HeteroDataParallel(torch.nn.Module):
         self.session = StepSession(self.world, self.rank, policy=policy, control=control, out=out,
                                    library="omnilearn.torch", params=sum(p.numel() for p in self.params),
                                    device=str(self.device), model_name=type(module).__name__,
-                                   per_level_threads=per_level_threads)
+                                   per_level_threads=per_level_threads, tensorboard=tensorboard)
         self.grads = GradBuffer(self.params, extra=self.session.extra_slots)
         self.views = [p.grad for p in self.params]
         self._queued = self._deferred = False

@@ -38,6 +38,8 @@ from omnilearn.emulator.spec.plan import build_plan, worker_target
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JOB_FILE, OUT_ENV, T0_ENV, JobSpec, new_job_id
 from omnilearn.metrics import MetricsWriter, metrics_path
+from omnilearn.observe.tensorboard import LiveTensorBoard
+from omnilearn.report.stragglers import WINDOW_STEPS, StragglerScores
 from omnilearn.report.summary import summarize
 from omnilearn.train.sampler import GlobalBatchSampler
 
@@ -178,14 +180,18 @@ class StepSession:
     A step counts only once its all-reduce ran (:meth:`read_slots`): a batch drawn and never trained
     on (a peek at the loader) is neither recorded nor timed nor shown to the controller.
     ``per_level_threads``: set torch's threads to each level's allocation under ``omnilearn emulate``;
-    by default they stay as the launcher set them (``OMP_NUM_THREADS``).
+    by default they stay as the launcher set them (``OMP_NUM_THREADS``). ``tensorboard``: rank 0
+    writes TensorBoard scalars to ``OUT/tensorboard/`` from a thread (under ``omnilearn emulate``,
+    its ``--tensorboard`` writes them from outside the script instead).
     """
 
     def __init__(self, world: int, rank: int, *, policy: str = "dynamic", control: dict[str, Any] | None = None,
                  out: str | None = None, library: str = "omnilearn.torch", params: int = 0,
-                 device: str = "cpu", model_name: str = "", per_level_threads: bool = False) -> None:
+                 device: str = "cpu", model_name: str = "", per_level_threads: bool = False,
+                 tensorboard: bool = False) -> None:
         self.world, self.rank = world, rank
-        self.per_level_threads = per_level_threads
+        self.per_level_threads, self.tensorboard = per_level_threads, tensorboard
+        self.board: LiveTensorBoard | None = None
         self.settings = {"control.policy": policy, **{f"control.{k}": v for k, v in (control or {}).items()}}
         self.out, self.library, self.params, self.device, self.model_name = out, library, params, device, model_name
         self.extra_slots = 1 + world  # rank 0's clock, then every rank's compute time
@@ -230,6 +236,8 @@ class StepSession:
                                           min_local=c.min_batch)
         self.metrics = MetricsWriter(metrics_path(self.job.out_dir, self.rank))
         self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0)
+        if self.tensorboard and self.rank == 0 and not emulated:
+            self.board = LiveTensorBoard(self.job, stragglers=StragglerScores(self.world, WINDOW_STEPS)).__enter__()
         self.metrics.write("start", rank=self.rank, world=self.world, target=self.levels.target,
                            params=self.params, train_samples=dataset_size,
                            steps_per_epoch=self.sampler.steps_per_epoch, device=self.device,
@@ -321,6 +329,8 @@ class StepSession:
         dist.barrier()  # every rank's end record is written before rank 0 reads them
         if self.rank == 0:
             summarize(self.job.out_dir)
+        if self.board is not None:
+            self.board.update()
 
     @property
     def batch_sizes(self) -> list[int]:
