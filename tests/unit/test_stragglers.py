@@ -141,3 +141,16 @@ def test_tensorboard_gets_the_scores_live(tmp_path: Path) -> None:
     events = EventAccumulator(str(folder / "tensorboard" / f"straggler_relative_{name}")).Reload()
     values = [e.value for e in events.Scalars("straggler/relative")]
     assert values and values[-1] == pytest.approx(min(C) / C[0], abs=1e-3)
+
+
+def test_a_rewritten_summary_keeps_emulates_measurements_and_its_own_scores(tmp_path: Path) -> None:
+    from omnilearn.report.summary import summarize
+
+    folder = make_run(tmp_path, "uniform", UNIFORM, 0.0, 1)
+    job = JobSpec.load(folder / "job.json", out_dir=folder)
+    job.log_dir.mkdir(parents=True, exist_ok=True)
+    own = json.loads((folder / "summary.json").read_text())["straggler_scores"]
+    emulate.write_summary(job, 0.0, [1.0] * 3, [1.0, 2.0, 4.0], 3, None, [{"relative": 0.5, "individual": 0.5}] * 3)
+    again = summarize(folder)  # omnilearn report OUT
+    assert again["busy_seconds"] == [1.0, 2.0, 4.0] and again["command"] == "emulate"
+    assert again["straggler_scores"] == own and again["allocations"] == [0.5, 1.0, 2.0]

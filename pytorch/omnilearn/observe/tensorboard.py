@@ -64,6 +64,7 @@ class LiveTensorBoard:
         self.eval_tail = JsonlTail(eval_path(job.out_dir))
         self.recent: dict[int, deque[float]] = {}
         self.stragglers = stragglers
+        self.full_batch = 0
         self.interval = interval
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -107,8 +108,11 @@ class LiveTensorBoard:
 
     def _straggler(self, worker: int, rec: dict[str, Any], step: int, when: float | None) -> None:
         """A full step's samples per compute-second into its worker's window; the scores when one closes."""
-        full = rec.get("global_batch", self.job.config.train.global_batch) == self.job.config.train.global_batch
-        if self.stragglers is None or not full or not 0 <= worker < len(self.tails) - self.asp:
+        # a step below the largest global batch yet is an epoch's partial last one (ASP: no global batch)
+        self.full_batch = max(self.full_batch, rec.get("global_batch", 0))
+        if self.stragglers is None or rec.get("global_batch", 0) < self.full_batch:
+            return
+        if not 0 <= worker < len(self.tails) - self.asp:
             return
         if not self.stragglers.add(worker, float(rec["batch"]), float(rec["compute_ms"]) / 1e3):
             return

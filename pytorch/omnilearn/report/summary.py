@@ -250,10 +250,10 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     return summary
 
 
-EMULATE_KEYS = ("command", "backend", "schedule", "targets", "allocations", "cpu_seconds", "processes",
-                "busy_seconds", "busy_ratio", "containers")
-"""What ``omnilearn emulate`` adds to a run folder's ``summary.json`` (its straggler scores, from busy
-time, only where the script recorded no steps)."""
+EMULATE_KEYS = ("command", "targets", "cpu_seconds", "processes", "busy_seconds", "busy_ratio", "containers")
+"""What ``omnilearn emulate`` adds to a run folder's ``summary.json`` that a summary of steps has not
+(its ``allocations`` over time are the steps' final ones here; its straggler scores, from busy time,
+only stand where the script recorded no steps)."""
 
 
 def emulated(out_dir: Path) -> dict[str, Any]:
