@@ -1,11 +1,15 @@
 """``HeteroDataParallel``: the BSP worker's synchronous step and batch controller, in a user's own loop.
 
 Wrap the model after ``dist.init_process_group`` and iterate a
-:class:`~omnilearn.torch.loader.HeteroDataLoader`; the loop itself stays the user's (forward, loss as
-a mean over the local batch, ``backward``, ``optimizer.step``). At the end of each backward the
-local gradient is weighted by ``b_i / B`` and every rank's gradients are summed with one all-reduce
-of a flat buffer (:class:`~omnilearn.train.distributed.GradBuffer`): the update is the gradient of
-the whole global batch, whatever the split.
+:class:`~omnilearn.torch.loader.HeteroDataLoader` (or :class:`~omnilearn.torch.loader.HeteroBatches`
+around the loop's own ``get_batch``); the loop itself stays the user's (forward, loss as a mean over
+the micro-batch divided by the number of micro-batches a step, ``backward``, ``optimizer.step``).
+At the end of a step's last backward the local gradient is weighted by ``b_i / B`` and every rank's
+gradients are summed with one all-reduce of a flat buffer
+(:class:`~omnilearn.train.distributed.GradBuffer`): the update is the gradient of the whole global
+batch, whatever the split. With ``k`` micro-batches a step (gradient accumulation), the earlier
+backwards only accumulate locally, each micro-batch's gradient weighted by its share of the local
+batch (``k m_j / b_i``: 1 when the micro-batches are equal), so the result is the same.
 
 The buffer's spare slots carry the step's measurements (see
 :class:`~omnilearn.torch.session.StepSession`, which keeps this rank's side of the controller), so a
@@ -14,6 +18,8 @@ step has one collective.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -22,7 +28,7 @@ import torch.distributed as dist
 from omnilearn.errors import UserError
 from omnilearn.torch.session import StepSession
 from omnilearn.train.distributed import GradBuffer
-from omnilearn.train.sampler import GlobalBatchSampler
+from omnilearn.train.sampler import GlobalBatchSampler, micro_sizes
 
 _ACTIVE: list[HeteroDataParallel] = []  # the wrapper a HeteroDataLoader of this process steps with
 
@@ -36,11 +42,15 @@ class HeteroDataParallel(torch.nn.Module):
 
     ``policy`` and ``control`` (a dict of ``control.*`` keys, e.g. ``{"interval": 5}``) are the
     job config's ``control`` section; ``out``: the run folder (default: ``omnilearn emulate``'s, or
-    ``runs/torch-<job id>``). One backward per step; the loss must be a mean over the local batch.
+    ``runs/torch-<job id>``); ``per_level_threads``: under ``omnilearn emulate``, set torch's threads
+    to each level's CPUs (by default they stay as the launcher set them); ``tensorboard``: rank 0
+    writes TensorBoard scalars to the run folder while it trains. One backward per
+    micro-batch; the loss must be a mean over the micro-batch, divided by the micro-batches a step.
+    ``model.eval()`` closes the step in progress, so evaluation is not timed as training.
     """
 
     def __init__(self, module: torch.nn.Module, *, policy: str = "dynamic", control: dict[str, Any] | None = None,
-                 out: str | None = None) -> None:
+                 out: str | None = None, per_level_threads: bool = False, tensorboard: bool = False) -> None:
         super().__init__()
         if not dist.is_initialized():
             raise UserError("HeteroDataParallel: call torch.distributed.init_process_group first")
@@ -52,10 +62,14 @@ class HeteroDataParallel(torch.nn.Module):
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.session = StepSession(self.world, self.rank, policy=policy, control=control, out=out,
                                    library="omnilearn.torch", params=sum(p.numel() for p in self.params),
-                                   device=str(self.device), model_name=type(module).__name__)
+                                   device=str(self.device), model_name=type(module).__name__,
+                                   per_level_threads=per_level_threads, tensorboard=tensorboard)
         self.grads = GradBuffer(self.params, extra=self.session.extra_slots)
         self.views = [p.grad for p in self.params]
-        self._queued = False
+        self._queued = self._deferred = False
+        self.micro: list[int] = [0]  # this rank's micro-batch sizes in the open step
+        self.backwards = 0  # backwards run in the open step
+        self.reduced = False
         for p in self.params:
             p.register_hook(self._on_grad)
         _ACTIVE.append(self)
@@ -63,11 +77,25 @@ class HeteroDataParallel(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
+    def train(self, mode: bool = True) -> HeteroDataParallel:
+        if not mode:
+            self.finish_step()  # what follows (evaluation) is not the step's
+        return super().train(mode)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backwards inside keep their gradient local, as DDP's ``no_sync`` (a step's last one all-reduces)."""
+        before, self._deferred = self._deferred, True
+        try:
+            yield
+        finally:
+            self._deferred = before
+
     # ------------------------------------------------------------------------ set-up, by the loader
-    def attach(self, dataset_size: int, global_batch: int, seed: int, drop_last: bool, names: tuple[str, str]
-               ) -> GlobalBatchSampler:
+    def attach(self, dataset_size: int, global_batch: int, seed: int, drop_last: bool, names: tuple[str, str],
+               accumulate: int = 1) -> GlobalBatchSampler:
         """Build the job, its controller and the sampler on the loader's first epoch."""
-        return self.session.attach(dataset_size, global_batch, seed, drop_last, names)
+        return self.session.attach(dataset_size, global_batch, seed, drop_last, names, min_batch=accumulate)
 
     @property
     def sampler(self) -> GlobalBatchSampler | None:
@@ -82,22 +110,55 @@ class HeteroDataParallel(torch.nn.Module):
         self.session.epochs = value
 
     # ----------------------------------------------------------------------------- steps
-    def begin_step(self, epoch: int, step: int, steps: int) -> list[int]:
-        """Close the previous step, follow the level, and open this one; returns the step's sizes."""
+    def begin_step(self, epoch: int, step: int, steps: int, accumulate: int = 1) -> list[int]:
+        """Close the previous step, follow the level, and open this one of ``accumulate`` micro-batches;
+        returns the step's sizes (every rank's)."""
+        self._check_closed()
         sizes = self.session.begin_step(epoch, step, steps)
+        self.micro = micro_sizes(sizes[self.rank], accumulate)
+        self.backwards, self.reduced = 0, False
         self.grads.zero()
         for p, v in zip(self.params, self.views, strict=True):
             p.grad = v
         return sizes
 
-    def _on_grad(self, grad: torch.Tensor) -> None:
-        if not self._queued and self.session.pending is not None:
+    def _on_grad(self, grad: torch.Tensor) -> torch.Tensor | None:
+        if self.session.pending is None:
+            return None
+        if not self._queued:
             self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._reduce)
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        j, k = self.backwards, len(self.micro)
+        if k == 1 or j >= k:
+            return None
+        local = sum(self.micro)
+        if self.micro[j] == 0:  # an empty micro-batch of a partial last step: its loss is no number
+            return torch.zeros_like(grad)
+        weight = k * self.micro[j] / local  # its part of the local mean (the loss was divided by k)
+        return None if weight == 1.0 else grad * weight
+
+    def _end_backward(self) -> None:
+        """End of a backward: a step's last one (not under ``no_sync``) all-reduces."""
+        self._queued = False
+        if self.reduced:
+            raise UserError("HeteroDataParallel: a backward after the step's all-reduce; with gradient "
+                            "accumulation, give the loader accumulate=<micro-batches per optimizer step>")
+        self.backwards += 1
+        if self._deferred or self.backwards < len(self.micro):
+            return
+        self.reduced = True
+        self._reduce()
+
+    def _check_closed(self) -> None:
+        if self.backwards and not self.reduced:
+            raise UserError(f"HeteroDataParallel: a step ended after {self.backwards} backward(s) and no "
+                            f"all-reduce (its last one under no_sync(), or fewer than the loader's "
+                            f"accumulate={len(self.micro)} micro-batches): give the loader "
+                            "accumulate=<micro-batches per optimizer step>, and run its last backward "
+                            "outside no_sync()")
 
     def _reduce(self) -> None:
-        """End of backward: this rank's gradient, weighted by b_i / B, summed over ranks."""
-        self._queued = False
+        """This rank's gradient, weighted by b_i / B, summed over ranks."""
         for p, v in zip(self.params, self.views, strict=True):
             if p.grad is None:
                 v.zero_()
@@ -116,11 +177,15 @@ class HeteroDataParallel(torch.nn.Module):
 
     def finish_step(self) -> None:
         """Measure the step just done, record it, and let the controller decide (every rank alike)."""
+        self._check_closed()
         self.session.finish_step()
+        self.backwards, self.reduced = 0, False
 
     def end_epoch(self, epoch: int) -> None:
         """After an epoch: its last step closed, an end record (the latest counts), ``summary.json``."""
+        self._check_closed()
         self.session.end_epoch(epoch)
+        self.backwards, self.reduced = 0, False
 
     @property
     def batch_sizes(self) -> list[int]:

@@ -19,6 +19,7 @@ the script itself, through the same request log and toggler as a run's workers.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ from omnilearn.emulator.spec.plan import build_plan, worker_target
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JOB_FILE, OUT_ENV, T0_ENV, JobSpec, new_job_id
 from omnilearn.metrics import MetricsWriter, metrics_path
+from omnilearn.observe.tensorboard import LiveTensorBoard
+from omnilearn.report.stragglers import WINDOW_STEPS, StragglerScores
 from omnilearn.report.summary import summarize
 from omnilearn.train.sampler import GlobalBatchSampler
 
@@ -88,11 +91,16 @@ def make_job(world: int, rank: int, global_batch: int, settings: dict[str, Any],
 
 @dataclass
 class Levels:
-    """The level in force at each step, and this rank's allocation, under ``omnilearn emulate``."""
+    """The level in force at each step, and this rank's allocation, under ``omnilearn emulate``.
+
+    ``set_threads``: match torch's threads to each level's allocation; without it they stay as the
+    launcher set them (``OMP_NUM_THREADS``), and :attr:`threads` stays None.
+    """
 
     job: JobSpec
     rank: int
     emulated: bool
+    set_threads: bool = False
     level: str | None = None
     cpus: float | None = None
     threads: int | None = None
@@ -106,7 +114,8 @@ class Levels:
             self.t0 = float(os.environ.get(T0_ENV) or time.time())
             if self.schedule.unit != "seconds":  # levels follow the script's epochs: the script asks for them
                 self.client = AllocationClient(self.job.plan, self.job.log_dir, self.rank, self.target,
-                                               self.job.config.emulation.ack_timeout)
+                                               self.job.config.emulation.ack_timeout,
+                                               set_threads=self.set_threads)
 
     @property
     def schedule(self):  # noqa: ANN201 - emulator.schedule.Schedule
@@ -123,14 +132,18 @@ class Levels:
         if self.client is not None:
             event = self.client.ensure(self.schedule.level_at(epoch_position), epoch_position)
             if event is not None:
-                self.level, self.cpus, self.threads = self.client.level, self.client.allocation.share, \
-                    self.client.threads
+                self.level, self.cpus = self.client.level, self.client.allocation.share
+                self.threads = self.client.threads if self.set_threads else None
             return event
         level = self.schedule.level_at(clock)
         if level == self.level:
             return None
         previous, self.level = self.level, level
-        self.cpus = self.job.plan.allocation(level, self.target).share
+        allocation = self.job.plan.allocation(level, self.target)
+        self.cpus = allocation.share
+        if self.set_threads:
+            self.threads = allocation.threads()
+            torch.set_num_threads(self.threads)
         return {"from_level": previous, "level": level, "epoch": epoch_position, "target": self.target,
                 "status": "applied by omnilearn emulate", "clock_s": round(clock, 3)}
 
@@ -138,7 +151,8 @@ class Levels:
         """The outcome of a change the toggler was still retrying, once it has one (else None)."""
         late = self.client.settle(epoch_position) if self.client is not None else None
         if late is not None and self.client is not None:
-            self.cpus, self.threads = self.client.allocation.share, self.client.threads
+            self.cpus = self.client.allocation.share
+            self.threads = self.client.threads if self.set_threads else None
         return late
 
     def shares(self) -> list[float | None]:
@@ -162,12 +176,22 @@ class StepSession:
     :meth:`fill_slots`, plus what the previous step spent after its all-reduce (the optimizer step
     and the loop's own work, one step late). Records go to ``metrics/rank-<r>.jsonl``; after each
     epoch rank 0 writes ``summary.json``.
+
+    A step counts only once its all-reduce ran (:meth:`read_slots`): a batch drawn and never trained
+    on (a peek at the loader) is neither recorded nor timed nor shown to the controller.
+    ``per_level_threads``: set torch's threads to each level's allocation under ``omnilearn emulate``;
+    by default they stay as the launcher set them (``OMP_NUM_THREADS``). ``tensorboard``: rank 0
+    writes TensorBoard scalars to ``OUT/tensorboard/`` from a thread (under ``omnilearn emulate``,
+    its ``--tensorboard`` writes them from outside the script instead).
     """
 
     def __init__(self, world: int, rank: int, *, policy: str = "dynamic", control: dict[str, Any] | None = None,
                  out: str | None = None, library: str = "omnilearn.torch", params: int = 0,
-                 device: str = "cpu", model_name: str = "") -> None:
+                 device: str = "cpu", model_name: str = "", per_level_threads: bool = False,
+                 tensorboard: bool = False) -> None:
         self.world, self.rank = world, rank
+        self.per_level_threads, self.tensorboard = per_level_threads, tensorboard
+        self.board: LiveTensorBoard | None = None
         self.settings = {"control.policy": policy, **{f"control.{k}": v for k, v in (control or {}).items()}}
         self.out, self.library, self.params, self.device, self.model_name = out, library, params, device, model_name
         self.extra_slots = 1 + world  # rank 0's clock, then every rank's compute time
@@ -184,11 +208,12 @@ class StepSession:
         self.epoch_ended_at: float | None = None
 
     # ------------------------------------------------------------------------ set-up
-    def attach(self, dataset_size: int, global_batch: int, seed: int, drop_last: bool, names: tuple[str, str]
-               ) -> GlobalBatchSampler:
+    def attach(self, dataset_size: int, global_batch: int, seed: int, drop_last: bool, names: tuple[str, str],
+               *, min_batch: int = 1) -> GlobalBatchSampler:
         """Build the job, its controller and the sampler (once; later calls return the sampler).
 
         ``names``: (model, data) names for the job file; the session's ``model_name`` wins if given.
+        ``min_batch``: a floor under ``control.min_batch`` (``k`` micro-batches a step need ``k`` samples).
         """
         if self.sampler is not None:
             if self.sampler.global_batch != global_batch or self.sampler.dataset_size != dataset_size:
@@ -201,13 +226,20 @@ class StepSession:
         c = effective(self.job.config.control, global_batch, self.world)
         if c.policy not in POLICIES:
             raise UserError(f"{self.library}: policy {c.policy!r} is not a batch controller's")
+        if min_batch > c.min_batch:
+            if min_batch * self.world > global_batch:
+                raise UserError(f"{self.library}: a global batch of {global_batch} over {self.world} ranks leaves "
+                                f"a rank fewer than {min_batch} samples, one per micro-batch: give a larger batch")
+            c = dataclasses.replace(c, min_batch=min_batch)
         self.controller = make_controller(c, global_batch, Bounds.make(self.world, c.min_batch, c.max_batch,
                                                                       global_batch))
-        self.levels = Levels(self.job, self.rank, emulated)
+        self.levels = Levels(self.job, self.rank, emulated, set_threads=self.per_level_threads)
         self.sampler = GlobalBatchSampler(dataset_size, global_batch, seed, drop_last=drop_last,
                                           min_local=c.min_batch)
         self.metrics = MetricsWriter(metrics_path(self.job.out_dir, self.rank))
         self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0)
+        if self.tensorboard and self.rank == 0 and not emulated:
+            self.board = LiveTensorBoard(self.job, stragglers=StragglerScores(self.world, WINDOW_STEPS)).__enter__()
         self.metrics.write("start", rank=self.rank, world=self.world, target=self.levels.target,
                            params=self.params, train_samples=dataset_size,
                            steps_per_epoch=self.sampler.steps_per_epoch, device=self.device,
@@ -273,12 +305,14 @@ class StepSession:
         if self.pending is None:
             return
         p, self.pending = self.pending, None
+        if self.values is None:  # no all-reduce: the batch was drawn, never trained on
+            self.filled_at = None
+            return
         now = time.perf_counter()
         compute_s = max(now - p["t0"] - self.sync_s, 0.0)
         self.after_s = now - self.reduced_at if self.reduced_at is not None else 0.0
         values, self.values, self.reduced_at, self.filled_at = self.values, None, None, None
-        if values is not None:
-            self.clock = values[0]  # rank 0's: every rank labels and decides at the same step
+        self.clock = values[0]  # rank 0's: every rank labels and decides at the same step
         self.steps_done += 1
         self.samples += sum(self.sizes)
         ctl, t = self.controller, self.sampler
@@ -287,7 +321,7 @@ class StepSession:
                            global_batch=sum(self.sizes), compute_ms=round(compute_s * 1e3, 3),
                            sync_ms=round(self.sync_s * 1e3, 3), loss=None, train_acc=None, level=self.levels.level,
                            cpus=self.levels.cpus, threads=self.levels.threads or torch.get_num_threads())
-        full = sum(self.sizes) == t.global_batch and values is not None
+        full = sum(self.sizes) == t.global_batch
         times = values[1:1 + self.world] if full and ctl.measures else None
         steps_left = t.steps_per_epoch * self.epochs - self.steps_done if self.epochs else None
         self.loop.step(times, ctl.due(self.steps_done, p["last"]), steps_left, self.levels.shares,
@@ -311,6 +345,8 @@ class StepSession:
         dist.barrier()  # every rank's end record is written before rank 0 reads them
         if self.rank == 0:
             summarize(self.job.out_dir)
+        if self.board is not None:
+            self.board.update()
         self.epoch_ended_at = ended
 
     @property
