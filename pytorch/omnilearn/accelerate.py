@@ -67,13 +67,15 @@ class HeteroAccelerator(Accelerator):
     ``global_batch``: samples per step over all ranks (default: the training DataLoader's
     ``batch_size`` times the number of processes). ``policy`` and ``control`` (a dict of
     ``control.*`` keys) are a job config's ``control`` section; ``out``: the run folder (default:
-    ``omnilearn emulate``'s, or ``runs/torch-<job id>``); ``seed``: the permutation's; ``epochs``:
-    the loop's epochs, if known (the controller's horizon). Other arguments go to ``Accelerator``.
+    ``omnilearn emulate``'s, or ``runs/torch-<job id>``); ``per_level_threads`` and ``tensorboard`` as
+    :class:`~omnilearn.torch.HeteroDataParallel`'s; ``seed``: the permutation's; ``epochs``: the
+    loop's epochs, if known (the controller's horizon). Other arguments go to ``Accelerator``.
     """
 
     def __init__(self, *args: Any, global_batch: int | None = None, policy: str = "dynamic",
                  control: dict[str, Any] | None = None, out: str | None = None, seed: int = 0,
-                 epochs: int | None = None, **kwargs: Any) -> None:
+                 epochs: int | None = None, per_level_threads: bool = False, tensorboard: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if self.num_processes != launched:
@@ -83,7 +85,8 @@ class HeteroAccelerator(Accelerator):
             raise UserError(f"{LIBRARY}: gradient_accumulation_steps={self.gradient_accumulation_steps} is not "
                             "supported: the controller sizes each step's batch; raise the global batch instead")
         self.session = StepSession(self.num_processes, self.process_index, policy=policy, control=control, out=out,
-                                   library=LIBRARY, device=str(self.device))
+                                   library=LIBRARY, device=str(self.device), per_level_threads=per_level_threads,
+                                   tensorboard=tensorboard)
         self.session.epochs = epochs
         self.global_batch, self.seed = global_batch, seed
 

@@ -50,16 +50,19 @@ class HeteroTrainer(Trainer):
     ``global_batch``: samples per step over all ranks (default: ``per_device_train_batch_size``
     times the number of processes). ``policy`` and ``control`` (a dict of ``control.*`` keys) are a
     job config's ``control`` section; ``out``: the run folder (default: ``omnilearn emulate``'s, or
-    ``runs/torch-<job id>``). The permutation's seed is ``args.data_seed`` or ``args.seed``. Other
-    arguments go to ``Trainer``.
+    ``runs/torch-<job id>``); ``per_level_threads`` and ``tensorboard`` as
+    :class:`~omnilearn.torch.HeteroDataParallel`'s. The permutation's seed is ``args.data_seed`` or
+    ``args.seed``. Other arguments go to ``Trainer``.
     """
 
     def __init__(self, *args: Any, global_batch: int | None = None, policy: str = "dynamic",
-                 control: dict[str, Any] | None = None, out: str | None = None, **kwargs: Any) -> None:
+                 control: dict[str, Any] | None = None, out: str | None = None, per_level_threads: bool = False,
+                 tensorboard: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _check_args(self)
         self.model_accepts_loss_kwargs = False  # the loss is the model's mean over this rank's batch
-        self.hetero = {"policy": policy, "control": control, "out": out}
+        self.hetero = {"policy": policy, "control": control, "out": out, "per_level_threads": per_level_threads,
+                       "tensorboard": tensorboard}
         self.global_batch = global_batch
         self.session: StepSession | None = None
         self.shares: ShareBatchSampler | None = None

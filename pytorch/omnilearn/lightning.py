@@ -48,7 +48,8 @@ class HeteroDDPStrategy(DDPStrategy):
     ``global_batch``: samples per step over all ranks (default: the training DataLoader's
     ``batch_size`` times the number of ranks). ``policy`` and ``control`` (a dict of ``control.*``
     keys, e.g. ``{"interval": 5}``) are a job config's ``control`` section; ``out``: the run folder
-    (default: ``omnilearn emulate``'s, or ``runs/torch-<job id>``). ``seed``: the permutation's
+    (default: ``omnilearn emulate``'s, or ``runs/torch-<job id>``); ``per_level_threads`` and
+    ``tensorboard`` as :class:`~omnilearn.torch.HeteroDataParallel`'s. ``seed``: the permutation's
     (default: ``seed_everything``'s, else 0). Other keyword arguments go to ``DDPStrategy``.
     """
 
@@ -56,12 +57,13 @@ class HeteroDDPStrategy(DDPStrategy):
 
     def __init__(self, *, global_batch: int | None = None, policy: str = "dynamic",
                  control: dict[str, Any] | None = None, out: str | None = None, seed: int | None = None,
-                 **ddp_kwargs: Any) -> None:
+                 per_level_threads: bool = False, tensorboard: bool = False, **ddp_kwargs: Any) -> None:
         for key in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper", "model_averaging_period"):
             if key in ddp_kwargs:
                 raise UserError(f"HeteroDDPStrategy({key}=...): omnilearn's communication hook does the reduction")
         super().__init__(**ddp_kwargs)
-        self.hetero = {"policy": policy, "control": control, "out": out}
+        self.hetero = {"policy": policy, "control": control, "out": out, "per_level_threads": per_level_threads,
+                       "tensorboard": tensorboard}
         self.global_batch, self.seed = global_batch, seed
         self.session: StepSession | None = None
         self.shares: ShareBatchSampler | None = None

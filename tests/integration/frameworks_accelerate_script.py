@@ -1,7 +1,7 @@
 """Run by tests/integration/test_frameworks.py under torchrun: omnilearn.accelerate's guarantees on 2 gloo ranks.
 
 First two wrong set-ups, each of which must be one UserError on every rank; then an Accelerate loop
-whose steps are checked by framework_checks.report.
+whose loader draws ahead of training (a worker process), its steps checked by framework_checks.report.
 """
 
 import gc
@@ -35,7 +35,8 @@ def main() -> None:
     torch.manual_seed(accelerator.process_index)  # different starts: DDP must make them equal
     net = tiny_net()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    loader = accelerator.share_batches(DataLoader(data, batch_size=batch, shuffle=True))
+    # a worker process draws batches two steps ahead of training: each step keeps the shares it was drawn with
+    loader = accelerator.share_batches(DataLoader(data, batch_size=batch, shuffle=True, num_workers=1))
     model, optimizer, loader = accelerator.prepare(net, optimizer, loader)
     recorder = Recorder(net)
     for _ in range(EPOCHS):
