@@ -98,7 +98,8 @@ def get_dataloaders(accelerator: Accelerator, batch_size: int = 16):
 
 
 def training_function(config, args):
-    accelerator = HeteroAccelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, policy=args.policy)
+    accelerator = HeteroAccelerator(cpu=args.cpu, mixed_precision=args.mixed_precision, policy=args.policy,
+                                    per_level_threads=True)
     lr, num_epochs, seed, batch_size = config["lr"], int(config["num_epochs"]), int(config["seed"]), int(config["batch_size"])
     metric = PairMetric()
 

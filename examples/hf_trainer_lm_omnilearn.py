@@ -79,7 +79,7 @@ def main() -> None:
 
     # Training
     trainer = HeteroTrainer(
-        policy=args.policy,
+        policy=args.policy, per_level_threads=True,
         model=model,
         args=training_args,
         train_dataset=dataset["train"],

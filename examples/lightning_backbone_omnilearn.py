@@ -124,7 +124,7 @@ def cli_main() -> None:
     seed_everything(1234)
     model, datamodule = LitClassifier(Backbone(args.hidden_dim), args.learning_rate), MyDataModule(args.batch_size)
     trainer = Trainer(max_epochs=args.max_epochs, accelerator=args.accelerator, devices=args.devices,
-                      strategy=HeteroDDPStrategy(policy=args.policy), default_root_dir=args.root)
+                      strategy=HeteroDDPStrategy(policy=args.policy, per_level_threads=True), default_root_dir=args.root)
     trainer.fit(model, datamodule=datamodule)
     trainer.test(ckpt_path="best", datamodule=datamodule)
     predictions = trainer.predict(ckpt_path="best", datamodule=datamodule)
