@@ -15,6 +15,8 @@ points:
 - ``training_step``: the DistributedDataParallel model gets omnilearn's communication hook
   (:func:`~omnilearn.torch.ddp_hook.weighted_sum_hook`) before its first backward: each rank's
   gradient weighted by ``b_i / B`` and summed, the last bucket carrying the step's measurements.
+  That DDP leaves buffers alone (``broadcast_buffers=False``; see
+  :data:`~omnilearn.torch.ddp_hook.BUFFERS_STAY_LOCAL`).
 - a ``TrainerCallback``: a step opens at ``on_step_begin`` (its batch in hand) and closes at
   ``on_step_end`` (after the optimizer step), before any logging, saving or evaluation.
 
@@ -36,8 +38,9 @@ from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback
 from transformers.utils import is_datasets_available
 
+from omnilearn.accelerate import keep_buffers_local
 from omnilearn.errors import UserError
-from omnilearn.torch.ddp_hook import register_weighted_sum
+from omnilearn.torch.ddp_hook import BUFFERS_STAY_LOCAL, register_weighted_sum
 from omnilearn.torch.session import StepSession
 from omnilearn.torch.shares import ShareBatchSampler, share_loader
 
@@ -60,6 +63,7 @@ class HeteroTrainer(Trainer):
                  tensorboard: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _check_args(self)
+        keep_buffers_local(self.accelerator)
         self.model_accepts_loss_kwargs = False  # the loss is the model's mean over this rank's batch
         self.hetero = {"policy": policy, "control": control, "out": out, "per_level_threads": per_level_threads,
                        "tensorboard": tensorboard}
@@ -140,6 +144,8 @@ def _check_args(trainer: HeteroTrainer) -> None:
     if trainer.compute_loss_func is not None:
         raise UserError(f"{LIBRARY}: compute_loss_func is not supported: the loss must be the model's mean over "
                         "the rank's batch")
+    if args.ddp_broadcast_buffers:
+        raise UserError(f"{LIBRARY}: ddp_broadcast_buffers=True: {BUFFERS_STAY_LOCAL}")
     if args.train_sampling_strategy != "random":
         raise UserError(f"{LIBRARY}: train_sampling_strategy={args.train_sampling_strategy!r}: omnilearn's sampler "
                         "decides the order (one seeded permutation per epoch); leave it at 'random'")

@@ -14,6 +14,8 @@ three changes, each at one of Lightning's extension points:
 - the gradients (DDP's communication hook): :func:`~omnilearn.torch.ddp_hook.weighted_sum_hook`
   weights each rank's gradient by ``b_i / B`` instead of DDP's average, and its last bucket carries
   the step's measurements; Lightning registers hooks on GPUs only, this strategy on every device.
+  DDP leaves buffers alone (``broadcast_buffers=False``; see
+  :data:`~omnilearn.torch.ddp_hook.BUFFERS_STAY_LOCAL`).
 - the steps (``on_train_batch_start``, ``optimizer_step``): a step opens when its batch is in hand
   and closes after its optimizer step; then the controller decides the shares of the steps drawn
   next. Validation between steps is not counted as any rank's compute.
@@ -35,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from omnilearn.errors import UserError
-from omnilearn.torch.ddp_hook import register_weighted_sum
+from omnilearn.torch.ddp_hook import BUFFERS_STAY_LOCAL, register_weighted_sum
 from omnilearn.torch.session import StepSession
 from omnilearn.torch.shares import ShareBatchSampler, share_loader
 
@@ -61,6 +63,8 @@ class HeteroDDPStrategy(DDPStrategy):
         for key in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper", "model_averaging_period"):
             if key in ddp_kwargs:
                 raise UserError(f"HeteroDDPStrategy({key}=...): omnilearn's communication hook does the reduction")
+        if ddp_kwargs.setdefault("broadcast_buffers", False):
+            raise UserError(f"HeteroDDPStrategy(broadcast_buffers=True): {BUFFERS_STAY_LOCAL}")
         super().__init__(**ddp_kwargs)
         self.hetero = {"policy": policy, "control": control, "out": out, "per_level_threads": per_level_threads,
                        "tensorboard": tensorboard}

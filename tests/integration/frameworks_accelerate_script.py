@@ -48,7 +48,7 @@ def main() -> None:
             recorder.grads(accelerator.session.weight)
             optimizer.step()
             optimizer.zero_grad()
-    report(recorder, data, len(loader), {"errors": errors})
+    report(recorder, data, len(loader), {"errors": errors, "broadcast_buffers": model.broadcast_buffers})
     del model, optimizer, loader  # the DDP model holds the process group: gone before the group, its threads end with it
     gc.collect()
     accelerator.end_training()  # destroys the process group

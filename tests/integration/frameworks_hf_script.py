@@ -75,7 +75,8 @@ def main() -> None:
                             callbacks=[record])
     record.trainer = trainer
     trainer.train()
-    report(model.recorder, data, len(trainer.shares), {"errors": errors})
+    report(model.recorder, data, len(trainer.shares),
+           {"errors": errors, "broadcast_buffers": trainer.model_wrapped.broadcast_buffers})
     del trainer, record  # the DDP model holds the process group: gone before the group, its threads end with it
     gc.collect()
     torch.distributed.destroy_process_group()

@@ -34,6 +34,7 @@ class Classifier(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer):
         self.recorder.grads(self.trainer.strategy.session.weight)
+        self.broadcast_buffers = self.trainer.strategy.model.broadcast_buffers  # DDP's, while it wraps the module
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -66,7 +67,8 @@ def main() -> None:
     model = Classifier()
     run = trainer(out)
     run.fit(model, DataLoader(data, batch_size=batch, shuffle=True))  # Lightning's own sampler stays on
-    report(model.recorder, data, len(run.train_dataloader), {"errors": errors})
+    report(model.recorder, data, len(run.train_dataloader),
+           {"errors": errors, "broadcast_buffers": model.broadcast_buffers})
     del run  # the DDP model holds the process group: gone before the group, its threads end with it
     gc.collect()
     torch.distributed.destroy_process_group()

@@ -50,6 +50,7 @@ def test_two_ranks_get_shares_and_the_global_batch_gradient(name: str, tmp_path:
     for error, culprit in zip(result["errors"], REFUSALS[name], strict=True):
         assert culprit in error, result["errors"]
     assert not (tmp_path / "runs").exists()  # the refused set-ups started nothing
+    assert result["broadcast_buffers"] is False  # no collective of DDP's inside the step
     for rank in (0, 1):
         kinds = {json.loads(line)["kind"] for line in (out / "metrics" / f"rank-{rank}.jsonl").read_text().splitlines()}
         assert {"start", "step", "end", "batch_change"} <= kinds

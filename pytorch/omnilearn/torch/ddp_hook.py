@@ -9,6 +9,12 @@ is the gradient of the whole global batch, whatever the split. The last bucket o
 reduces it after every other one, once the backward has produced every gradient) also carries the
 session's spare slots (rank 0's clock and every rank's compute time): the controller's
 measurements ride the gradient all-reduce, and a step has no collective of its own.
+
+DDP must also leave buffers alone (``broadcast_buffers=False``, :data:`BUFFERS_STAY_LOCAL`): by
+default it broadcasts rank 0's buffers at the start of every forward, a collective inside the step
+that makes every rank wait for rank 0 there and hides the faster ranks' speed from the controller.
+As in omnilearn's own BSP step and ``HeteroDataParallel``, every rank starts from rank 0's buffers
+(DDP broadcasts them once, when it wraps the model) and then keeps its own.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations (dist.GradBucket) at registration.
@@ -20,6 +26,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from omnilearn.errors import UserError
 from omnilearn.torch.session import StepSession
+
+BUFFERS_STAY_LOCAL = ("DDP's broadcast_buffers must be False: its broadcast at every forward would make every rank "
+                      "wait for rank 0 inside the step, and hide the faster ranks' speed from the controller")
 
 
 @dataclass
@@ -34,6 +43,7 @@ def register_weighted_sum(model: DistributedDataParallel, session: StepSession) 
     """Replace DDP's averaging by :func:`weighted_sum_hook` (before the model's first backward)."""
     if not isinstance(model, DistributedDataParallel):
         raise UserError(f"omnilearn needs the model wrapped in DistributedDataParallel, got {type(model).__name__}")
+    assert not model.broadcast_buffers, BUFFERS_STAY_LOCAL
     model.register_comm_hook(HookState(session, model.process_group), weighted_sum_hook)
 
 
