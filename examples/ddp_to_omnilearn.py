@@ -33,7 +33,7 @@ def small_cnn() -> nn.Module:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--global-batch", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=64, help="per device")
     p.add_argument("--policy", default="dynamic")
     args = p.parse_args()
     dist.init_process_group("gloo")
@@ -41,7 +41,7 @@ def main() -> None:
     torch.manual_seed(0)
     data = digits()
     model = HeteroDataParallel(small_cnn(), policy=args.policy)
-    loader = HeteroDataLoader(data, args.global_batch, seed=0)
+    loader = HeteroDataLoader(data, batch_size=args.batch_size, seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for epoch in range(args.epochs):
         times = []

@@ -32,15 +32,15 @@ def small_cnn() -> nn.Module:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--global-batch", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=64, help="per device")
     args = p.parse_args()
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     torch.manual_seed(0)
     data = digits()
     model = DistributedDataParallel(small_cnn())
     sampler = DistributedSampler(data, seed=0)
-    loader = DataLoader(data, batch_size=args.global_batch // world, sampler=sampler)
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)

@@ -234,7 +234,7 @@ CONFIG_KEYS = {k for k, _, _ in docs_gen.config_keys()}
 
 def named_keys(text: str) -> list[str]:
     code = "\n".join(code_blocks(text) + inline_code(text))
-    pattern = rf"(?<![\w./-])((?:{'|'.join(CONFIG_SECTIONS)})\.[a-z_]+)\b(?![./])"
+    pattern = rf"(?<![\w./-])((?:{'|'.join(CONFIG_SECTIONS)})\.[a-z_]+)\b(?![./(])"  # a call is no key
     return [k for k in re.findall(pattern, code) if k.split(".")[1] not in ("py", "pt", "yaml", "json", "md", "sock")]
 
 
@@ -248,6 +248,7 @@ def test_path_and_key_checks_can_fail() -> None:
     assert named_paths("see `emulator/no_such.py` and configs/nothing.yaml") == [
         "configs/nothing.yaml", "pytorch/omnilearn/emulator/no_such.py"]
     assert named_keys("`control.no_such_key` and `train.lr`") == ["control.no_such_key", "train.lr"]
+    assert named_keys("`model.eval()` and `model.name`") == ["model.name"]  # a method of a model is no key
 
 
 def test_figure_check_can_fail() -> None:

@@ -54,7 +54,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if containers is None:
         check_local_prerequisites()
     out = Path(args.out) if args.out else Path("runs") / time.strftime("emulate-%Y%m%d-%H%M%S")
-    return emulate(command, args.hl, args.schedule, args.workers, out, containers)
+    return emulate(command, args.hl, args.schedule, args.workers, out, containers, args.tensorboard)
 
 
 def _add_run(sub: Any) -> None:
@@ -141,6 +141,9 @@ def _add_emulate(sub: Any) -> None:
     em.add_argument("--containers", metavar="A,B,...",
                     help="containers you started (docker run), rank i the i-th: levels by docker update, "
                          "their own limits restored at the end")
+    em.add_argument("--tensorboard", action="store_true",
+                    help="write TensorBoard scalars to OUT/tensorboard while the command runs (a script's "
+                         "steps, each rank's straggler scores)")
     em.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     em.set_defaults(func=cmd_emulate)
 

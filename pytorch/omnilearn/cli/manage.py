@@ -120,12 +120,18 @@ def cmd_levels(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
 
+    from omnilearn.metrics import METRICS_DIR
     from omnilearn.report.summary import summarize
-    from omnilearn.report.table import print_report
+    from omnilearn.report.table import emulate_table, print_report
 
     out = Path(args.out)
     if not (out / "job.json").is_file():
         raise UserError(f"{out}: not a run folder (no job.json)")
+    summary = out / "summary.json"
+    if not any((out / METRICS_DIR).glob("rank-*.jsonl")) and summary.is_file():
+        # omnilearn emulate around a command that records no steps: what emulate measured
+        make_console().print(emulate_table(json.loads(summary.read_text())))
+        return 0
     print_report(make_console(), {"run": summarize(out)}, None)
     return 0
 

@@ -19,6 +19,7 @@ their cgroups' (or ``docker stats``), over the command's run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import OUT_ENV, T0_ENV, JobSpec, new_job_id
 from omnilearn.launch.interrupts import Interrupts
+from omnilearn.report.stragglers import WINDOW_SCANS, WINDOW_STEPS, StragglerScores
 
 log = logging.getLogger("omnilearn.emulate")
 
@@ -94,25 +96,25 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def busy_seconds(pid: int) -> float | None:
-    """Seconds the process's threads ran or waited for a CPU (CFS throttling included), not slept.
+def schedstat_seconds(pid: int) -> tuple[float, float] | None:
+    """Seconds the process's threads ran, and ran or waited for a CPU (CFS throttling included), not slept.
 
     From ``/proc/<pid>/task/*/schedstat`` (time on a CPU, time runnable on a run queue). A rank of a
     synchronous job sleeps while it waits for its peers: its busy time is its own compute under its
     allocation, which step times (equal on every rank) cannot show.
     """
-    total = 0
+    ran = waited = 0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
     for tid in tasks:
         try:
-            ran, waited = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[:2]
+            on_cpu, queued = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[:2]
         except (OSError, ValueError):
             continue
-        total += int(ran) + int(waited)
-    return total / 1e9
+        ran, waited = ran + int(on_cpu), waited + int(queued)
+    return ran / 1e9, (ran + waited) / 1e9
 
 
 def container_names(text: str, workers: int | None) -> list[str]:
@@ -143,9 +145,10 @@ def container_backend(job_id: str, targets: list[str], names: list[str]) -> User
 
 
 def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int | None, out: Path,
-            containers: list[str] | None = None) -> int:
+            containers: list[str] | None = None, tensorboard: bool = False) -> int:
     """Run ``argv`` under the levels; returns its exit status. ``containers``: the user's, one per rank
-    (``workers`` defaults to their count, else to 4)."""
+    (``workers`` defaults to their count, else to 4). ``tensorboard``: scalars in ``OUT/tensorboard/``
+    while it runs (a script's steps, and each rank's straggler scores from busy time)."""
     job = emulation_job(argv, hl, schedule, workers, out, containers)
     plan, cfg = job.plan, job.config
     backend: Backend = (container_backend(job.job_id, list(plan.targets), containers) if containers
@@ -154,6 +157,7 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int 
     job.save()
     toggler = TogglerHost(lambda: Toggler(job.log_dir, backend, plan), job.log_dir)
     writers = [RequestWriter(job.log_dir, r) for r in range(len(plan.targets))]
+    live = live_board(job) if tensorboard else contextlib.nullcontext()
     ranks = RankWatch(backend, plan.targets)
     proc: subprocess.Popen | None = None
     t0 = time.time()
@@ -163,7 +167,8 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int 
 
     # Ctrl-C and SIGTERM are noted and acted on at the loop's pace: a second one cannot cut the
     # teardown short, where the user's containers get their own limits back.
-    with Interrupts() as interrupts:
+    with Interrupts() as interrupts, live as board:
+        ranks.board = board
         try:
             toggler.start()
             sched = plan.schedule
@@ -192,8 +197,17 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int 
             seconds, busy_s = ranks.totals()
             if isinstance(backend, UserContainers):
                 seconds = [backend.cpu_seconds(t) or 0.0 for t in plan.targets]
-            write_summary(job, t0, seconds, None if containers else busy_s, len(ranks.placed), containers)
+            write_summary(job, t0, seconds, None if containers else busy_s, len(ranks.placed), containers,
+                          None if containers else ranks.stragglers.scores())
     return status
+
+
+def live_board(job: JobSpec) -> Any:  # noqa: ANN401 - observe.tensorboard.LiveTensorBoard
+    """TensorBoard scalars of the command's run: a script's steps (omnilearn.torch), with their straggler
+    scores, and (:meth:`RankWatch.scan`) each rank's straggler scores from busy time."""
+    from omnilearn.observe.tensorboard import LiveTensorBoard
+
+    return LiveTensorBoard(job, stragglers=StragglerScores(len(job.plan.targets), WINDOW_STEPS))
 
 
 def emulation_job(argv: list[str], hl: str | None, schedule: str | None, workers: int | None, out: Path,
@@ -226,14 +240,20 @@ def apply_level(writers: list[RequestWriter], plan: EmulationPlan, level: str, a
 
 
 class RankWatch:
-    """The command's processes that carry a ``RANK``: each put under its rank's target once, and the CPU and
-    busy time each used, as last seen."""
+    """The command's processes that carry a ``RANK``: each put under its rank's target once, the CPU and
+    busy time each used, as last seen, and each rank's straggler scores over the scans (CPU time ran
+    per busy second: :mod:`omnilearn.report.stragglers`)."""
 
     def __init__(self, backend: Backend, targets: tuple[str, ...]) -> None:
         self.backend, self.targets = backend, targets
         self.placed: dict[int, int] = {}  # pid -> rank
         self.used: dict[int, float] = {}  # pid -> CPU seconds last seen
         self.busy: dict[int, float] = {}  # pid -> busy seconds last seen
+        self.ran: dict[int, float] = {}  # pid -> seconds its threads ran on a CPU, last seen
+        self.stragglers = StragglerScores(len(targets), WINDOW_SCANS)
+        self._seen = [(0.0, 0.0)] * len(targets)  # per rank: ran and busy seconds at the last scan
+        self.board: Any = None  # a LiveTensorBoard, shown each window's scores
+        self.t0 = time.time()
 
     def scan(self, root: int) -> None:
         for pid in descendants(root):
@@ -247,7 +267,24 @@ class RankWatch:
                     continue  # exited meanwhile
                 self.placed[pid] = rank
             self.used[pid] = cpu_seconds(pid) or self.used.get(pid, 0.0)
-            self.busy[pid] = busy_seconds(pid) or self.busy.get(pid, 0.0)
+            times = schedstat_seconds(pid)
+            if times is not None and times[1] > 0:
+                self.ran[pid], self.busy[pid] = times
+        self._score()
+
+    def _score(self) -> None:
+        """This scan's interval, per rank: what its processes ran and were busy since the last scan."""
+        ran, busy = [0.0] * len(self.targets), [0.0] * len(self.targets)
+        for pid, rank in self.placed.items():
+            ran[rank] += self.ran.get(pid, 0.0)
+            busy[rank] += self.busy.get(pid, 0.0)
+        closed = False
+        for rank, (r, b) in enumerate(zip(ran, busy, strict=True)):
+            r0, b0 = self._seen[rank]
+            closed |= self.stragglers.add(rank, max(r - r0, 0.0), max(b - b0, 0.0))
+        self._seen = list(zip(ran, busy, strict=True))
+        if closed and self.board is not None:
+            self.board.busy_scores(self.stragglers.scores(), time.time() - self.t0)
 
     def totals(self) -> tuple[list[float], list[float]]:
         """CPU and busy seconds per rank."""
@@ -271,9 +308,10 @@ def end_process(proc: subprocess.Popen | None) -> None:
 
 
 def write_summary(job: JobSpec, t0: float, seconds: list[float], busy: list[float] | None, processes: int,
-                  containers: list[str] | None) -> None:
-    """``summary.json``: each rank's applied allocations over time and the CPU time its processes used.
-    A script using omnilearn.torch has written the run's summary there: these keys join it."""
+                  containers: list[str] | None, scores: list[dict[str, float | None]] | None = None) -> None:
+    """``summary.json``: each rank's applied allocations over time, the CPU time its processes used, and
+    its straggler scores from busy time. A script using omnilearn.torch has written the run's summary
+    there: these keys join it (its straggler scores, from its steps, stay)."""
     n = len(job.plan.targets)
     allocations: list[list[dict[str, Any]]] = [[] for _ in range(n)]
     for r in read_audit(job.log_dir, status="applied"):
@@ -286,6 +324,8 @@ def write_summary(job: JobSpec, t0: float, seconds: list[float], busy: list[floa
                "cpu_seconds": [round(s, 3) for s in seconds], "processes": processes}
     if busy is not None:  # the ranks' own processes (not containers): their busy time
         summary["busy_seconds"] = [round(s, 3) for s in busy]
+        if scores is not None:
+            summary["straggler_scores"] = scores
         levels = job.plan.schedule.levels
         shares = [job.plan.allocation(levels[0], t).share for t in job.plan.targets]
         if len(set(levels)) == 1 and min(busy) > 0 and all(shares):  # one level: nominal beside measured
@@ -295,5 +335,8 @@ def write_summary(job: JobSpec, t0: float, seconds: list[float], busy: list[floa
         summary["containers"] = containers
     path = job.out_dir / "summary.json"
     if path.is_file():  # the script's own summary (omnilearn.torch): emulate's measurements join it
-        summary = {**json.loads(path.read_text()), **summary}
+        script = json.loads(path.read_text())
+        if "straggler_scores" in script:  # from its steps: samples per compute-second, not busy time
+            summary.pop("straggler_scores", None)
+        summary = {**script, **summary}
     write_atomic(path, json.dumps(summary, indent=2))

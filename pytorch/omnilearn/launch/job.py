@@ -69,7 +69,9 @@ def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console
     live = contextlib.nullcontext()
     if cfg.report.tensorboard:
         from omnilearn.observe.tensorboard import LiveTensorBoard
-        live = LiveTensorBoard(job)
+        from omnilearn.report.stragglers import WINDOW_STEPS, StragglerScores
+        workers = len(plan.targets) - (1 if cfg.mode == "asp" else 0)
+        live = LiveTensorBoard(job, stragglers=StragglerScores(workers, WINDOW_STEPS))
     with live as board:
         unreachable = None
         if cfg.emulation.backend == "docker":

@@ -8,7 +8,10 @@ Scalars, each at the step (BSP) or server version (ASP) and the wall time it was
 ``batch``, ``compute_ms``, ``sync_ms`` and ``cpus`` per worker (one chart each, a line per worker),
 ``emulation/level`` (HLk as k), ``train/loss``, ``eval/accuracy`` and ``eval/perplexity`` (the
 held-out metric), and for ASP ``staleness`` and ``update_rate`` (updates/s over a worker's last 5
-updates at the server) per worker.
+updates at the server) per worker. Given straggler scores to keep (``stragglers``: the report's
+``StragglerScores``, handed in by the launcher), ``straggler/relative`` and ``straggler/individual``
+per worker at the end of each of its windows of full steps; under ``omnilearn emulate``,
+``straggler_busy/relative`` and ``straggler_busy/individual`` per rank from busy time (:meth:`busy_scores`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec
@@ -25,6 +28,14 @@ from omnilearn.observe.progress import JsonlTail
 
 TB_DIR = "tensorboard"
 RATE_WINDOW = 5  # updates per worker behind one update_rate point
+
+
+class Scores(Protocol):
+    """Straggler scores kept over windows of steps (:class:`omnilearn.report.stragglers.StragglerScores`)."""
+
+    def add(self, rank: int, work: float, seconds: float) -> bool: ...
+
+    def scores(self) -> list[dict[str, float | None]]: ...
 
 
 def level_number(level: str, order: list[str]) -> float:
@@ -38,7 +49,7 @@ def level_number(level: str, order: list[str]) -> float:
 class LiveTensorBoard:
     """``with LiveTensorBoard(job):`` writes scalars every ``interval`` s while the job runs, and at the end."""
 
-    def __init__(self, job: JobSpec, interval: float = 2.0) -> None:
+    def __init__(self, job: JobSpec, interval: float = 2.0, stragglers: Scores | None = None) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
@@ -52,6 +63,8 @@ class LiveTensorBoard:
         self.tails = {r: JsonlTail(metrics_path(job.out_dir, r)) for r in ranks}
         self.eval_tail = JsonlTail(eval_path(job.out_dir))
         self.recent: dict[int, deque[float]] = {}
+        self.stragglers = stragglers
+        self.full_batch = 0
         self.interval = interval
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -93,6 +106,30 @@ class LiveTensorBoard:
             if rec.get(key) is not None:
                 self.writer.add_scalar(f"eval/{key}", float(rec[key]), step, walltime=rec.get("time"))
 
+    def _straggler(self, worker: int, rec: dict[str, Any], step: int, when: float | None) -> None:
+        """A full step's samples per compute-second into its worker's window; the scores when one closes."""
+        # a step below the largest global batch yet is an epoch's partial last one (ASP: no global batch)
+        self.full_batch = max(self.full_batch, rec.get("global_batch", 0))
+        if self.stragglers is None or rec.get("global_batch", 0) < self.full_batch:
+            return
+        if not 0 <= worker < len(self.tails) - self.asp:
+            return
+        if not self.stragglers.add(worker, float(rec["batch"]), float(rec["compute_ms"]) / 1e3):
+            return
+        for w, score in enumerate(self.stragglers.scores()):
+            name = self._name(w + 1 if self.asp else w)
+            for key in ("relative", "individual"):
+                self._scalars(f"straggler/{key}", name, score[key], step, when)
+
+    def busy_scores(self, scores: list[dict[str, float | None]], elapsed_s: float) -> None:
+        """``omnilearn emulate``'s straggler scores from busy time (``straggler_busy/*``, at whole seconds
+        since the command started): no steps are known, so they have their own charts."""
+        with self.lock:
+            for rank, score in enumerate(scores):
+                for key in ("relative", "individual"):
+                    self._scalars(f"straggler_busy/{key}", self._name(rank), score[key], round(elapsed_s), None)
+            self.writer.flush()
+
     def _record(self, rank: int, rec: dict[str, Any]) -> None:
         kind, when = rec.get("kind"), rec.get("time")
         if kind == "step":
@@ -100,8 +137,10 @@ class LiveTensorBoard:
             name = self._name(rank)
             for tag in ("batch", "compute_ms", "sync_ms", "cpus"):
                 self._scalars(tag, name, rec.get(tag), step, when)
+            self._straggler(rank - 1 if self.asp else rank, rec, step, when)
             if rank == 0 and not self.asp:
-                self.writer.add_scalar("train/loss", float(rec["loss"]), step, walltime=when)
+                if rec.get("loss") is not None:  # omnilearn.torch's steps do not know the loss
+                    self.writer.add_scalar("train/loss", float(rec["loss"]), step, walltime=when)
                 if rec.get("level"):
                     self.writer.add_scalar("emulation/level", level_number(rec["level"], self.levels), step,
                                            walltime=when)

@@ -16,6 +16,7 @@ from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, read_rank, restarts_path
 from omnilearn.report.fidelity import allreduce_ms, change_outcomes, level_fidelity, level_speeds
 from omnilearn.report.ideal import group_ideal, ideal_speedups
+from omnilearn.report.stragglers import step_scores
 from omnilearn.report.targets import target_report
 
 FINAL_WINDOW = 8  # steps per worker behind the "final" compute time (at the final batch size)
@@ -230,6 +231,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "compute_ms": [round(c * 1e3, 2) if c else None for c in compute],
         "sync_ms": [round(s, 2) if s is not None else None for s in sync],
         "imbalance": round(max(known) / min(known) - 1, 4) if known else None,
+        "straggler_scores": step_scores(steps),
         "ideal_samples_per_s": round(ideal, 3) if ideal else None,
         "hl_changes": [{"time": round(e["time"] - run_start, 3), "epoch": e["epoch"], "level": e["level"]}
                        for e in hl_events],
@@ -243,8 +245,23 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "links": links_at(job, end0.get("level")),
         "restarts": read_records(restarts_path(out_dir)),
     }
+    summary = {**summary, **emulated(out_dir)}
     write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+EMULATE_KEYS = ("command", "targets", "cpu_seconds", "processes", "busy_seconds", "busy_ratio", "containers")
+"""What ``omnilearn emulate`` adds to a run folder's ``summary.json`` that a summary of steps has not
+(its ``allocations`` over time are the steps' final ones here; its straggler scores, from busy time,
+only stand where the script recorded no steps)."""
+
+
+def emulated(out_dir: Path) -> dict[str, Any]:
+    """What ``omnilearn emulate`` measured around a script that summarizes its own run (omnilearn.torch),
+    kept when the summary is rewritten."""
+    path = out_dir / "summary.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    return {k: old[k] for k in EMULATE_KEYS if k in old} if old.get("command") == "emulate" else {}
 
 
 def links_at(job: JobSpec, level: str | None) -> dict[str, str]:
@@ -340,6 +357,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "compute_ms": [round(c * 1e3, 2) if c else None for c in compute],
         "sync_ms": [round(c, 2) if c is not None else None for c in comm],
         "imbalance": round(max(known) / min(known) - 1, 4) if known else None,
+        "straggler_scores": step_scores(steps),
         "ideal_samples_per_s": round(ideal, 3) if ideal else None,
         "hl_changes": [{"time": round(e["elapsed_s"], 3), "epoch": e["epoch"], "level": e["level"]}
                        for e in _by_kind(server, "hl_change")],

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from omnilearn.report.fidelity import link_note
 from omnilearn.report.ideal import describe_source
+from omnilearn.report.stragglers import WINDOW_SCANS
 from omnilearn.report.summary import settle_counted, settle_median
 
 
@@ -22,18 +23,30 @@ def _name(s: dict[str, Any], i: int) -> str:
     return f"aspworker{i + 2}" if s["mode"] == "asp" else f"worker{i + 1}"
 
 
+STRAGGLER_COLUMNS = ("relative", "individual")
+STRAGGLER_NOTE = ("relative: speed over the fastest rank's, individual: speed in its last window over its best window's "
+                  "(straggler scores, 0..1)")
+
+
+def straggler_cells(s: dict[str, Any], i: int) -> list[str]:
+    """Rank ``i``'s straggler scores (:mod:`omnilearn.report.stragglers`), as two cells."""
+    scores = s.get("straggler_scores") or []
+    mine = scores[i] if i < len(scores) else {}
+    return [_fmt(mine.get(k), ".2f") for k in STRAGGLER_COLUMNS]
+
+
 def asp_worker_table(s: dict[str, Any]) -> Table:
     t = Table(title=f"{s['policy']} · ASP · backend {s['backend']} · per worker (server: "
                     f"{_fmt(s.get('server_allocation'), '.3g')} CPU)")
     for col in ("worker", "CPU share", "threads", "batch", "compute ms", "pull+push ms", "updates",
-                "updates/s", "staleness"):
+                "updates/s", "staleness", *STRAGGLER_COLUMNS):
         t.add_column(col, justify="right")
     for i in range(s["workers"]):
         t.add_row(_name(s, i), _fmt(s["allocations"][i], ".3g"), _fmt(s["threads"][i]), str(s["batch_sizes"][i]),
                   _fmt(s["compute_ms"][i], ".0f"), _fmt(s["sync_ms"][i], ".0f"), _fmt(s["updates"][i]),
-                  _fmt(s["update_rates"][i], ".2f"), _fmt(s["staleness_by_worker"][i], ".1f"))
+                  _fmt(s["update_rates"][i], ".2f"), _fmt(s["staleness_by_worker"][i], ".1f"), *straggler_cells(s, i))
     t.caption = (f"updates/s over {s['update_rate_window_s'][0]:.0f}-{s['update_rate_window_s'][1]:.0f} s "
-                 f"(the last half of the time to the target samples)")
+                 f"(the last half of the time to the target samples); {STRAGGLER_NOTE}")
     return t
 
 
@@ -56,16 +69,33 @@ def worker_table(s: dict[str, Any]) -> Table:
     if s["mode"] == "asp":
         return asp_worker_table(s)
     t = Table(title=f"{s['policy']} · {s['mode'].upper()} · backend {s['backend']} · final state per worker")
-    for col in ("worker", "CPU share", "threads", "batch", "compute ms", "sync ms", "samples/s"):
+    for col in ("worker", "CPU share", "threads", "batch", "compute ms", "sync ms", "samples/s", *STRAGGLER_COLUMNS):
         t.add_column(col, justify="right")
+    t.caption = STRAGGLER_NOTE
     if s.get("measured_steps"):
-        t.caption = f"measured over steps {s['measured_steps'][0]}-{s['measured_steps'][1]}"
+        t.caption = f"measured over steps {s['measured_steps'][0]}-{s['measured_steps'][1]}; {STRAGGLER_NOTE}"
     measured = s.get("measured_batch_sizes") or s["batch_sizes"]
     for i in range(s["workers"]):
         b, c, final = measured[i], s["compute_ms"][i], s["batch_sizes"][i]
         t.add_row(f"worker{i + 1}", _fmt(s["allocations"][i], ".3g"), _fmt(s["threads"][i]),
                   str(b) if b == final else f"{b} (then {final})",
-                  _fmt(c, ".0f"), _fmt(s["sync_ms"][i], ".0f"), _fmt(b / c * 1e3 if c else None, ".1f"))
+                  _fmt(c, ".0f"), _fmt(s["sync_ms"][i], ".0f"), _fmt(b / c * 1e3 if c else None, ".1f"),
+                  *straggler_cells(s, i))
+    return t
+
+
+def emulate_table(s: dict[str, Any]) -> Table:
+    """``omnilearn emulate`` around a command that recorded no steps: per rank, its CPU and busy time
+    and its straggler scores from them."""
+    t = Table(title=f"omnilearn emulate · backend {s['backend']} · schedule {s['schedule']} · per rank")
+    for col in ("rank", "target", "CPU share", "CPU s", "busy s", *STRAGGLER_COLUMNS):
+        t.add_column(col, justify="right")
+    busy = s.get("busy_seconds") or [None] * len(s["targets"])
+    for i, target in enumerate(s["targets"]):
+        last = (s["allocations"][i] or [{}])[-1].get("cpus")
+        t.add_row(str(i), target, _fmt(last, ".3g"), _fmt(s["cpu_seconds"][i], ".1f"), _fmt(busy[i], ".1f"),
+                  *straggler_cells(s, i))
+    t.caption = f"{STRAGGLER_NOTE}; speed: CPU time ran per busy second, over windows of {WINDOW_SCANS} scans"
     return t
 
 

@@ -1,4 +1,11 @@
-"""A torchrun script's run folder: its job file, and the levels of ``omnilearn emulate`` around it.
+"""One rank's side of the controller in a user's loop: its run folder, its steps, and the levels around it.
+
+:class:`StepSession` is the bookkeeping every way of training in a user's own script shares
+(:class:`~omnilearn.torch.HeteroDataParallel`, and the framework integrations): it builds the job,
+the controller and the sampler, opens and closes steps, times them, fills and reads the spare slots
+of the step's one collective, records the steps and writes ``summary.json``. Whatever does the
+all-reduce calls :meth:`StepSession.fill_slots` just before it and :meth:`StepSession.read_slots`
+just after.
 
 A script that adopts :mod:`omnilearn.torch` gets an ordinary run folder (``job.json``,
 ``metrics/rank-<r>.jsonl``, ``summary.json``), so ``omnilearn report`` and the figures read it as
@@ -12,19 +19,29 @@ the script itself, through the same request log and toggler as a run's workers.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from omnilearn import config
+from omnilearn.control.controller import make_controller
+from omnilearn.control.loop import ControlLoop
+from omnilearn.control.policies import POLICIES, Bounds, effective
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.emulator.spec.plan import build_plan, worker_target
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JOB_FILE, OUT_ENV, T0_ENV, JobSpec, new_job_id
+from omnilearn.metrics import MetricsWriter, metrics_path
+from omnilearn.observe.tensorboard import LiveTensorBoard
+from omnilearn.report.stragglers import WINDOW_STEPS, StragglerScores
+from omnilearn.report.summary import summarize
+from omnilearn.train.sampler import GlobalBatchSampler
 
 
 def _shared_text(value: str) -> str:
@@ -74,11 +91,16 @@ def make_job(world: int, rank: int, global_batch: int, settings: dict[str, Any],
 
 @dataclass
 class Levels:
-    """The level in force at each step, and this rank's allocation, under ``omnilearn emulate``."""
+    """The level in force at each step, and this rank's allocation, under ``omnilearn emulate``.
+
+    ``set_threads``: match torch's threads to each level's allocation; without it they stay as the
+    launcher set them (``OMP_NUM_THREADS``), and :attr:`threads` stays None.
+    """
 
     job: JobSpec
     rank: int
     emulated: bool
+    set_threads: bool = False
     level: str | None = None
     cpus: float | None = None
     threads: int | None = None
@@ -92,7 +114,8 @@ class Levels:
             self.t0 = float(os.environ.get(T0_ENV) or time.time())
             if self.schedule.unit != "seconds":  # levels follow the script's epochs: the script asks for them
                 self.client = AllocationClient(self.job.plan, self.job.log_dir, self.rank, self.target,
-                                               self.job.config.emulation.ack_timeout)
+                                               self.job.config.emulation.ack_timeout,
+                                               set_threads=self.set_threads)
 
     @property
     def schedule(self):  # noqa: ANN201 - emulator.schedule.Schedule
@@ -109,14 +132,18 @@ class Levels:
         if self.client is not None:
             event = self.client.ensure(self.schedule.level_at(epoch_position), epoch_position)
             if event is not None:
-                self.level, self.cpus, self.threads = self.client.level, self.client.allocation.share, \
-                    self.client.threads
+                self.level, self.cpus = self.client.level, self.client.allocation.share
+                self.threads = self.client.threads if self.set_threads else None
             return event
         level = self.schedule.level_at(clock)
         if level == self.level:
             return None
         previous, self.level = self.level, level
-        self.cpus = self.job.plan.allocation(level, self.target).share
+        allocation = self.job.plan.allocation(level, self.target)
+        self.cpus = allocation.share
+        if self.set_threads:
+            self.threads = allocation.threads()
+            torch.set_num_threads(self.threads)
         return {"from_level": previous, "level": level, "epoch": epoch_position, "target": self.target,
                 "status": "applied by omnilearn emulate", "clock_s": round(clock, 3)}
 
@@ -124,7 +151,8 @@ class Levels:
         """The outcome of a change the toggler was still retrying, once it has one (else None)."""
         late = self.client.settle(epoch_position) if self.client is not None else None
         if late is not None and self.client is not None:
-            self.cpus, self.threads = self.client.allocation.share, self.client.threads
+            self.cpus = self.client.allocation.share
+            self.threads = self.client.threads if self.set_threads else None
         return late
 
     def shares(self) -> list[float | None]:
@@ -133,3 +161,178 @@ class Levels:
             raise UserError("policies static and dynamic+prior need the allocations of omnilearn emulate: "
                             "run the script under `omnilearn emulate`, or use dynamic")
         return [self.job.plan.allocation(self.level, t).share for t in self.targets]
+
+
+class StepSession:
+    """One rank's side of the controller in a user's loop, whatever does the all-reduce.
+
+    Per step: :meth:`begin_step` (the sizes of the step; it closes the previous one), the caller's
+    backward, :meth:`fill_slots` at its end (this rank's compute time and rank 0's clock go in the
+    ``extra_slots`` floats of the step's one sum all-reduce), the all-reduce, :meth:`read_slots`.
+    The sum gives every rank every rank's time, so every rank's controller (the one ``omnilearn run``
+    uses, from the same ``control`` settings, driven by the same
+    :class:`~omnilearn.control.loop.ControlLoop`) takes the same decisions: the next step's shares
+    always sum to the global batch. A step's compute time runs from :meth:`begin_step` to
+    :meth:`fill_slots`, plus what the previous step spent after its all-reduce (the optimizer step
+    and the loop's own work, one step late). Records go to ``metrics/rank-<r>.jsonl``; after each
+    epoch rank 0 writes ``summary.json``.
+
+    A step counts only once its all-reduce ran (:meth:`read_slots`): a batch drawn and never trained
+    on (a peek at the loader) is neither recorded nor timed nor shown to the controller.
+    ``per_level_threads``: set torch's threads to each level's allocation under ``omnilearn emulate``;
+    by default they stay as the launcher set them (``OMP_NUM_THREADS``). ``tensorboard``: rank 0
+    writes TensorBoard scalars to ``OUT/tensorboard/`` from a thread (under ``omnilearn emulate``,
+    its ``--tensorboard`` writes them from outside the script instead).
+    """
+
+    def __init__(self, world: int, rank: int, *, policy: str = "dynamic", control: dict[str, Any] | None = None,
+                 out: str | None = None, library: str = "omnilearn.torch", params: int = 0,
+                 device: str = "cpu", model_name: str = "", per_level_threads: bool = False,
+                 tensorboard: bool = False) -> None:
+        self.world, self.rank = world, rank
+        self.per_level_threads, self.tensorboard = per_level_threads, tensorboard
+        self.board: LiveTensorBoard | None = None
+        self.settings = {"control.policy": policy, **{f"control.{k}": v for k, v in (control or {}).items()}}
+        self.out, self.library, self.params, self.device, self.model_name = out, library, params, device, model_name
+        self.extra_slots = 1 + world  # rank 0's clock, then every rank's compute time
+        self.sampler: GlobalBatchSampler | None = None
+        self.sizes: list[int] = []
+        self.pending: dict[str, Any] | None = None
+        self.steps_done = self.samples = 0
+        self.epochs: int | None = None  # the loop's epochs, when it knows them (the horizon of a split)
+        self.sync_s = self.clock = self.after_s = 0.0
+        self.filled_at: float | None = None
+        self.reduced_at: float | None = None
+        self.values: list[float] | None = None
+
+    # ------------------------------------------------------------------------ set-up
+    def attach(self, dataset_size: int, global_batch: int, seed: int, drop_last: bool, names: tuple[str, str],
+               *, min_batch: int = 1) -> GlobalBatchSampler:
+        """Build the job, its controller and the sampler (once; later calls return the sampler).
+
+        ``names``: (model, data) names for the job file; the session's ``model_name`` wins if given.
+        ``min_batch``: a floor under ``control.min_batch`` (``k`` micro-batches a step need ``k`` samples).
+        """
+        if self.sampler is not None:
+            if self.sampler.global_batch != global_batch or self.sampler.dataset_size != dataset_size:
+                raise UserError(f"{self.library}: one training loader per model (a second one has "
+                                f"{dataset_size} samples in global batches of {global_batch})")
+            return self.sampler
+        self.settings.update({"train.seed": seed, "train.drop_last": drop_last})
+        self.job, emulated = make_job(self.world, self.rank, global_batch, self.settings,
+                                      (self.model_name or names[0], names[1]), self.out)
+        c = effective(self.job.config.control, global_batch, self.world)
+        if c.policy not in POLICIES:
+            raise UserError(f"{self.library}: policy {c.policy!r} is not a batch controller's")
+        if min_batch > c.min_batch:
+            if min_batch * self.world > global_batch:
+                raise UserError(f"{self.library}: a global batch of {global_batch} over {self.world} ranks leaves "
+                                f"a rank fewer than {min_batch} samples, one per micro-batch: give a larger batch")
+            c = dataclasses.replace(c, min_batch=min_batch)
+        self.controller = make_controller(c, global_batch, Bounds.make(self.world, c.min_batch, c.max_batch,
+                                                                      global_batch))
+        self.levels = Levels(self.job, self.rank, emulated, set_threads=self.per_level_threads)
+        self.sampler = GlobalBatchSampler(dataset_size, global_batch, seed, drop_last=drop_last,
+                                          min_local=c.min_batch)
+        self.metrics = MetricsWriter(metrics_path(self.job.out_dir, self.rank))
+        self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0)
+        if self.tensorboard and self.rank == 0 and not emulated:
+            self.board = LiveTensorBoard(self.job, stragglers=StragglerScores(self.world, WINDOW_STEPS)).__enter__()
+        self.metrics.write("start", rank=self.rank, world=self.world, target=self.levels.target,
+                           params=self.params, train_samples=dataset_size,
+                           steps_per_epoch=self.sampler.steps_per_epoch, device=self.device,
+                           dist_backend=dist.get_backend(), policy=c.policy, library=self.library)
+        dist.barrier()
+        self.t_start = time.time()
+        self.started = False  # the loop starts at the first step, once its level is in force
+        return self.sampler
+
+    # ----------------------------------------------------------------------------- steps
+    def begin_step(self, epoch: int, step: int, steps: int) -> list[int]:
+        """Close the previous step, follow the level, and open this one; returns the step's sizes."""
+        self.finish_step()
+        position = epoch + step / steps
+        event = self.levels.at(position, self.clock)
+        if event is not None:
+            self.metrics.write("hl_change", step=self.steps_done, **event)
+            if self.started:
+                self.loop.level(self.levels.shares, step=self.steps_done)
+        if not self.started:
+            self.loop.start(self.levels.shares, False, step=0)
+            self.started = True
+        late = self.levels.outcome(position)  # a retried change's outcome: this rank's threads only
+        if late is not None:
+            self.metrics.write("hl_outcome", step=self.steps_done, **late)
+        assert self.sampler is not None
+        self.sizes = self.sampler.step_sizes(step, self.controller.batch)
+        self.sync_s = 0.0
+        self.pending = {"epoch": epoch, "step": step, "last": step == steps - 1, "t0": time.perf_counter()}
+        return self.sizes
+
+    @property
+    def weight(self) -> float:
+        """``b_i / B`` of the open step: this rank's gradient weight in the sum (0.0 for an empty share)."""
+        mine = self.sizes[self.rank] if self.sizes else 0
+        return mine / sum(self.sizes) if mine else 0.0
+
+    def fill_slots(self, extra: torch.Tensor) -> None:
+        """At the end of the step's backward, just before its all-reduce: rank 0's clock, this rank's time."""
+        assert self.pending is not None, "fill_slots outside a step"
+        self.filled_at = time.perf_counter()
+        extra.zero_()
+        extra[0] = self.levels.clock() if self.rank == 0 else 0.0
+        extra[1 + self.rank] = (self.filled_at - self.pending["t0"]) + self.after_s
+
+    def read_slots(self, extra: torch.Tensor) -> None:
+        """Just after the all-reduce (a sum over ranks): every rank's time, and the time spent in it."""
+        assert self.filled_at is not None, "read_slots before fill_slots"
+        self.values = extra.tolist()
+        self.reduced_at = time.perf_counter()
+        self.sync_s += self.reduced_at - self.filled_at
+
+    def finish_step(self) -> None:
+        """Measure the step just done, record it, and let the controller decide (every rank alike)."""
+        if self.pending is None:
+            return
+        p, self.pending = self.pending, None
+        if self.values is None:  # no all-reduce: the batch was drawn, never trained on
+            self.filled_at = None
+            return
+        now = time.perf_counter()
+        compute_s = max(now - p["t0"] - self.sync_s, 0.0)
+        self.after_s = now - self.reduced_at if self.reduced_at is not None else 0.0
+        values, self.values, self.reduced_at, self.filled_at = self.values, None, None, None
+        self.clock = values[0]  # rank 0's: every rank labels and decides at the same step
+        self.steps_done += 1
+        self.samples += sum(self.sizes)
+        ctl, t = self.controller, self.sampler
+        assert t is not None
+        self.metrics.write("step", step=self.steps_done, epoch=p["epoch"], batch=self.sizes[self.rank],
+                           global_batch=sum(self.sizes), compute_ms=round(compute_s * 1e3, 3),
+                           sync_ms=round(self.sync_s * 1e3, 3), loss=None, train_acc=None, level=self.levels.level,
+                           cpus=self.levels.cpus, threads=self.levels.threads or torch.get_num_threads())
+        full = sum(self.sizes) == t.global_batch
+        times = values[1:1 + self.world] if full and ctl.measures else None
+        steps_left = t.steps_per_epoch * self.epochs - self.steps_done if self.epochs else None
+        self.loop.step(times, ctl.due(self.steps_done, p["last"]), steps_left, self.levels.shares,
+                       step=self.steps_done)
+
+    def end_epoch(self, epoch: int) -> None:
+        """After an epoch: its last step closed, an end record (the latest counts), ``summary.json``."""
+        self.finish_step()
+        assert self.sampler is not None
+        wall = time.time() - self.t_start
+        self.metrics.write("end", wall_time_s=wall, train_time_s=wall, samples=self.samples, steps=self.steps_done,
+                           batch=list(self.controller.batch), level=self.levels.level,
+                           epochs=self.steps_done / self.sampler.steps_per_epoch, out_of_time=False,
+                           **self.loop.summary())
+        dist.barrier()  # every rank's end record is written before rank 0 reads them
+        if self.rank == 0:
+            summarize(self.job.out_dir)
+        if self.board is not None:
+            self.board.update()
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Every rank's share of the next full step."""
+        return list(self.controller.batch) if self.sampler is not None else []

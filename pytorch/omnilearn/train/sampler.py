@@ -42,6 +42,15 @@ def proportional_split(total: int, weights: Sequence[int | float]) -> list[int]:
     return floors
 
 
+def micro_sizes(local_batch: int, accumulate: int) -> list[int]:
+    """A local batch cut into ``accumulate`` consecutive micro-batches, the larger ones first.
+
+    Every size is ``local_batch // accumulate`` or one more, and they sum to ``local_batch``.
+    """
+    assert local_batch >= 0 and accumulate >= 1, (local_batch, accumulate)
+    return [local_batch // accumulate + (1 if j < local_batch % accumulate else 0) for j in range(accumulate)]
+
+
 def eval_indices(n: int, shares: Sequence[int | float], rank: int) -> range:
     """Rank ``rank``'s contiguous part of ``n`` evaluation samples, split in proportion to ``shares``.
 

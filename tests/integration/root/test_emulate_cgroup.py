@@ -48,3 +48,4 @@ def test_emulate_places_the_rank_in_its_cgroup_and_passes_the_exit_status(tmp_pa
     assert not Path("/sys/fs/cgroup/cpu" + line[1]).exists()  # removed afterwards
     assert summary["cpu_seconds"][0] > 0
     assert summary["busy_seconds"][0] > 0  # ran or waited for a CPU, from the kernel's schedstat
+    assert summary["straggler_scores"] == [{"relative": 1.0, "individual": 1.0}]  # the only rank, from busy time

@@ -141,7 +141,9 @@ class AllocationClient:
     """Tracks the level in force for one target and the allocation the toggler confirmed.
 
     A change goes through the CPU-request log (never straight to the kernel), so the same worker
-    code drives local cgroups and Docker containers alike.
+    code drives local cgroups and Docker containers alike. ``set_threads``: match torch's threads to
+    each allocation (a run's workers); without it the threads stay as the process set them (a user's
+    script under its launcher's ``OMP_NUM_THREADS``) and :attr:`threads` reports them.
     """
 
     plan: EmulationPlan
@@ -152,6 +154,7 @@ class AllocationClient:
     level: str | None = None
     allocation: Allocation = field(default_factory=Allocation)
     threads: int = 0
+    set_threads: bool = True
 
     def __post_init__(self) -> None:
         self._writer = RequestWriter(self.log_dir, self.rank)
@@ -211,8 +214,9 @@ class AllocationClient:
     def _event(self, previous: str | None, epoch: float, wanted: Allocation, effective: Allocation, status: str,
                waited: float, record: dict[str, Any] | None) -> dict[str, Any]:
         self.allocation = effective
-        self.threads = effective.threads()
-        torch.set_num_threads(self.threads)
+        if self.set_threads:
+            torch.set_num_threads(effective.threads())
+        self.threads = torch.get_num_threads()
         attempts = record.get("attempts") if record is not None else None
         return {
             "from_level": previous, "level": self.level, "epoch": epoch, "target": self.target,
