@@ -59,6 +59,7 @@ from omnilearn.control.loop import ControlLoop
 from omnilearn.control.policies import POLICIES, Bounds, effective, probe_sizes
 from omnilearn.errors import UserError
 from omnilearn.files import CONFIG_DIR, load_yaml, write_atomic
+from omnilearn.records import BATCH_CHANGE
 from omnilearn.simulate.truth import Scenario, Timeline, World, describe, timeline
 from omnilearn.typed import build_dataclass
 
@@ -175,7 +176,7 @@ def run_policy(world: World, policy: str, oracle_step_s: np.ndarray, oracle_expe
     def write(kind: str, **fields: Any) -> None:
         if records is not None:
             records.append({"kind": kind, **fields})
-        if kind == "batch_change" and fields.get("reason") == "compute-time":
+        if kind == BATCH_CHANGE and fields.get("reason") == "compute-time":
             count[0] += 1
 
     loop = ControlLoop(ctl, write)
