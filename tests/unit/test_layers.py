@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("live observers", ("omnilearn.observe",)),
     ("launch, images and report", ("omnilearn.launch", "omnilearn.images", "omnilearn.report", "omnilearn.torch",
                                    "omnilearn.simulate")),
+    ("framework integrations", ("omnilearn.lightning", "omnilearn.accelerate", "omnilearn.hf")),
     ("experiments", ("omnilearn.experiments",)),
     ("command line", ("omnilearn.cli", "omnilearn.__main__", "omnilearn")),
 ]

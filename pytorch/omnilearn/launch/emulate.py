@@ -334,9 +334,14 @@ def write_summary(job: JobSpec, t0: float, seconds: list[float], busy: list[floa
     if containers:
         summary["containers"] = containers
     path = job.out_dir / "summary.json"
-    if path.is_file():  # the script's own summary (omnilearn.torch): emulate's measurements join it
-        script = json.loads(path.read_text())
+    script = json.loads(path.read_text()) if path.is_file() else None
+    if script is not None:  # the script's own summary (omnilearn.torch): emulate's measurements join it
         if "straggler_scores" in script:  # from its steps: samples per compute-second, not busy time
             summary.pop("straggler_scores", None)
         summary = {**script, **summary}
     write_atomic(path, json.dumps(summary, indent=2))
+    if script is not None:  # and its steps get the figure a run's get
+        from omnilearn.report.plot import plot_run
+
+        plot_run(job.out_dir, n, f"emulate · {script.get('model')} · schedule {job.plan.schedule.name} · "
+                                 f"backend {job.backend} · {script.get('policy')}")

@@ -204,6 +204,8 @@ class StepSession:
         self.filled_at: float | None = None
         self.reduced_at: float | None = None
         self.values: list[float] | None = None
+        self.between_s = 0.0  # time between an epoch's end and the next step (evaluation): not training time
+        self.epoch_ended_at: float | None = None
 
     # ------------------------------------------------------------------------ set-up
     def attach(self, dataset_size: int, global_batch: int, seed: int, drop_last: bool, names: tuple[str, str],
@@ -248,9 +250,16 @@ class StepSession:
         return self.sampler
 
     # ----------------------------------------------------------------------------- steps
-    def begin_step(self, epoch: int, step: int, steps: int) -> list[int]:
-        """Close the previous step, follow the level, and open this one; returns the step's sizes."""
+    def begin_step(self, epoch: int, step: int, steps: int, sizes: list[int] | None = None) -> list[int]:
+        """Close the previous step, follow the level, and open this one; returns the step's sizes.
+
+        ``sizes``: every rank's share of this step, when a loader drew its samples ahead of the step
+        (from :attr:`batch_sizes` at that time, the same on every rank); by default the controller's now.
+        """
         self.finish_step()
+        if self.epoch_ended_at is not None:
+            self.between_s += time.time() - self.epoch_ended_at
+            self.epoch_ended_at = None
         position = epoch + step / steps
         event = self.levels.at(position, self.clock)
         if event is not None:
@@ -264,7 +273,8 @@ class StepSession:
         if late is not None:
             self.metrics.write("hl_outcome", step=self.steps_done, **late)
         assert self.sampler is not None
-        self.sizes = self.sampler.step_sizes(step, self.controller.batch)
+        self.sizes = list(sizes) if sizes is not None else self.sampler.step_sizes(step, self.controller.batch)
+        assert sum(self.sizes) == self.sampler.step_size(step) and len(self.sizes) == self.world, self.sizes
         self.sync_s = 0.0
         self.pending = {"epoch": epoch, "step": step, "last": step == steps - 1, "t0": time.perf_counter()}
         return self.sizes
@@ -318,11 +328,17 @@ class StepSession:
                        step=self.steps_done)
 
     def end_epoch(self, epoch: int) -> None:
-        """After an epoch: its last step closed, an end record (the latest counts), ``summary.json``."""
+        """After an epoch: its last step closed, an end record (the latest counts), ``summary.json``.
+
+        ``train_time_s`` leaves out the time between an epoch's end and the next step (the loop's
+        evaluation), as a run's does.
+        """
         self.finish_step()
         assert self.sampler is not None
-        wall = time.time() - self.t_start
-        self.metrics.write("end", wall_time_s=wall, train_time_s=wall, samples=self.samples, steps=self.steps_done,
+        ended = time.time()
+        wall = ended - self.t_start
+        self.metrics.write("end", wall_time_s=wall, train_time_s=wall - self.between_s, samples=self.samples,
+                           steps=self.steps_done,
                            batch=list(self.controller.batch), level=self.levels.level,
                            epochs=self.steps_done / self.sampler.steps_per_epoch, out_of_time=False,
                            **self.loop.summary())
@@ -331,6 +347,7 @@ class StepSession:
             summarize(self.job.out_dir)
         if self.board is not None:
             self.board.update()
+        self.epoch_ended_at = ended
 
     @property
     def batch_sizes(self) -> list[int]:

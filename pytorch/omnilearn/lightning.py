@@ -1,0 +1,131 @@
+"""omnilearn's controller in a Lightning script: one strategy.
+
+    from omnilearn.lightning import HeteroDDPStrategy
+    trainer = L.Trainer(strategy=HeteroDDPStrategy(policy="dynamic"), ...)
+
+:class:`HeteroDDPStrategy` is Lightning's :class:`~lightning.pytorch.strategies.DDPStrategy` with
+three changes, each at one of Lightning's extension points:
+
+- the data (``process_dataloader``): the training DataLoader gets a
+  :class:`~omnilearn.torch.shares.ShareBatchSampler` in place of its sampler (Lightning's
+  ``DistributedSampler`` included), so each rank draws its share of every global batch from the
+  controller; its other settings (dataset, collate function, workers) stay. Validation and test
+  loaders are Lightning's, sharded as before.
+- the gradients (DDP's communication hook): :func:`~omnilearn.torch.ddp_hook.weighted_sum_hook`
+  weights each rank's gradient by ``b_i / B`` instead of DDP's average, and its last bucket carries
+  the step's measurements; Lightning registers hooks on GPUs only, this strategy on every device.
+  DDP leaves buffers alone (``broadcast_buffers=False``; see
+  :data:`~omnilearn.torch.ddp_hook.BUFFERS_STAY_LOCAL`).
+- the steps (``on_train_batch_start``, ``optimizer_step``): a step opens when its batch is in hand
+  and closes after its optimizer step; then the controller decides the shares of the steps drawn
+  next. Validation between steps is not counted as any rank's compute.
+
+One backward and one optimizer step per batch: ``accumulate_grad_batches`` above 1, manual
+optimization and epochs cut short by ``limit_train_batches`` or ``overfit_batches`` are refused
+(UserError). The loss of ``training_step`` is a mean over the rank's batch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from omnilearn.errors import UserError
+from omnilearn.torch.ddp_hook import BUFFERS_STAY_LOCAL, register_weighted_sum
+from omnilearn.torch.session import StepSession
+from omnilearn.torch.shares import ShareBatchSampler, share_loader
+
+LIBRARY = "omnilearn.lightning"
+
+
+class HeteroDDPStrategy(DDPStrategy):
+    """DDP with per-rank shares of each global batch, chosen by omnilearn's controller.
+
+    ``global_batch``: samples per step over all ranks (default: the training DataLoader's
+    ``batch_size`` times the number of ranks). ``policy`` and ``control`` (a dict of ``control.*``
+    keys, e.g. ``{"interval": 5}``) are a job config's ``control`` section; ``out``: the run folder
+    (default: ``omnilearn emulate``'s, or ``runs/torch-<job id>``); ``per_level_threads`` and
+    ``tensorboard`` as :class:`~omnilearn.torch.HeteroDataParallel`'s. ``seed``: the permutation's
+    (default: ``seed_everything``'s, else 0). Other keyword arguments go to ``DDPStrategy``.
+    """
+
+    strategy_name = "omnilearn_ddp"
+
+    def __init__(self, *, global_batch: int | None = None, policy: str = "dynamic",
+                 control: dict[str, Any] | None = None, out: str | None = None, seed: int | None = None,
+                 per_level_threads: bool = False, tensorboard: bool = False, **ddp_kwargs: Any) -> None:
+        for key in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper", "model_averaging_period"):
+            if key in ddp_kwargs:
+                raise UserError(f"HeteroDDPStrategy({key}=...): omnilearn's communication hook does the reduction")
+        if ddp_kwargs.setdefault("broadcast_buffers", False):
+            raise UserError(f"HeteroDDPStrategy(broadcast_buffers=True): {BUFFERS_STAY_LOCAL}")
+        super().__init__(**ddp_kwargs)
+        self.hetero = {"policy": policy, "control": control, "out": out, "per_level_threads": per_level_threads,
+                       "tensorboard": tensorboard}
+        self.global_batch, self.seed = global_batch, seed
+        self.session: StepSession | None = None
+        self.shares: ShareBatchSampler | None = None
+
+    def setup(self, trainer: Trainer) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:
+            _check_trainer(trainer)
+            module = self.lightning_module
+            assert module is not None
+            self.session = StepSession(self.world_size, self.global_rank, library=LIBRARY,
+                                       params=sum(p.numel() for p in module.parameters() if p.requires_grad),
+                                       device=str(self.root_device), model_name=type(module).__name__,
+                                       **self.hetero)
+            self.session.epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
+        super().setup(trainer)
+
+    def _register_ddp_hooks(self) -> None:
+        assert isinstance(self.model, DistributedDataParallel) and self.session is not None
+        register_weighted_sum(self.model, self.session)
+
+    def process_dataloader(self, dataloader: object) -> object:
+        module = self.lightning_module
+        if module is None or not module.trainer.training or not isinstance(dataloader, DataLoader):
+            return super().process_dataloader(dataloader)
+        assert self.session is not None
+        seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        loader = share_loader(dataloader, self.session, self.global_batch, seed, LIBRARY)
+        self.shares = loader.batch_sampler  # type: ignore[assignment]
+        return super().process_dataloader(loader)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        if self.shares is None:
+            raise UserError(f"{LIBRARY}: the training loader is no DataLoader, so omnilearn cannot give it shares")
+        self.shares.begin_step()
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().optimizer_step(*args, **kwargs)
+        if self.shares is not None:
+            self.shares.end_step()
+        return result
+
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        if self.shares is not None:
+            self.shares.close()
+
+
+def _check_trainer(trainer: Trainer) -> None:
+    """One backward and one optimizer step per batch, every batch of every epoch: else a UserError."""
+    if trainer.accumulate_grad_batches != 1:
+        raise UserError(f"{LIBRARY}: Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) is not "
+                        "supported: the controller sizes each step's batch; raise the global batch instead")
+    module = trainer.lightning_module
+    if module is not None and not module.automatic_optimization:
+        raise UserError(f"{LIBRARY}: manual optimization is not supported (one backward and one optimizer step "
+                        "per batch)")
+    limit = trainer.limit_train_batches
+    if not (limit is None or (isinstance(limit, float) and limit == 1.0)) or trainer.overfit_batches:
+        raise UserError(f"{LIBRARY}: Trainer(limit_train_batches={limit}, overfit_batches={trainer.overfit_batches})"
+                        " cuts epochs short; omnilearn's sampler uses every sample once per epoch")

@@ -1,0 +1,78 @@
+"""Run by tests/integration/test_frameworks.py under torchrun: omnilearn.lightning's guarantees on 2 gloo ranks.
+
+First two wrong set-ups, each of which must be one UserError on every rank; then a real fit whose
+steps are checked by framework_checks.report.
+"""
+
+import gc
+import os
+import sys
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from framework_checks import EPOCHS, GLOBAL_BATCH, Indexed, Recorder, report, slow_down, tiny_net
+from torch.utils.data import DataLoader, WeightedRandomSampler
+
+from omnilearn.errors import UserError
+from omnilearn.lightning import HeteroDDPStrategy
+
+
+class Classifier(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = tiny_net()
+        self.recorder = Recorder(self.net)
+
+    def training_step(self, batch, batch_idx):
+        x, y, idx = batch
+        slow_down(len(y))
+        return F.cross_entropy(self.net(x), y)
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.recorder.before(batch[2])
+
+    def on_before_optimizer_step(self, optimizer):
+        self.recorder.grads(self.trainer.strategy.session.weight)
+        self.broadcast_buffers = self.trainer.strategy.model.broadcast_buffers  # DDP's, while it wraps the module
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def trainer(out: str | None = None, **kwargs) -> L.Trainer:
+    return L.Trainer(accelerator="cpu", devices=int(os.environ["WORLD_SIZE"]), max_epochs=EPOCHS,
+                     strategy=HeteroDDPStrategy(policy="dynamic", out=out), logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kwargs)
+
+
+def refused(fit) -> str:
+    try:
+        fit()
+    except UserError as e:
+        return str(e)
+    return ""
+
+
+def main() -> None:
+    out = sys.argv[1]
+    data = Indexed()
+    batch = GLOBAL_BATCH // int(os.environ["WORLD_SIZE"])
+    errors = [
+        refused(lambda: trainer(accumulate_grad_batches=2).fit(Classifier(), DataLoader(data, batch_size=batch))),
+        refused(lambda: trainer().fit(Classifier(), DataLoader(
+            data, batch_size=batch, sampler=WeightedRandomSampler(torch.ones(len(data)), len(data))))),
+    ]
+    torch.manual_seed(int(os.environ["RANK"]))  # different starts: DDP must make them equal
+    model = Classifier()
+    run = trainer(out)
+    run.fit(model, DataLoader(data, batch_size=batch, shuffle=True))  # Lightning's own sampler stays on
+    report(model.recorder, data, len(run.train_dataloader),
+           {"errors": errors, "broadcast_buffers": model.broadcast_buffers})
+    del run  # the DDP model holds the process group: gone before the group, its threads end with it
+    gc.collect()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
