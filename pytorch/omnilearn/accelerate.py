@@ -14,8 +14,8 @@
   Accelerate's own sharding (``BatchSamplerShard``, ``even_batches``) would split the shares again.
 - ``prepare`` gives the DistributedDataParallel model it builds omnilearn's communication hook
   (:func:`~omnilearn.torch.ddp_hook.weighted_sum_hook`): each rank's gradient weighted by
-  ``b_i / B`` and summed, the last bucket carrying the step's measurements. That DDP leaves buffers
-  alone (``broadcast_buffers=False``; see :data:`~omnilearn.torch.ddp_hook.BUFFERS_STAY_LOCAL`).
+  ``b_i / B`` and summed, the last bucket carrying the step's measurements; and no buffer sync at
+  every forward (see :data:`~omnilearn.torch.ddp_hook.BUFFERS_STAY_LOCAL`).
 
 One backward and one optimizer step per batch: ``gradient_accumulation_steps`` above 1 is refused
 (UserError). The loss is a mean over the rank's batch.
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, send_to_device
+from accelerate.utils import DDPCommunicationHookType, send_to_device
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
@@ -62,20 +62,12 @@ class ShareLoader:
             self.shares.end_step()  # the loop is back for the next batch: its step (and optimizer step) is done
 
 
-def keep_buffers_local(accelerator: Accelerator) -> None:
-    """The DDP that ``accelerator`` builds leaves buffers alone and has no communication hook of Accelerate's.
-
-    See :data:`~omnilearn.torch.ddp_hook.BUFFERS_STAY_LOCAL`; a ``DistributedDataParallelKwargs``
-    handler's other settings stay.
-    """
+def check_ddp_handler(accelerator: Accelerator, library: str) -> None:
+    """The DDP that ``accelerator`` builds gets no communication hook of Accelerate's, nor a buffer sync."""
     handler = accelerator.ddp_handler
-    if handler is None:
-        accelerator.ddp_handler = DistributedDataParallelKwargs(broadcast_buffers=False)
-        return
-    if handler.comm_hook != DDPCommunicationHookType.NO:
-        raise UserError(f"{LIBRARY}: DistributedDataParallelKwargs(comm_hook={handler.comm_hook}): omnilearn's "
+    if handler is not None and handler.comm_hook != DDPCommunicationHookType.NO:
+        raise UserError(f"{library}: DistributedDataParallelKwargs(comm_hook={handler.comm_hook}): omnilearn's "
                         "communication hook does the reduction")
-    handler.broadcast_buffers = False
 
 
 class HeteroAccelerator(Accelerator):
@@ -101,7 +93,7 @@ class HeteroAccelerator(Accelerator):
         if self.gradient_accumulation_steps != 1:
             raise UserError(f"{LIBRARY}: gradient_accumulation_steps={self.gradient_accumulation_steps} is not "
                             "supported: the controller sizes each step's batch; raise the global batch instead")
-        keep_buffers_local(self)
+        check_ddp_handler(self, LIBRARY)
         self.session = StepSession(self.num_processes, self.process_index, policy=policy, control=control, out=out,
                                    library=LIBRARY, device=str(self.device), per_level_threads=per_level_threads,
                                    tensorboard=tensorboard)

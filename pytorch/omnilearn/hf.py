@@ -15,7 +15,7 @@ points:
 - ``training_step``: the DistributedDataParallel model gets omnilearn's communication hook
   (:func:`~omnilearn.torch.ddp_hook.weighted_sum_hook`) before its first backward: each rank's
   gradient weighted by ``b_i / B`` and summed, the last bucket carrying the step's measurements.
-  That DDP leaves buffers alone (``broadcast_buffers=False``; see
+  That DDP does not sync buffers at every forward (see
   :data:`~omnilearn.torch.ddp_hook.BUFFERS_STAY_LOCAL`).
 - a ``TrainerCallback``: a step opens at ``on_step_begin`` (its batch in hand) and closes at
   ``on_step_end`` (after the optimizer step), before any logging, saving or evaluation.
@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback
 from transformers.utils import is_datasets_available
 
-from omnilearn.accelerate import keep_buffers_local
+from omnilearn.accelerate import check_ddp_handler
 from omnilearn.errors import UserError
 from omnilearn.torch.ddp_hook import BUFFERS_STAY_LOCAL, register_weighted_sum
 from omnilearn.torch.session import StepSession
@@ -63,7 +63,7 @@ class HeteroTrainer(Trainer):
                  tensorboard: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _check_args(self)
-        keep_buffers_local(self.accelerator)
+        check_ddp_handler(self.accelerator, LIBRARY)
         self.model_accepts_loss_kwargs = False  # the loss is the model's mean over this rank's batch
         self.hetero = {"policy": policy, "control": control, "out": out, "per_level_threads": per_level_threads,
                        "tensorboard": tensorboard}

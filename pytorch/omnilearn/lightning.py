@@ -14,8 +14,7 @@ three changes, each at one of Lightning's extension points:
 - the gradients (DDP's communication hook): :func:`~omnilearn.torch.ddp_hook.weighted_sum_hook`
   weights each rank's gradient by ``b_i / B`` instead of DDP's average, and its last bucket carries
   the step's measurements; Lightning registers hooks on GPUs only, this strategy on every device.
-  DDP leaves buffers alone (``broadcast_buffers=False``; see
-  :data:`~omnilearn.torch.ddp_hook.BUFFERS_STAY_LOCAL`).
+  DDP does not sync buffers at every forward (see :data:`~omnilearn.torch.ddp_hook.BUFFERS_STAY_LOCAL`).
 - the steps (``on_train_batch_start``, ``optimizer_step``): a step opens when its batch is in hand
   and closes after its optimizer step; then the controller decides the shares of the steps drawn
   next. Validation between steps is not counted as any rank's compute.
@@ -63,8 +62,9 @@ class HeteroDDPStrategy(DDPStrategy):
         for key in ("ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper", "model_averaging_period"):
             if key in ddp_kwargs:
                 raise UserError(f"HeteroDDPStrategy({key}=...): omnilearn's communication hook does the reduction")
-        if ddp_kwargs.setdefault("broadcast_buffers", False):
-            raise UserError(f"HeteroDDPStrategy(broadcast_buffers=True): {BUFFERS_STAY_LOCAL}")
+        for key in ("broadcast_buffers", "forward_sync_buffers"):
+            if ddp_kwargs.get(key):
+                raise UserError(f"HeteroDDPStrategy({key}=True): {BUFFERS_STAY_LOCAL}")
         super().__init__(**ddp_kwargs)
         self.hetero = {"policy": policy, "control": control, "out": out, "per_level_threads": per_level_threads,
                        "tensorboard": tensorboard}

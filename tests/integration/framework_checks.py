@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,11 @@ def tiny_net() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
+def wide_net() -> nn.Module:
+    """Over 1 MB of parameters: DDP puts them in several buckets."""
+    return nn.Sequential(nn.Linear(8, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 3))
+
+
 def slow_down(n: int) -> None:
     """Rank 1 is slower: its step takes longer the more samples it has."""
     if dist.get_rank() == 1:
@@ -71,7 +77,8 @@ class Recorder:
         self._before = None
 
 
-def report(recorder: Recorder, data: Indexed, steps_per_epoch: int, extra: dict | None = None) -> None:
+def report(recorder: Recorder, data: Indexed, steps_per_epoch: int, extra: dict | None = None,
+           net: Callable[[], nn.Module] = tiny_net) -> None:
     """Every rank calls it; rank 0 prints one JSON line with the checks' results."""
     world = dist.get_world_size()
     gathered: list = [None] * world
@@ -79,8 +86,8 @@ def report(recorder: Recorder, data: Indexed, steps_per_epoch: int, extra: dict 
     worst = 0.0
     for (before, grads, _), *per_rank in zip(recorder.steps, *gathered, strict=True):
         union = [i for indices in per_rank for i in indices]
-        ref = tiny_net()
-        ref.load_state_dict(before)
+        ref = net()
+        ref.load_state_dict(before, strict=False)  # parameters; a test's own buffers aside
         F.cross_entropy(ref(data.x[union]), data.y[union]).backward()
         worst = max(worst, max(float((g - q.grad).abs().max()) for g, q in zip(grads, ref.parameters(), strict=True)))
     once, shares = [], set()

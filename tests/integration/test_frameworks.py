@@ -68,3 +68,21 @@ def test_importing_omnilearn_imports_no_framework() -> None:
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_ddp_hook_over_several_buckets_in_one_or_in_several_collectives(tmp_path: Path) -> None:
+    proc = subprocess.run([str(TORCHRUN), "--nproc-per-node", "2", "--standalone",
+                           str(HERE / "frameworks_ddp_hook_script.py"), str(tmp_path)],
+                          env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"grad_error"')]
+    assert [r["one_collective"] for r in results] == [True, False]
+    for r in results:
+        assert r["grad_error"] < 1e-5, r  # the global batch's gradient, whichever way the buckets travel
+        assert r["every_sample_once"] == [True] * EPOCHS and r["identical"]
+        assert r["buckets"] >= 2, r
+        (start0, end0), (start1, end1) = r["marks"]
+        assert start0 == start1 == 0.0 and end0 != end1, r["marks"]  # rank 0's buffers once, then each rank's own
+    one, per_bucket = results
+    assert one["all_reduces"] == one["steps"]  # one collective a step, carrying every bucket and the times
+    assert per_bucket["all_reduces"] > per_bucket["steps"]
