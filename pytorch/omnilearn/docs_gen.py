@@ -20,7 +20,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from omnilearn import config
+from omnilearn import config, records
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "reference"
@@ -247,7 +247,8 @@ def cli_markdown() -> str:
 
 def generated() -> dict[Path, str]:
     """Path -> the text the code generates for it."""
-    return {REFERENCE / "config.md": config_markdown(), REFERENCE / "cli.md": cli_markdown()}
+    return {REFERENCE / "config.md": config_markdown(), REFERENCE / "cli.md": cli_markdown(),
+            REFERENCE / "records.md": records.markdown()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omnilearn import records
 from omnilearn.files import read_records
 
 METRICS_DIR = "metrics"
@@ -40,7 +41,7 @@ def read_rank(out_dir: Path, rank: int | str) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-    """Appends records of ``kind`` step | hl_change | batch_change | eval | start | end | ..."""
+    """Appends records of the kinds of :mod:`omnilearn.records`, each checked against its kind."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,6 +49,7 @@ class MetricsWriter:
         self._f = path.open("a", buffering=1)
 
     def write(self, kind: str, **fields: Any) -> None:
+        records.check(kind, fields)
         fields.setdefault("time", time.time())
         self._f.write(json.dumps({"kind": kind, **fields}, separators=(",", ":")) + "\n")
 

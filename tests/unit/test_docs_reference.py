@@ -16,7 +16,7 @@ from omnilearn.config.sections import ControlConfig
 from omnilearn.report.summary import CONTROL_KEYS
 
 
-@pytest.mark.parametrize("name", ["config.md", "cli.md"])
+@pytest.mark.parametrize("name", ["config.md", "cli.md", "records.md"])
 def test_committed_reference_is_generated(name: str) -> None:
     path = docs_gen.REFERENCE / name
     assert path.exists(), f"{path} is missing: run `make docs`"

@@ -18,7 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pytorch" / "omnilearn"
 # Lowest first. A module belongs to the first layer whose prefix matches its dotted name. The emulator is
 # layered inside too: what to emulate, then the mechanisms (CPU, then network), then the request protocol.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("omnilearn.errors", "omnilearn.files", "omnilearn.typed", "omnilearn.bounded_json")),
+    ("foundation", ("omnilearn.errors", "omnilearn.files", "omnilearn.typed", "omnilearn.bounded_json",
+                    "omnilearn.records")),
     ("config", ("omnilearn.config",)),
     ("what to emulate", ("omnilearn.emulator.spec",)),
     ("CPU mechanisms", ("omnilearn.emulator.backends",)),

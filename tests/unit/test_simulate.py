@@ -38,8 +38,9 @@ def make_run(folder: Path) -> Path:
     clock = 100.0
     writers = [MetricsWriter(metrics_path(folder, r)) for r in range(2)]
     for r, w in enumerate(writers):
-        w.write("start", rank=r, world=2, params=1000, train_samples=384, steps_per_epoch=6, time=clock)
-        w.write("hl_change", step=0, from_level=None, level="SKEW", epoch=0.0, time=clock)
+        w.write("start", rank=r, world=2, target=f"worker{r + 1}", policy="uniform", params=1000, train_samples=384,
+                steps_per_epoch=6, time=clock)
+        w.write("hl_change", step=0, from_level=None, level="SKEW", epoch=0.0, status="applied", time=clock)
         w.write("batch_change", step=0, batch=BATCHES[0], reason="initial", time=clock)
     start = clock
     for k, batch in enumerate(BATCHES):

@@ -123,8 +123,9 @@ def make_run(folder: Path, policy: str, splits: list[list[int]], noise: float, s
     start, end = 100.0, steps[0][-1]["time"]
     for r in range(3):
         w = MetricsWriter(metrics_path(folder, r))
-        w.write("start", rank=r, world=3, params=1000, train_samples=B * 10, steps_per_epoch=10, time=start)
-        w.write("hl_change", step=0, from_level=None, level="SKEW", epoch=0.0, time=start)
+        w.write("start", rank=r, world=3, target=f"worker{r + 1}", policy="uniform", params=1000,
+                train_samples=B * 10, steps_per_epoch=10, time=start)
+        w.write("hl_change", step=0, from_level=None, level="SKEW", epoch=0.0, status="applied", time=start)
         w.write("batch_change", step=0, batch=splits[0], reason="initial", time=start)
         for rec in steps[r]:
             w.write("step", **{k: v for k, v in rec.items() if k != "kind"}, cpus=[0.5, 1.0, 2.0][r], threads=1)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnilearn.control.controller import Controller
+from omnilearn.records import BATCH_CHANGE, MEASUREMENT
 
 Write = Callable[..., None]
 """``write(kind, **fields)``: one record (the trainers' MetricsWriter.write, the simulator's recorder)."""
@@ -154,16 +155,16 @@ def replay(controller: Controller, records: Sequence[dict[str, Any]]) -> list[di
     records of reason ``probe`` and its ``measurement`` records, in order): the ``batch_change``
     records it writes, without times. Equal to the run's own when the run decided through this loop."""
     out: list[dict[str, Any]] = []
-    loop = ControlLoop(controller, lambda kind, **f: out.append({"kind": kind, **f}) if kind == "batch_change"
+    loop = ControlLoop(controller, lambda kind, **f: out.append({"kind": kind, **f}) if kind == BATCH_CHANGE
                        else None)
     none: Shares = lambda: [None] * controller.workers  # noqa: E731 - measured policies only
     for r in records:
-        if r.get("kind") == "batch_change" and r.get("reason") in ("initial", "resumed"):
+        if r.get("kind") == BATCH_CHANGE and r.get("reason") in ("initial", "resumed"):
             loop.start(none, r["reason"] == "resumed", step=r["step"])
-        elif r.get("kind") == "batch_change" and r.get("reason") == "probe":
+        elif r.get("kind") == BATCH_CHANGE and r.get("reason") == "probe":
             small, large = r["sizes"]
             t_small, t_large = r["probe_times_s"]
             loop.probe(small, large, t_small, t_large, r["probe_s"], step=r["step"])
-        elif r.get("kind") == "measurement":
+        elif r.get("kind") == MEASUREMENT:
             loop.step(r["times_s"], r["due"], r["steps_left"], none, step=r["step"])
     return out

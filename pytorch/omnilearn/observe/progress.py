@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from omnilearn.files import read_jsonl
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import metrics_path
+from omnilearn.records import BATCH_CHANGE, HL_CHANGE, START, STEP, UPDATE
 
 
 class JsonlTail:
@@ -55,14 +56,14 @@ class JobProgress:
     def update(self) -> None:
         for rec in self.tail.read():
             kind = rec.get("kind")
-            if kind == "start":
+            if kind == START:
                 self.progress.update(self.task, total=rec["steps_per_epoch"] * self.epochs)
-            elif kind == "step":
+            elif kind == STEP:
                 self.progress.update(self.task, completed=rec["step"])
                 self.level, self.loss, self.epoch = rec.get("level") or "-", rec["loss"], rec["epoch"]
             elif kind in ("batch_change",):
                 self.batch = rec["batch"]
-            elif kind == "hl_change":
+            elif kind == HL_CHANGE:
                 self.level = rec["level"]
         batch = "/".join(map(str, self.batch)) if self.batch else "initial"
         desc = f"epoch {self.epoch + 1}/{self.epochs} · {self.level} · batch {batch} · loss {self.loss:.3f}"
@@ -80,16 +81,16 @@ class AspProgress(JobProgress):
     def update(self) -> None:
         for rec in self.tail.read():
             kind = rec.get("kind")
-            if kind == "start":
+            if kind == START:
                 self.progress.update(self.task, total=rec["target_samples"])
-            elif kind == "update":
+            elif kind == UPDATE:
                 self.progress.update(self.task, completed=rec["samples"])
                 self.epoch_f = rec["epoch"]
                 self.loss = rec["loss"] if self.loss != self.loss else 0.9 * self.loss + 0.1 * rec["loss"]
                 self.staleness = 0.9 * self.staleness + 0.1 * rec["staleness"]
-            elif kind == "batch_change":
+            elif kind == BATCH_CHANGE:
                 self.batch = rec["batch"]
-            elif kind == "hl_change":
+            elif kind == HL_CHANGE:
                 self.level = rec["level"]
         batch = "/".join(map(str, self.batch)) if self.batch else "initial"
         desc = (f"epoch {self.epoch_f:.2f}/{self.epochs} · {self.level} · batch {batch} · loss {self.loss:.3f} · "

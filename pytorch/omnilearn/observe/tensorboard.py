@@ -25,6 +25,7 @@ from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, metrics_path
 from omnilearn.observe.progress import JsonlTail
+from omnilearn.records import EVAL, HL_CHANGE, STEP, UPDATE
 
 TB_DIR = "tensorboard"
 RATE_WINDOW = 5  # updates per worker behind one update_rate point
@@ -132,7 +133,7 @@ class LiveTensorBoard:
 
     def _record(self, rank: int, rec: dict[str, Any]) -> None:
         kind, when = rec.get("kind"), rec.get("time")
-        if kind == "step":
+        if kind == STEP:
             step = int(rec["version"] if self.asp else rec["step"])
             name = self._name(rank)
             for tag in ("batch", "compute_ms", "sync_ms", "cpus"):
@@ -144,7 +145,7 @@ class LiveTensorBoard:
                 if rec.get("level"):
                     self.writer.add_scalar("emulation/level", level_number(rec["level"], self.levels), step,
                                            walltime=when)
-        elif kind == "update":  # ASP server: one applied gradient
+        elif kind == UPDATE:  # ASP server: one applied gradient
             step, worker = int(rec["version"]), int(rec["worker"])
             name = self._name(worker)
             self._scalars("staleness", name, rec["staleness"], step, when)
@@ -153,8 +154,8 @@ class LiveTensorBoard:
             times.append(float(when or 0.0))
             if len(times) == times.maxlen and times[-1] > times[0]:
                 self._scalars("update_rate", name, RATE_WINDOW / (times[-1] - times[0]), step, when)
-        elif kind == "hl_change" and rank == 0:
+        elif kind == HL_CHANGE and rank == 0:
             step = int(rec.get("version", rec.get("step", 0)))
             self.writer.add_scalar("emulation/level", level_number(rec["level"], self.levels), step, walltime=when)
-        elif kind == "eval" and rank == 0:  # BSP's evaluations during training
+        elif kind == EVAL and rank == 0:  # BSP's evaluations during training
             self._eval(rec, int(rec["step"]))

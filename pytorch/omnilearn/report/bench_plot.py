@@ -14,6 +14,7 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from omnilearn.metrics import read_rank  # noqa: E402
+from omnilearn.records import START, STEP, of_kind
 from omnilearn.report import targets  # noqa: E402
 
 COLORS = {"uniform": "tab:grey", "static": "tab:orange", "dynamic": "tab:blue", "ddp": "tab:red",
@@ -104,13 +105,13 @@ def worker_series(run_dir: Path, mode: str, workers: int) -> list[tuple[list[flo
     ranks = range(1, workers + 1) if mode == "asp" else range(workers)
     for rank in ranks:
         recs = read_rank(run_dir, rank)
-        steps = [r for r in recs if r.get("kind") == "step"]
+        steps = of_kind(recs, STEP)
         if mode == "asp":
             xs = [float(r["epoch"]) for r in steps]
         else:  # the batch the controller set: a partial last step of an epoch shows only what was left
             full = max((r["global_batch"] for r in steps), default=0)
             steps = [r for r in steps if r["global_batch"] == full]
-            per_epoch = next((r["steps_per_epoch"] for r in recs if r.get("kind") == "start"), 1)
+            per_epoch = next((r["steps_per_epoch"] for r in recs if r.get("kind") == START), 1)
             xs = [r["step"] / per_epoch for r in steps]
         out.append((xs, [r.get("cpus") for r in steps], [r["batch"] for r in steps]))
     return out

@@ -23,6 +23,7 @@ from omnilearn.config.sections import PEERS
 from omnilearn.control.policies import bounded_shares
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
+from omnilearn.records import STEP, of_kind
 from omnilearn.report.fidelity import model_speeds
 from omnilearn.report.worker_models import WorkerModels, fit_worker_models, run_steps, same_job
 
@@ -37,7 +38,7 @@ def ideal_speedups(uniform_dir: Path) -> tuple[float, float] | None:
     step as compute + that cost, the second as compute alone (an upper bound no BSP job reaches).
     """
     job = JobSpec.load(uniform_dir / "job.json", out_dir=uniform_dir)
-    steps = [[r for r in read_rank(uniform_dir, s) if r.get("kind") == "step"] for s in job.slots]
+    steps = [of_kind(read_rank(uniform_dir, s), STEP) for s in job.slots]
     n = min(len(s) for s in steps)
     slowest = balanced = comm = 0.0
     for k in range(n):

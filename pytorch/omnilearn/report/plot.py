@@ -13,11 +13,12 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from omnilearn.metrics import read_rank  # noqa: E402
+from omnilearn.records import HL_CHANGE, STEP, TRAIN_START, UPDATE, of_kind
 
 
 def _steps(out_dir: Path, rank: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     recs = read_rank(out_dir, rank)
-    return [r for r in recs if r["kind"] == "step"], [r for r in recs if r["kind"] == "hl_change"]
+    return of_kind(recs, STEP), of_kind(recs, HL_CHANGE)
 
 
 def _mark_levels(ax, hl_events: list[dict[str, Any]], label: bool) -> None:
@@ -50,12 +51,12 @@ def _rolling(updates: list[dict[str, Any]], t0: float, k: int = 5
 def plot_run_asp(out_dir: Path, workers: int, title: str, path: Path) -> Path:
     """ASP ``run.png``: per-worker batch size, update rate at the server, and staleness over wall time."""
     server = read_rank(out_dir, 0)
-    start = next(r["time"] for r in server if r["kind"] == "train_start")
-    updates = [r for r in server if r["kind"] == "update"]
-    hl = [{**e, "step": e.get("elapsed_s", e["time"] - start)} for e in server if e["kind"] == "hl_change"]
+    start = next(r["time"] for r in server if r["kind"] == TRAIN_START)
+    updates = of_kind(server, UPDATE)
+    hl = [{**e, "step": e.get("elapsed_s", e["time"] - start)} for e in server if e["kind"] == HL_CHANGE]
     fig, (ax_b, ax_r, ax_s) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     for w in range(1, workers + 1):
-        steps = [r for r in read_rank(out_dir, w) if r["kind"] == "step"]
+        steps = of_kind(read_rank(out_dir, w), STEP)
         label = f"aspworker{w + 1}"
         ax_b.step([r["time"] - start for r in steps], [r["batch"] for r in steps], where="post", label=label)
         xs, rates, stale = _rolling([u for u in updates if u["worker"] == w], start)
@@ -107,7 +108,7 @@ def plot_trace(out_dir: Path, workers: int, title: str, path: Path | None = None
     path = path or out_dir / "trace.png"
     first = 1 if _is_asp(out_dir) else 0  # ASP: rank 0 is the parameter server
     records = [read_rank(out_dir, r) for r in range(first, first + workers)]
-    steps = [[r for r in recs if r["kind"] == "step"] for recs in records]
+    steps = [of_kind(recs, STEP) for recs in records]
     t0 = min((s[0]["time"] - (s[0]["compute_ms"] + s[0]["sync_ms"]) / 1e3 for s in steps if s), default=0.0)
     fig, (ax_c, ax_b) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     for i, (recs, mine) in enumerate(zip(records, steps, strict=True)):
@@ -117,7 +118,7 @@ def plot_trace(out_dir: Path, workers: int, title: str, path: Path | None = None
                   label=f"{'aspworker' if first else 'worker'}{i + 1 + first}")
         ax_b.step(xs, [r["batch"] for r in mine], where="post", color=color)
         for e in recs:
-            if e["kind"] == "hl_change" and e.get("stall_s"):
+            if e["kind"] == HL_CHANGE and e.get("stall_s"):
                 for ax in (ax_c, ax_b):
                     ax.axvspan(e["time"] - t0 - e["stall_s"], e["time"] - t0, color=color, alpha=0.2, linewidth=0)
     ax_c.set_ylabel("CPU share (CPUs)")
@@ -137,7 +138,7 @@ def plot_compare(runs: dict[str, Path], summaries: dict[str, dict[str, Any]], pa
     for name, out_dir in runs.items():
         if _is_asp(out_dir):  # samples applied at the server
             recs = read_rank(out_dir, 0)
-            updates = [r for r in recs if r["kind"] == "update"]
+            updates = of_kind(recs, UPDATE)
             xs, ys = [r["elapsed_s"] for r in updates], [r["samples"] for r in updates]
         else:
             steps, _ = _steps(out_dir, 0)

@@ -14,6 +14,7 @@ from omnilearn.emulator.spec.plan import SERVER_TARGET
 from omnilearn.files import read_records, write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, read_rank, restarts_path
+from omnilearn.records import BATCH_CHANGE, END, EVAL, HL_CHANGE, HL_OUTCOME, START, STEP, UPDATE, of_kind
 from omnilearn.report.fidelity import allreduce_ms, change_outcomes, level_fidelity, level_speeds
 from omnilearn.report.ideal import group_ideal, ideal_speedups
 from omnilearn.report.stragglers import step_scores
@@ -25,10 +26,6 @@ SETTLED = 0.10  # a level change is settled once the compute-time imbalance is a
 # policy's name (its own key) and the memory keys (the same whatever the policy). Derived, so a new field shows.
 CONTROL_KEYS = tuple(f.name for f in dataclasses.fields(ControlConfig)
                      if f.name not in ("policy", "memory_bounds", "memory_margin"))
-
-
-def _by_kind(records: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("kind") == kind]
 
 
 def _final_compute_s(steps: list[dict[str, Any]], batch: int) -> float | None:
@@ -188,8 +185,8 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
     ranks = [read_rank(out_dir, r) for r in job.slots]  # the workers that finished it (survivors, if any was lost)
-    steps = [_by_kind(recs, "step") for recs in ranks]
-    ends = [(_by_kind(recs, "end") or [None])[-1] for recs in ranks]
+    steps = [of_kind(recs, STEP) for recs in ranks]
+    ends = [(of_kind(recs, END) or [None])[-1] for recs in ranks]
     if any(e is None for e in ends):
         missing = [r for r, e in enumerate(ends) if e is None]
         raise RuntimeError(f"run in {out_dir} did not finish: no end record for ranks {missing}")
@@ -202,8 +199,8 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     compute = [statistics.median(s[k]["compute_ms"] / 1e3 for k in seg) if seg else None for s in steps]
     sync = [statistics.median(s[k]["sync_ms"] for k in seg) if seg else None for s in steps]
     allocations = [s[-1].get("cpus") if s else None for s in steps]
-    evals = _by_kind(r0, "eval")
-    hl_events = _by_kind(r0, "hl_change")
+    evals = of_kind(r0, EVAL)
+    hl_events = of_kind(r0, HL_CHANGE)
     run_start = end0["time"] - end0["wall_time_s"]
     known = [c for c in compute if c]
     ideal = (sum(b / c for b, c in zip(measured_batches, compute, strict=True))
@@ -235,9 +232,9 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "ideal_samples_per_s": round(ideal, 3) if ideal else None,
         "hl_changes": [{"time": round(e["time"] - run_start, 3), "epoch": e["epoch"], "level": e["level"]}
                        for e in hl_events],
-        "batch_changes": sum(1 for e in _by_kind(r0, "batch_change") if e.get("reason") != "initial"),
-        "settle": settle(steps, hl_events, _by_kind(r0, "batch_change")),
-        **controller_cost(end0, _by_kind(r0, "batch_change")),
+        "batch_changes": sum(1 for e in of_kind(r0, BATCH_CHANGE) if e.get("reason") != "initial"),
+        "settle": settle(steps, hl_events, of_kind(r0, BATCH_CHANGE)),
+        **controller_cost(end0, of_kind(r0, BATCH_CHANGE)),
         "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan, [job.plan.targets[s] for s in job.slots]),
         "allocation_changes": change_outcomes(out_dir / "logs"),
         "schedule": job.plan.schedule.name,
@@ -308,13 +305,13 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
     server = read_rank(out_dir, 0)
     slots = job.slots[1:]  # the workers that finished it (survivors, if one was lost for good)
     workers = [read_rank(out_dir, r) for r in slots]
-    end = (_by_kind(server, "end") or [None])[-1]
-    missing = [r for r, recs in zip(slots, workers, strict=True) if not _by_kind(recs, "end")]
+    end = (of_kind(server, END) or [None])[-1]
+    missing = [r for r, recs in zip(slots, workers, strict=True) if not of_kind(recs, END)]
     if end is None or missing:
         ranks = ([0] if end is None else []) + missing
         raise RuntimeError(f"run in {out_dir} did not finish: no end record for ranks {ranks}")
-    updates = _by_kind(server, "update")
-    steps = [_by_kind(recs, "step") for recs in workers]
+    updates = of_kind(server, UPDATE)
+    steps = [of_kind(recs, STEP) for recs in workers]
     evals = read_records(eval_path(out_dir))
     if not evals and (out_dir / "snapshots").is_dir():  # a launcher that did not score them (e.g. Docker)
         from omnilearn.train.evaluate import evaluate_snapshots
@@ -352,7 +349,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "batch_sizes": batches,
         "allocations": [s[-1].get("cpus") if s else None for s in steps],
         "server_allocation": next((e["effective"].get("cpus") for e in reversed(server)
-                                   if e.get("kind") in ("hl_change", "hl_outcome")), None),
+                                   if e.get("kind") in (HL_CHANGE, HL_OUTCOME)), None),
         "threads": [s[-1].get("threads") if s else None for s in steps],
         "compute_ms": [round(c * 1e3, 2) if c else None for c in compute],
         "sync_ms": [round(c, 2) if c is not None else None for c in comm],
@@ -360,10 +357,10 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "straggler_scores": step_scores(steps),
         "ideal_samples_per_s": round(ideal, 3) if ideal else None,
         "hl_changes": [{"time": round(e["elapsed_s"], 3), "epoch": e["epoch"], "level": e["level"]}
-                       for e in _by_kind(server, "hl_change")],
-        "batch_changes": sum(1 for e in _by_kind(server, "batch_change") if e.get("reason") != "initial"),
+                       for e in of_kind(server, HL_CHANGE)],
+        "batch_changes": sum(1 for e in of_kind(server, BATCH_CHANGE) if e.get("reason") != "initial"),
         "settle": None,  # BSP only: ASP workers step alone, there is no common step to measure balance on
-        **controller_cost(end, _by_kind(server, "batch_change")),
+        **controller_cost(end, of_kind(server, BATCH_CHANGE)),
         "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan, [job.plan.targets[s] for s in job.slots]),
         "allocation_changes": change_outcomes(out_dir / "logs"),
         "schedule": job.plan.schedule.name,
@@ -377,7 +374,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "staleness_p95": _percentile(staleness, 95),
         "staleness_max": max(staleness) if staleness else None,
         "staleness_by_worker": [round(statistics.fmean(v), 4) if v else None for v in per_worker],
-        "lr_reference_batch": _by_kind(server, "start")[-1].get("lr_reference_batch"),
+        "lr_reference_batch": of_kind(server, START)[-1].get("lr_reference_batch"),
         "staleness_damping": cfg.asp.staleness_damping,
         "duplicates": end.get("duplicates", 0),
     }

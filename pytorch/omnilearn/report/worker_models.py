@@ -43,6 +43,7 @@ import numpy as np
 
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
+from omnilearn.records import STEP, of_kind
 
 MIN_SPREAD = 1.2
 """A worker-level's batches must span at least this ratio to inform k."""
@@ -227,7 +228,7 @@ def run_steps(run: Path) -> tuple[JobSpec, list[list[dict[str, Any]]]]:
     """A finished run folder's job and each rank's step records (the workers' ranks: ASP's server left out)."""
     job = JobSpec.load(Path(run) / "job.json", out_dir=Path(run))
     slots = job.slots[1:] if job.config.mode == "asp" else job.slots
-    return job, [[r for r in read_rank(run, s) if r.get("kind") == "step"] for s in slots]
+    return job, [of_kind(read_rank(run, s), STEP) for s in slots]
 
 
 def same_job(a: JobSpec, b: JobSpec) -> bool:

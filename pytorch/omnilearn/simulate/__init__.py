@@ -29,6 +29,7 @@ from omnilearn.emulator.spec.plan import EmulationPlan, worker_target
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import JobSpec, new_job_id
+from omnilearn.records import EVAL
 from omnilearn.simulate.engine import Recorder, mean, run_replay
 from omnilearn.simulate.models import RunModels, load_run
 
@@ -75,7 +76,7 @@ def simulate(replay: Path, out: Path, workers: int | None = None, policy: str | 
     job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="simulated")
     job.save()
     same_batch = cfg.train.global_batch == models.job.config.train.global_batch
-    evals = {r["epoch"]: r for r in models.records[0] if r.get("kind") == "eval"} if same_batch else None
+    evals = {r["epoch"]: r for r in models.records[0] if r.get("kind") == EVAL} if same_batch else None
     rec = Recorder(n)
     clock = [time.perf_counter()]
 

@@ -26,6 +26,7 @@ from omnilearn.errors import UserError
 from omnilearn.files import load_yaml
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
+from omnilearn.records import END, EVAL, START, STEP, of_kind
 from omnilearn.report.worker_models import fit_worker_models
 
 
@@ -95,7 +96,7 @@ class RunModels:
 
 
 def _steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("kind") == "step"]
+    return of_kind(records, STEP)
 
 
 def fit_compute(per_rank: list[list[dict[str, Any]]]) -> dict[tuple[int, str], ComputeModel]:
@@ -157,12 +158,12 @@ def load_run(run: Path, calibration: Path | None = None) -> RunModels:
     if job.config.mode != "bsp":
         raise UserError(f"--replay {run}: an {job.config.mode.upper()} run; the simulator replays BSP runs")
     records = [read_rank(run, r) for r in range(job.config.workers)]
-    ends = [[r for r in recs if r.get("kind") == "end"] for recs in records]
+    ends = [of_kind(recs, END) for recs in records]
     if not all(ends) or not all(_steps(s) for s in records):
         raise UserError(f"--replay {run}: the run did not finish (a rank has no steps or no end record)")
-    start = next(r for r in records[0] if r.get("kind") == "start")
+    start = next(r for r in records[0] if r.get("kind") == START)
     end = ends[0][-1]
-    evals = [r for r in records[0] if r.get("kind") == "eval"]
+    evals = [r for r in records[0] if r.get("kind") == EVAL]
     params = int(start["params"])
     allreduce = (allreduce_from_calibration(calibration, params) if calibration
                  else allreduce_from_run(records, params))

@@ -21,9 +21,13 @@ worker's noise factor, the host factor, the CFS phase of every step), so the rat
 of a seed. Under CFS quantisation the fluid optimum is not always the best split of a realised step,
 so a policy can score slightly above 1 there.
 
-**Settling.** A step's *gap* is the policy's noise-free step time at its split over the oracle's,
-less one (the fluid model; the imbalance ``max/min - 1`` is not used because bounds and whole
-samples can keep even the best split's imbalance above any threshold). After each change of the
+**Settling.** A step's *gap* is the expected step time of the policy's split over that of the
+oracle's, less one: each the mean over a fixed set of draws of the noise (and, under a CFS quota, of
+the period's phase) of the slowest worker's time (:meth:`~omnilearn.simulate.truth.World.expected`),
+so a gap is what the split costs a step on that host, quantisation and noise included. (The fluid
+times would count as unsettled a split that CFS quantisation makes as fast as the oracle's, and
+magnify differences the noise hides; the imbalance ``max/min - 1`` is not used because bounds and
+whole samples can keep even the best split's imbalance above any threshold.) After each change of the
 true shares (and the start) a policy has settled at the first step whose gap is at most
 :data:`SETTLED` (10%): ``settle_steps`` counts the steps run before it, ``settle_decisions`` the
 decisions (``batch_change`` records of reason ``compute-time``) taken meanwhile. A seed's value is
@@ -55,13 +59,14 @@ from omnilearn.control.loop import ControlLoop
 from omnilearn.control.policies import POLICIES, Bounds, effective, probe_sizes
 from omnilearn.errors import UserError
 from omnilearn.files import CONFIG_DIR, load_yaml, write_atomic
+from omnilearn.records import BATCH_CHANGE
 from omnilearn.simulate.truth import Scenario, Timeline, World, describe, timeline
 from omnilearn.typed import build_dataclass
 
 SUITE_FILE = CONFIG_DIR / "scenarios.yaml"
 DEFAULT_POLICIES = ("uniform", "dynamic", "dynamic-v1", "paper", "static")
 SETTLED = 0.10
-"""A split within 10% of the oracle's step time (noise-free) has settled."""
+"""A split whose expected step time is within 10% of the oracle's split's has settled."""
 COLUMNS = ("scenario", "policy", "seed", "fraction_of_oracle", "settle_steps", "settle_decisions",
            "worst_overshoot", "slower_than_uniform")
 CHUNK = 20
@@ -157,7 +162,7 @@ class Run:
     """Decisions taken before each step (cumulative), and after the last at index ``steps``."""
 
 
-def run_policy(world: World, policy: str, oracle_step_s: np.ndarray,
+def run_policy(world: World, policy: str, oracle_step_s: np.ndarray, oracle_expected_s: Sequence[float],
                records: list[dict[str, Any]] | None = None) -> Run:
     """``policy`` on ``world`` through the trainers' loop (see the module); ``records``: a list to
     receive every record the loop writes (``{"kind": ..., **fields}``), to see why a policy did what it did."""
@@ -171,7 +176,7 @@ def run_policy(world: World, policy: str, oracle_step_s: np.ndarray,
     def write(kind: str, **fields: Any) -> None:
         if records is not None:
             records.append({"kind": kind, **fields})
-        if kind == "batch_change" and fields.get("reason") == "compute-time":
+        if kind == BATCH_CHANGE and fields.get("reason") == "compute-time":
             count[0] += 1
 
     loop = ControlLoop(ctl, write)
@@ -199,7 +204,7 @@ def run_policy(world: World, policy: str, oracle_step_s: np.ndarray,
         batch = np.asarray(loop.batch, float)
         times = world.times(step, batch, oracle_step_s[step])
         total += float(times.max()) + sync
-        gaps[step] = float(world.fluid(r, batch).max()) / oracle_step_s[step] - 1.0
+        gaps[step] = world.expected(r, batch) / oracle_expected_s[r] - 1.0
         decisions[step] = count[0]
         done = step + 1
         loop.step(times.tolist(), due=ctl.due(done, done % sc.steps_per_epoch == 0 or done == sc.steps),
@@ -236,17 +241,21 @@ def run_seeds(sc: Scenario, seeds: Sequence[int], policies: Sequence[str]) -> li
         splits = [np.asarray(oracle_split(world, r, bounds), float) for r in range(len(line.starts))]
         fluid = [float(world.fluid(r, splits[r]).max()) for r in range(len(line.starts))]
         oracle_step = np.asarray([fluid[r] for r in world.regimes])
+        expected = [world.expected(r, splits[r]) for r in range(len(line.starts))]
         sync = sc.sync_ms / 1e3
         oracle_total = sum(float(world.times(s, splits[world.regimes[s]], oracle_step[s]).max()) + sync
                            for s in range(sc.steps))
-        uniform = run_policy(world, "uniform", oracle_step)
+        late_total = sum(float(world.times(s, splits[world.regimes[max(s - 1, 0)]], oracle_step[s]).max()) + sync
+                         for s in range(sc.steps))
+        uniform = run_policy(world, "uniform", oracle_step, expected)
         for policy in policies:
-            run = uniform if policy == "uniform" else run_policy(world, policy, oracle_step)
+            run = uniform if policy == "uniform" else run_policy(world, policy, oracle_step, expected)
             steps, decisions, worst = settling(run, line.starts, sc.steps)
             rows.append({"scenario": sc.name, "policy": policy, "seed": seed,
                          "fraction_of_oracle": oracle_total / (run.total_s - run.probe_s), "settle_steps": steps,
                          "settle_decisions": decisions, "worst_overshoot": worst,
                          "slower_than_uniform": int(run.total_s > uniform.total_s * (1 + 1e-12)),
+                         "of_late_oracle": late_total / (run.total_s - run.probe_s),
                          "probe_share": run.probe_s / run.total_s,
                          "with_start_up": oracle_total / run.total_s})
     return rows
@@ -277,6 +286,11 @@ def _median(values: list[float | None]) -> float | None:
     return None if math.isinf(m) else m
 
 
+def _within(row: dict[str, Any], decisions: int) -> bool:
+    """Every change of the seed settled, after at most ``decisions`` decisions on average."""
+    return row["settle_decisions"] is not None and row["settle_decisions"] <= decisions
+
+
 def summarize(rows: list[dict[str, Any]], suite: list[Scenario], policies: list[str]) -> list[dict[str, Any]]:
     """One line per scenario x policy, then the suite-wide averages per policy."""
     lines = []
@@ -293,13 +307,17 @@ def summarize(rows: list[dict[str, Any]], suite: list[Scenario], policies: list[
                           "never": sum(r["settle_steps"] is None for r in mine) / len(mine),
                           "overshoot": _median([r["worst_overshoot"] for r in mine]),
                           "slower": sum(r["slower_than_uniform"] for r in mine) / len(mine),
+                          "late": statistics.fmean(r["of_late_oracle"] for r in mine),
+                          "settled2": sum(_within(r, 2) for r in mine) / len(mine),
                           "probe": statistics.fmean(r["probe_share"] for r in mine),
                           "with_start_up": statistics.fmean(r["with_start_up"] for r in mine)})
     for policy in policies:
         mine = [ln for ln in lines if ln["policy"] == policy]
         if mine:
             lines.append({"scenario": "**suite average**", "policy": policy, "seeds": sum(m["seeds"] for m in mine),
-                          **{k: statistics.fmean(m[k] for m in mine) for k in ("mean", "min", "p10", "never", "slower", "probe", "with_start_up")},
+                          **{k: statistics.fmean(m[k] for m in mine)
+                             for k in ("mean", "min", "p10", "never", "slower", "probe", "with_start_up", "late")},
+                          "settled2": sum(m["settled2"] * m["seeds"] for m in mine) / sum(m["seeds"] for m in mine),
                           "settle_steps": None, "settle_decisions": None, "overshoot": None})
     return lines
 
@@ -309,21 +327,24 @@ def write_md(lines: list[dict[str, Any]], suite: list[Scenario], seconds: float,
            f"`{command}`: {len(suite)} scenarios, {seconds:.0f} s on {os.cpu_count()} CPUs.", "",
            "fraction: oracle's total time / the policy's over the training steps (common random numbers), its mean, "
            "minimum and 10th percentile over seeds. settle: medians over seeds of the steps and decisions a "
-           f"policy needs after each change of the true speeds to come within {SETTLED:.0%} of the oracle's "
-           "noise-free step time ('never': some change never settled, counted as infinite); never: share of "
+           f"policy needs after each change of the true speeds to come within {SETTLED:.0%} of the expected step "
+           "time of the oracle's split, noise and CFS quantisation included ('never': some change never settled, counted as infinite); never: share of "
            "seeds with such a change. overshoot: median over seeds of the largest gap to the oracle after "
            "settling. slower: share of seeds slower than uniform (the start-up pass included). start-up: the share "
            "of the policy's time in the start-up pass every policy runs (the memory probe, which dynamic also times); "
-           "with start-up: the mean fraction with that pass counted (the oracle runs none).", "",
-           "| scenario | policy | seeds | fraction mean | min | p10 | settle steps | settle decisions | never | "
-           "overshoot | slower than uniform | start-up | with start-up |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "with start-up: the mean fraction with that pass counted (the oracle runs none). of late oracle: the "
+           "mean of the same ratio against an oracle that learns of every change one step late (the best a "
+           "controller that measures can do). within 2: share of seeds whose every change settled after at most "
+           "two decisions on average.", "",
+           "| scenario | policy | seeds | fraction mean | min | p10 | of late oracle | settle steps | "
+           "settle decisions | within 2 | never | overshoot | slower than uniform | start-up | with start-up |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     never = "never"
     for ln in lines:
         avg = ln["scenario"].startswith("**")
         out.append(f"| {ln['scenario']} | {ln['policy']} | {ln['seeds']} | {ln['mean']:.3f} | {ln['min']:.3f} | "
-                   f"{ln['p10']:.3f} | {'' if avg else _fmt(ln['settle_steps']) or never} | "
-                   f"{'' if avg else _fmt(ln['settle_decisions']) or never} | {ln['never']:.0%} | "
+                   f"{ln['p10']:.3f} | {ln['late']:.3f} | {'' if avg else _fmt(ln['settle_steps']) or never} | "
+                   f"{'' if avg else _fmt(ln['settle_decisions']) or never} | {ln['settled2']:.1%} | {ln['never']:.0%} | "
                    f"{'' if avg else _fmt(ln['overshoot']) or '-'} | {ln['slower']:.0%} | {ln['probe']:.1%} | "
                    f"{ln['with_start_up']:.3f} |")
     out += ["", "## Scenarios", "", "| scenario | speeds | workers | B | steps | seeds | what it tests |", "|---|---|---|---|---|---|---|"]

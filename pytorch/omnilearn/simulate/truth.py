@@ -224,6 +224,10 @@ def timeline(sc: Scenario, where: str) -> Timeline:
 
 # ---------------------------------------------------------------------------------------------- times
 
+TYPICAL_DRAWS = 32
+"""Draws of the noise (and CFS phase) that :meth:`World.expected` averages a step's time over."""
+
+
 @dataclass
 class World:
     """One seed of one scenario: the true model and every random draw (common to all policies)."""
@@ -240,6 +244,11 @@ class World:
         self.phase = rng.random((sc.steps, n))
         self.probe_noise = np.exp(sc.noise * rng.standard_normal((64, n)))
         self.probe_phase = rng.random((64, n))
+        # Draws of their own stream (the ones above stay as they were): the expected step time of a split.
+        typical = np.random.default_rng([self.seed, zlib.crc32(sc.name.encode()), 1])
+        self.typical_noise = np.exp(sc.noise * typical.standard_normal((TYPICAL_DRAWS, n)))
+        self.typical_noise *= np.exp(sc.host_noise * typical.standard_normal((TYPICAL_DRAWS, 1)))
+        self.typical_phase = typical.random((TYPICAL_DRAWS, n))
         self.sample_s = sc.sample_ms / 1e3
         self.b0 = sc.global_batch / n + sc.fixed
         self.regimes = [self.line.regime(s) for s in range(sc.steps)]
@@ -256,6 +265,13 @@ class World:
     def fluid(self, regime: int, batch: np.ndarray) -> np.ndarray:
         """The true noise-free time of every worker (seconds): work over share."""
         return self.work(batch) / self.line.shares[regime]
+
+    def expected(self, regime: int, batch: np.ndarray) -> float:
+        """The expected step time of the split ``batch`` (seconds, the slowest worker's; no stall):
+        the mean over :data:`TYPICAL_DRAWS` draws of the noise and, under a CFS quota, of the phase.
+        What a step at this split costs on this host, quantisation included (the fluid time is not)."""
+        t = self._time(self.line.shares[regime], self.work(batch) * self.typical_noise, self.typical_phase)
+        return float(t.max(axis=1).mean())
 
     def _time(self, shares: np.ndarray, work: np.ndarray, phase: np.ndarray) -> np.ndarray:
         if self.sc.cfs_period_ms is None:

@@ -41,6 +41,7 @@ from omnilearn.config import JobConfig
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.metrics import metrics_path as metrics_file
+from omnilearn.records import STEP
 
 BSP_CHECKPOINT = Path("checkpoints") / "checkpoint.pt"
 ASP_CHECKPOINT = Path("snapshots") / "checkpoint.pt"  # the one folder the server's container may write
@@ -478,7 +479,7 @@ def cut_worker_metrics(path: Path, pushes: int) -> None:
                 record = json.loads(line)
             except ValueError:  # a line cut short by the stop: nothing after it is kept
                 break
-            if record.get("kind") == "step" and record.get("seq", 0) > pushes:
+            if record.get("kind") == STEP and record.get("seq", 0) > pushes:
                 break
             offset += len(line)
     MetricsOffset(path).load_state_dict({"size": offset})

@@ -84,7 +84,8 @@ def test_memory_limited_worker_is_killed_under_uniform_and_finishes_under_dynami
 
 @needs_memory_cgroup
 def test_a_global_batch_that_cannot_fit_stops_before_training(tmp_path: Path) -> None:
-    r, out = _run(tmp_path, "nofit", "dynamic", "600M", "600M")
+    # 800 MiB each: the start-up probe (16 samples) fits, as in the test above; 64 samples a worker do not.
+    r, out = _run(tmp_path, "nofit", "dynamic", "800M", "800M")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "does not fit in the workers' memory" in r.stderr and "train.global_batch=128" in r.stderr
     assert not _records(out / "metrics" / "rank-0.jsonl", "step")
