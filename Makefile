@@ -61,7 +61,7 @@ docs-serve: docs
 	MKDOCS=$(VENV)/bin/mkdocs scripts/docs_site.sh serve
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pytorch tests
+	$(VENV)/bin/ruff check pytorch tests examples
 
 clean:
 	rm -rf runs .pytest_cache build site
