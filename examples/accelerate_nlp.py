@@ -18,8 +18,13 @@ import torch
 from accelerate import Accelerator, DistributedType
 from torch.optim import AdamW
 from torch.utils.data import DataLoader, Dataset
-from transformers import BatchEncoding, BertConfig, BertForSequenceClassification, get_linear_schedule_with_warmup
-from transformers import set_seed
+from transformers import (
+    BatchEncoding,
+    BertConfig,
+    BertForSequenceClassification,
+    get_linear_schedule_with_warmup,
+    set_seed,
+)
 
 MAX_GPU_BATCH_SIZE = 16
 EVAL_BATCH_SIZE = 32

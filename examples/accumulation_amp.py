@@ -13,11 +13,10 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from omnilearn.torch import HeteroDataLoader, HeteroDataParallel
 from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import TensorDataset
-
-from omnilearn.torch import HeteroDataLoader, HeteroDataParallel
 
 
 def digits() -> tuple[TensorDataset, TensorDataset]:

@@ -9,11 +9,10 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from omnilearn.torch import HeteroDataLoader, HeteroDataParallel
 from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import TensorDataset
-
-from omnilearn.torch import HeteroDataLoader, HeteroDataParallel
 
 
 def digits(size: int = 32) -> TensorDataset:

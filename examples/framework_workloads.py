@@ -12,10 +12,9 @@ same data as the example (docs/guide/frameworks.md compares the two speed-ups):
 import random
 
 import torch
+from omnilearn import Workload
 from torch import nn
 from torch.utils.data import Dataset
-
-from omnilearn import Workload
 
 HIDDEN = 2048
 

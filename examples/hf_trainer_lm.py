@@ -18,8 +18,14 @@ import random
 import sysconfig
 from pathlib import Path
 
-from transformers import AutoModelForCausalLM, ByT5Tokenizer, DataCollatorForLanguageModeling, Qwen3Config
-from transformers import Trainer, TrainingArguments
+from transformers import (
+    AutoModelForCausalLM,
+    ByT5Tokenizer,
+    DataCollatorForLanguageModeling,
+    Qwen3Config,
+    Trainer,
+    TrainingArguments,
+)
 
 SOURCES = ("argparse.py", "textwrap.py", "dataclasses.py", "functools.py", "pathlib.py", "string.py", "shutil.py")
 

@@ -21,8 +21,13 @@ import sysconfig
 from pathlib import Path
 
 from omnilearn.hf import HeteroTrainer
-from transformers import AutoModelForCausalLM, ByT5Tokenizer, DataCollatorForLanguageModeling, Qwen3Config
-from transformers import TrainingArguments
+from transformers import (
+    AutoModelForCausalLM,
+    ByT5Tokenizer,
+    DataCollatorForLanguageModeling,
+    Qwen3Config,
+    TrainingArguments,
+)
 
 SOURCES = ("argparse.py", "textwrap.py", "dataclasses.py", "functools.py", "pathlib.py", "string.py", "shutil.py")
 

@@ -4,10 +4,9 @@
 """
 
 import torch
+from omnilearn import Workload
 from torch import nn
 from torch.utils.data import Dataset
-
-from omnilearn import Workload
 
 FEATURES, CLASSES, SAMPLES = 32, 4, 4096
 

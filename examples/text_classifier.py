@@ -9,10 +9,9 @@ Each sentence mixes topic words of its class with common words; the model is an 
 import random
 
 import torch
+from omnilearn import Workload
 from torch import nn
 from torch.utils.data import Dataset
-
-from omnilearn import Workload
 
 TOPICS = {
     "sport": "match goal team player coach score league season win referee",

@@ -10,7 +10,6 @@ import argparse
 
 import torch
 import torch.distributed as dist
-
 from omnilearn import config
 from omnilearn.torch import HeteroDataLoader, HeteroDataParallel
 from omnilearn.train.workload import load_workload, make_optimizer
