@@ -23,7 +23,6 @@ One backward and one optimizer step per batch: ``gradient_accumulation_steps`` a
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from omnilearn.errors import UserError
 from omnilearn.torch.ddp_hook import register_weighted_sum
-from omnilearn.torch.session import StepSession
+from omnilearn.torch.session import StepSession, check_launched, refuse_accumulation
 from omnilearn.torch.shares import ShareBatchSampler, share_loader
 
 LIBRARY = "omnilearn.accelerate"
@@ -86,13 +85,8 @@ class HeteroAccelerator(Accelerator):
                  epochs: int | None = None, per_level_threads: bool = False, tensorboard: bool = False,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        launched = int(os.environ.get("WORLD_SIZE", "1"))
-        if self.num_processes != launched:
-            raise UserError(f"{LIBRARY}: WORLD_SIZE={launched} processes were launched but the Accelerator runs "
-                            f"{self.num_processes}: without GPUs, give Accelerator(cpu=True)")
-        if self.gradient_accumulation_steps != 1:
-            raise UserError(f"{LIBRARY}: gradient_accumulation_steps={self.gradient_accumulation_steps} is not "
-                            "supported: the controller sizes each step's batch; raise the global batch instead")
+        check_launched(LIBRARY, "Accelerator", self.num_processes, "Accelerator(cpu=True)")
+        refuse_accumulation(LIBRARY, "gradient_accumulation_steps", self.gradient_accumulation_steps)
         check_ddp_handler(self, LIBRARY)
         self.session = StepSession(self.num_processes, self.process_index, policy=policy, control=control, out=out,
                                    library=LIBRARY, device=str(self.device), per_level_threads=per_level_threads,

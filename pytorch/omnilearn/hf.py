@@ -29,7 +29,6 @@ one optimizer step per batch: ``gradient_accumulation_steps`` above 1, ``compute
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from torch import nn
@@ -41,7 +40,7 @@ from transformers.utils import is_datasets_available
 from omnilearn.accelerate import check_ddp_handler
 from omnilearn.errors import UserError
 from omnilearn.torch.ddp_hook import BUFFERS_STAY_LOCAL, register_weighted_sum
-from omnilearn.torch.session import StepSession
+from omnilearn.torch.session import StepSession, check_launched, refuse_accumulation
 from omnilearn.torch.shares import ShareBatchSampler, share_loader
 
 LIBRARY = "omnilearn.hf"
@@ -134,13 +133,8 @@ class _Steps(TrainerCallback):
 def _check_args(trainer: HeteroTrainer) -> None:
     """One backward and one optimizer step per batch, the loss a mean, omnilearn's order: else a UserError."""
     args = trainer.args
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if args.world_size != launched:
-        raise UserError(f"{LIBRARY}: WORLD_SIZE={launched} processes were launched but the Trainer runs "
-                        f"{args.world_size}: without GPUs, give TrainingArguments(use_cpu=True)")
-    if args.gradient_accumulation_steps != 1:
-        raise UserError(f"{LIBRARY}: gradient_accumulation_steps={args.gradient_accumulation_steps} is not "
-                        "supported: the controller sizes each step's batch; raise the global batch instead")
+    check_launched(LIBRARY, "Trainer", args.world_size, "TrainingArguments(use_cpu=True)")
+    refuse_accumulation(LIBRARY, "gradient_accumulation_steps", args.gradient_accumulation_steps)
     if trainer.compute_loss_func is not None:
         raise UserError(f"{LIBRARY}: compute_loss_func is not supported: the loss must be the model's mean over "
                         "the rank's batch")

@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader
 
 from omnilearn.errors import UserError
 from omnilearn.torch.ddp_hook import BUFFERS_STAY_LOCAL, register_weighted_sum
-from omnilearn.torch.session import StepSession
+from omnilearn.torch.session import StepSession, refuse_accumulation
 from omnilearn.torch.shares import ShareBatchSampler, share_loader
 
 LIBRARY = "omnilearn.lightning"
@@ -118,9 +118,7 @@ class HeteroDDPStrategy(DDPStrategy):
 
 def _check_trainer(trainer: Trainer) -> None:
     """One backward and one optimizer step per batch, every batch of every epoch: else a UserError."""
-    if trainer.accumulate_grad_batches != 1:
-        raise UserError(f"{LIBRARY}: Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) is not "
-                        "supported: the controller sizes each step's batch; raise the global batch instead")
+    refuse_accumulation(LIBRARY, "Trainer accumulate_grad_batches", trainer.accumulate_grad_batches)
     module = trainer.lightning_module
     if module is not None and not module.automatic_optimization:
         raise UserError(f"{LIBRARY}: manual optimization is not supported (one backward and one optimizer step "

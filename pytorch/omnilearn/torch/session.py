@@ -89,6 +89,23 @@ def make_job(world: int, rank: int, global_batch: int, settings: dict[str, Any],
     return job, emulated
 
 
+
+def refuse_accumulation(library: str, setting: str, value: int) -> None:
+    """A framework's gradient accumulation (``setting=value``, above 1): a UserError. The controller
+    sizes each step's batch, so one backward and one optimizer step make a step."""
+    if value != 1:
+        raise UserError(f"{library}: {setting}={value} is not supported: the controller sizes each step's batch; "
+                        "raise the global batch instead")
+
+
+def check_launched(library: str, what: str, runs: int, remedy: str) -> None:
+    """The framework (``what``) runs ``runs`` processes where the launcher started WORLD_SIZE: else a
+    UserError with ``remedy`` (a framework that sees no GPU would run each rank as a world of one)."""
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if runs != launched:
+        raise UserError(f"{library}: WORLD_SIZE={launched} processes were launched but the {what} runs {runs}: "
+                        f"without GPUs, give {remedy}")
+
 @dataclass
 class Levels:
     """The level in force at each step, and this rank's allocation, under ``omnilearn emulate``.
