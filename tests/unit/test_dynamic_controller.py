@@ -12,6 +12,7 @@ import pytest
 from omnilearn.config import ControlConfig
 from omnilearn.control.controller import make_controller
 from omnilearn.control.dynamic import TRUST, DynamicController
+from omnilearn.control.loop import MIN_RUN_SHARE, probe_time
 from omnilearn.control.model import SpeedModel
 from omnilearn.control.policies import Bounds
 
@@ -46,6 +47,26 @@ def test_the_probe_recovers_k_and_the_speeds(k: float) -> None:
         errors_speed.append(np.abs(np.log(got / got.mean() / (speed / speed.mean()))).max())
     assert abs(float(np.median(errors_k))) <= max(6.0, 0.2 * k)
     assert float(np.median(errors_speed)) < 0.06
+
+
+def test_a_probe_under_a_quota_counts_the_share_it_could_not_run() -> None:
+    """Rounds that fit a CFS period's quota run at a core's speed; the pass's throttled share says
+    how much of its time the worker could not run, and the probe's speeds carry it."""
+    assert probe_time([0.002, 0.003]) == 0.002
+    assert probe_time([0.002, 0.003], held=0.75) == pytest.approx(0.008)
+    assert probe_time([0.002, 0.004, 0.003], held=0.5) == pytest.approx(0.006)  # the median of more
+    assert probe_time([0.002], held=1.0) == pytest.approx(0.002 / MIN_RUN_SHARE)  # never infinite
+    rng = np.random.default_rng(3)
+    share = np.array([0.25, 0.25, 1 / 6, 1.0])  # HL8's quotas; every round at a core's speed
+    ctl = _controller()
+    small, large = ctl.probe_sizes()
+    held = 1 - share
+    ctl.observe_probe(small, large,
+                      [probe_time([t], h) for t, h in zip(_times(np.ones(N), 8, small, rng, 0.02), held, strict=True)],
+                      [probe_time([t], h) for t, h in zip(_times(np.ones(N), 8, large, rng, 0.02), held, strict=True)])
+    got = np.exp(-ctl.model.u)
+    assert np.abs(np.log(got / got.max() / share)).max() < 0.1
+    assert ctl.batch[3] > ctl.batch[0] > ctl.batch[2]  # the whole core gets most, the sixth least
 
 
 def test_steps_recover_the_speeds_through_a_busy_host() -> None:

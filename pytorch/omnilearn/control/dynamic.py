@@ -84,6 +84,11 @@ class DynamicController:
     knows_allocation = False
     measures = True
     times_update = True
+    times_quota = True
+    """A worker's time includes the waits its CPU quota put into the step's all-reduce
+    (:class:`~omnilearn.emulator.backends.cgroupfs.QuotaClock`): its compute fits a period's quota and runs at
+    full speed, the wait for the next period lands in the all-reduce, and the compute time alone would not
+    show the quota."""
 
     @property
     def relative(self) -> bool:

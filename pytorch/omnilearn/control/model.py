@@ -122,6 +122,7 @@ class SpeedModel:
             self.k_log -= self.k_log.max()
         if not self.regimes:
             self.regimes = [0] * n
+        self._k_memo: tuple[np.ndarray, np.ndarray, float] | None = None
         # Each worker's recent innovations and their variances (oldest first), and how many are its own.
         self.hist_nu = np.zeros((SHIFT_STEPS, n))
         self.hist_s = np.ones((SHIFT_STEPS, n))
@@ -143,12 +144,21 @@ class SpeedModel:
         self.count = self.noise2 / np.maximum(value, 1e-12)
 
     def k_posterior(self) -> np.ndarray:
-        p = np.exp(self.k_log - self.k_log.max())
-        return p / p.sum()
+        return self._k_moments()[0]
+
+    def _k_moments(self) -> tuple[np.ndarray, float]:
+        """k's posterior over the grid and its mean, computed once per ``k_log`` (every change of
+        ``k_log`` assigns a new array, normalised in place before any reading)."""
+        memo = self._k_memo
+        if memo is None or memo[0] is not self.k_log:
+            p = np.exp(self.k_log - self.k_log.max())
+            p /= p.sum()
+            memo = self._k_memo = (self.k_log, p, float(p @ self.k_grid))
+        return memo[1], memo[2]
 
     @property
     def k(self) -> float:
-        return float(self.k_posterior() @ self.k_grid)
+        return self._k_moments()[1]
 
     @property
     def k_sd(self) -> float:
@@ -319,8 +329,14 @@ class SpeedModel:
         self.last_b = np.where(steady, b, self.last_b)
         n = self.noise_count
         own = np.full(self.workers, NOISE_PRIOR ** 2)
-        for i in np.flatnonzero(n):
-            own[i] = max((1.4826 * float(np.median(self.noise_abs[-n[i]:, i]))) ** 2, NOISE_FLOOR ** 2)
+        some = n > 0
+        if some.any():  # each worker's median over its own last n changes, all at once
+            c = n[some]
+            recent = np.arange(NOISE_MEMORY)[:, None] >= NOISE_MEMORY - c[None, :]
+            ordered = np.sort(np.where(recent, self.noise_abs[:, some], np.inf), axis=0)  # the unused last
+            cols = np.arange(c.size)
+            med = 0.5 * (ordered[(c - 1) // 2, cols] + ordered[c // 2, cols])
+            own[some] = np.maximum((1.4826 * med) ** 2, NOISE_FLOOR ** 2)
         pool_n = float(n.sum())
         pool = float(np.median(own[n > 0])) if pool_n else NOISE_PRIOR ** 2
         pool = (pool * pool_n + NOISE_PRIOR ** 2 * PRIOR_WEIGHT) / (pool_n + PRIOR_WEIGHT)
@@ -335,16 +351,14 @@ class SpeedModel:
         h_nu[:-1, live], h_s[:-1, live] = h_nu[1:, live], h_s[1:, live]
         h_nu[-1, live], h_s[-1, live] = nu[live], s[live]
         count[live] = np.minimum(count[live] + 1, SHIFT_STEPS)
-        best_z, best_mean, best_var = np.zeros(self.workers), np.zeros(self.workers), np.zeros(self.workers)
-        for m in range(2, SHIFT_STEPS + 1):
-            ok = live & (count >= m)
-            mean = h_nu[-m:].mean(axis=0)
-            se2 = h_s[-m:].mean(axis=0) / m
-            z = np.where(ok, np.abs(mean) / np.sqrt(se2), 0.0)
-            better = z > best_z
-            best_z = np.where(better, z, best_z)
-            best_mean = np.where(better, mean, best_mean)
-            best_var = np.where(better, se2, best_var)
+        # the mean of the last m innovations and its standard error, for every m at once (rows: m = 1..)
+        m = np.arange(1, SHIFT_STEPS + 1)[:, None]
+        mean = np.cumsum(h_nu[::-1], axis=0) / m
+        se2 = np.cumsum(h_s[::-1], axis=0) / (m * m)
+        z = np.where(live & (count >= m) & (m >= 2), np.abs(mean) / np.sqrt(se2), 0.0)
+        best = z.argmax(axis=0)
+        cols = np.arange(self.workers)
+        best_z, best_mean, best_var = z[best, cols], mean[best, cols], se2[best, cols]
         shifted = best_z > SHIFT_Z
         if shifted.any():
             self.u = np.where(shifted, self.u + best_mean, self.u)

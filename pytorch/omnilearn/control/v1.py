@@ -104,6 +104,9 @@ class BatchController:
         """Whether compute time includes the optimizer step (the paper timed forward+backward only)."""
         return self.policy != "paper"
 
+    times_quota = False
+    """Whether a worker's time includes the waits its CPU quota put into the all-reduce (``dynamic``'s)."""
+
     @property
     def relative(self) -> bool:
         """Whether steps are compared as relative times (BSP, except the paper, which means raw ones)."""

@@ -33,6 +33,7 @@ from omnilearn import config
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop
 from omnilearn.control.policies import POLICIES, Bounds, effective
+from omnilearn.emulator.backends.cgroupfs import QuotaClock
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.emulator.spec.plan import build_plan, worker_target
 from omnilearn.errors import UserError
@@ -217,7 +218,9 @@ class StepSession:
         self.pending: dict[str, Any] | None = None
         self.steps_done = self.samples = 0
         self.epochs: int | None = None  # the loop's epochs, when it knows them (the horizon of a split)
-        self.sync_s = self.clock = self.after_s = 0.0
+        self.sync_s = self.clock = self.after_s = self.held_s = 0.0
+        self.quota = QuotaClock()
+        self.quota_before: Any = None
         self.filled_at: float | None = None
         self.reduced_at: float | None = None
         self.values: list[float] | None = None
@@ -303,12 +306,16 @@ class StepSession:
         return mine / sum(self.sizes) if mine else 0.0
 
     def fill_slots(self, extra: torch.Tensor) -> None:
-        """At the end of the step's backward, just before its all-reduce: rank 0's clock, this rank's time."""
+        """At the end of the step's backward, just before its all-reduce: rank 0's clock, this rank's time
+        (its compute; the update after the last all-reduce and the quota's hold on it inside that
+        all-reduce ride one step late, as in the trainer)."""
         assert self.pending is not None, "fill_slots outside a step"
         self.filled_at = time.perf_counter()
         extra.zero_()
         extra[0] = self.levels.clock() if self.rank == 0 else 0.0
-        extra[1 + self.rank] = (self.filled_at - self.pending["t0"]) + self.after_s
+        late = self.after_s + (self.held_s if self.controller.times_quota else 0.0)
+        extra[1 + self.rank] = (self.filled_at - self.pending["t0"]) + late
+        self.quota_before = self.quota.read() if self.controller.times_quota else None
 
     def read_slots(self, extra: torch.Tensor) -> None:
         """Just after the all-reduce (a sum over ranks): every rank's time, and the time spent in it."""
@@ -316,6 +323,7 @@ class StepSession:
         self.values = extra.tolist()
         self.reduced_at = time.perf_counter()
         self.sync_s += self.reduced_at - self.filled_at
+        self.held_s = QuotaClock.since(self.quota_before, self.quota.read()) if self.quota_before is not None else 0.0
 
     def finish_step(self) -> None:
         """Measure the step just done, record it, and let the controller decide (every rank alike)."""

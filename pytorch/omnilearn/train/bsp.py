@@ -30,6 +30,7 @@ from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop, probe_time
 from omnilearn.control.policies import Bounds
+from omnilearn.emulator.backends.cgroupfs import QuotaClock
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
@@ -89,6 +90,8 @@ class BSPTrainer:
         self.configured_bounds = Bounds.make(self.world, c.min_batch, c.max_batch, t.global_batch)
         self.controller = make_controller(c, t.global_batch, self.configured_bounds)
         self.update_s = 0.0  # this rank's last optimizer step: it rides in the next step's buffer
+        self.quota = QuotaClock()
+        self.held_s = 0.0  # the time this rank's CPU quota held it back in the last all-reduce: rides too
         self.targets = [job.plan.targets[s] for s in self.slots]
         self.client = AllocationClient(job.plan, job.log_dir, self.slot, self.targets[self.rank],
                                        cfg.emulation.ack_timeout)
@@ -175,12 +178,16 @@ class BSPTrainer:
             extra[LOSS], extra[CORRECT], extra[OOM] = loss_sum, correct, float(oom)
             extra[STOP] = float(lifecycle.stop_requested())
             extra[CLOCK] = time.time() - clock_start if self.rank == 0 else 0.0
-            # forward+backward now, the update one step late (it comes after the all-reduce)
-            own = (t1 - t0) + (self.update_s if self.controller.times_update else 0.0)
-            extra[TIMES + self.rank] = own
+            # forward+backward now; the update, and the quota's hold on this rank inside the all-reduce
+            # (the wait its compute caused there), one step late: they come after the all-reduce
+            ctl = self.controller
+            late = (self.update_s if ctl.times_update else 0.0) + (self.held_s if ctl.times_quota else 0.0)
+            extra[TIMES + self.rank] = (t1 - t0) + late
+            before = self.quota.read() if ctl.times_quota else None
             self.grads.all_reduce()
             self._sync_cuda()
             t2 = time.perf_counter()
+            self.held_s = QuotaClock.since(before, self.quota.read()) if before is not None else 0.0
             values = self.grads.extra.tolist()
             if values[OOM] > 0:
                 self.oom_seen = True
@@ -223,7 +230,7 @@ class BSPTrainer:
             return
         saved = copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
         times: dict[int, list[float]] = {b: [] for b in sizes}
-        t_start = time.perf_counter()
+        t_start, quota_start = time.perf_counter(), self.quota.read()
         available = len(self.work.train)
 
         def timed(b: int) -> None:
@@ -242,13 +249,14 @@ class BSPTrainer:
             for _ in range(max(self.cfg.control.probe_steps - len(times[sizes[0]]), 0)):
                 timed(sizes[0])
                 timed(sizes[1])
+        held = QuotaClock.since(quota_start, self.quota.read()) / max(time.perf_counter() - t_start, 1e-9)
         self.model.load_state_dict(saved[0])
         self.optimizer.load_state_dict(saved[1])
         self.grads.zero()
         self.update_bounds(step)
         if probe:
             small, large = sizes
-            own = [probe_time(times[small]), probe_time(times[large]), time.perf_counter() - t_start]
+            own = [probe_time(times[small], held), probe_time(times[large], held), time.perf_counter() - t_start]
             every = distributed.all_gather_floats(own, self.env.device)
             self.loop.probe(small, large, [g[0] for g in every], [g[1] for g in every],
                             max(g[2] for g in every), step=step)

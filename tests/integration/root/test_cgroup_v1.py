@@ -212,6 +212,34 @@ def test_read_own_allocation_inside_the_cgroup(v1: CgroupV1Backend, spawn) -> No
     assert json.loads(out) == {"cpuset": "1", "cpus": 0.5, "memory": None}
 
 
+QUOTA_CLOCK_CHILD = """
+import json, sys, time
+from omnilearn.emulator.backends.cgroupfs import QuotaClock
+sys.stdin.readline()
+clock = QuotaClock()
+before, cpu0 = clock.read(), time.process_time()
+while time.process_time() - cpu0 < 0.05:
+    pass
+after = clock.read()
+print(json.dumps({"held": QuotaClock.since(before, after), "where": str(after[0]) if after else None,
+                  "outside": QuotaClock.since(before, (after[0].parent, after[1])) if after else None}))
+"""
+
+
+@needs_v1
+def test_quota_clock_reads_the_processs_own_throttling(v1: CgroupV1Backend, job: str, spawn) -> None:
+    """A busy process under a tenth of a core reads its own cgroup's throttled time: 50 ms of CPU at
+    1 ms a 10-ms period are at least a few periods held back, whatever else the host runs."""
+    child = spawn(QUOTA_CLOCK_CHILD, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    v1.add_process("w0", child.pid)
+    v1.apply("w0", Allocation(cpus=0.1))
+    out, _ = child.communicate("go\n", timeout=60)
+    got = json.loads(out)
+    assert got["where"] == str(CGROUP_ROOT / "cpu/omnilearn" / job / "w0")
+    assert got["held"] >= 0.02, got  # 50 periods' worth of work; a loaded host only adds throttled periods
+    assert got["outside"] == 0.0  # readings of two cgroups are never subtracted
+
+
 @needs_v1
 @two_cpus
 def test_toggler_through_real_cgroups(v1: CgroupV1Backend, job: str, tmp_path: Path, spawn) -> None:

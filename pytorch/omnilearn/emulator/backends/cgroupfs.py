@@ -254,6 +254,47 @@ def memory_peak_file() -> Path | None:
     return None
 
 
+class QuotaClock:
+    """Seconds the calling process's own CPU cgroup has been held back by its quota so far: the
+    ``throttled_time`` (v1, ns) or ``throttled_usec`` (v2) of its ``cpu.stat``, which any process,
+    a container's included, can read of itself.
+
+    A process under a CFS quota runs at a core's speed until the period's quota is spent, then waits
+    for the next period, wherever it is: a step's compute that fits in what is left of a period runs
+    at full speed, and the wait lands later (in the step's all-reduce, or the next step). A worker's
+    time for its share of a step is its compute time plus the waits it caused elsewhere; this clock
+    measures those waits. The cgroup is looked up at every reading (the emulator may move the process
+    between readings): :meth:`since` is 0.0 across a move, and where no cgroup counts throttling.
+    """
+
+    def __init__(self) -> None:
+        self._mounts = [(point, root, version) for point, root, version, controllers in mounts()
+                        if version == 2 or "cpu" in controllers]
+
+    def read(self) -> tuple[Path, float] | None:
+        """(the counting cgroup, seconds held back so far), or None where nothing counts."""
+        member = membership("self")
+        for point, root, version in self._mounts:
+            path = member.get("") if version == 2 else member.get("cpu")
+            if path is None:
+                continue
+            d = own_dir(point, root, path)
+            for line in (try_read(d / "cpu.stat") or "").splitlines():
+                name, _, value = line.partition(" ")
+                if name == "throttled_time" and value.isdigit():
+                    return d, int(value) / 1e9
+                if name == "throttled_usec" and value.isdigit():
+                    return d, int(value) / 1e6
+        return None
+
+    @staticmethod
+    def since(before: tuple[Path, float] | None, after: tuple[Path, float] | None) -> float:
+        """Seconds held back between two readings (0.0 unless both read the same cgroup)."""
+        if before is None or after is None or before[0] != after[0]:
+            return 0.0
+        return max(after[1] - before[1], 0.0)
+
+
 def read_own_allocation() -> Allocation:
     """What the kernel limits the calling process to: cgroup quota, cpuset and memory, and affinity.
 
