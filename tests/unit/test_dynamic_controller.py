@@ -12,7 +12,7 @@ import pytest
 from omnilearn.config import ControlConfig
 from omnilearn.control.controller import make_controller
 from omnilearn.control.dynamic import TRUST, DynamicController
-from omnilearn.control.loop import MIN_RUN_SHARE, probe_time
+from omnilearn.control.loop import MIN_RATE, probe_time
 from omnilearn.control.model import SpeedModel
 from omnilearn.control.policies import Bounds
 
@@ -49,21 +49,21 @@ def test_the_probe_recovers_k_and_the_speeds(k: float) -> None:
     assert float(np.median(errors_speed)) < 0.06
 
 
-def test_a_probe_under_a_quota_counts_the_share_it_could_not_run() -> None:
-    """Rounds that fit a CFS period's quota run at a core's speed; the pass's throttled share says
-    how much of its time the worker could not run, and the probe's speeds carry it."""
+def test_a_probe_under_a_quota_counts_the_rate_it_ran_at() -> None:
+    """Rounds that fit a CFS period's quota run at a core's speed: their CPU seconds at the rate the
+    pass got CPU (its CPU seconds per second) are the worker's time, and the probe's speeds carry it."""
     assert probe_time([0.002, 0.003]) == 0.002
-    assert probe_time([0.002, 0.003], held=0.75) == pytest.approx(0.008)
-    assert probe_time([0.002, 0.004, 0.003], held=0.5) == pytest.approx(0.006)  # the median of more
-    assert probe_time([0.002], held=1.0) == pytest.approx(0.002 / MIN_RUN_SHARE)  # never infinite
+    assert probe_time([0.002, 0.003], rate=0.25) == pytest.approx(0.008)
+    assert probe_time([0.002, 0.004, 0.003], rate=0.5) == pytest.approx(0.006)  # the median of more
+    assert probe_time([0.004], rate=2.0) == pytest.approx(0.002)  # two threads' CPU seconds
+    assert probe_time([0.002], rate=0.0) == pytest.approx(0.002 / MIN_RATE)  # never infinite
     rng = np.random.default_rng(3)
     share = np.array([0.25, 0.25, 1 / 6, 1.0])  # HL8's quotas; every round at a core's speed
     ctl = _controller()
     small, large = ctl.probe_sizes()
-    held = 1 - share
     ctl.observe_probe(small, large,
-                      [probe_time([t], h) for t, h in zip(_times(np.ones(N), 8, small, rng, 0.02), held, strict=True)],
-                      [probe_time([t], h) for t, h in zip(_times(np.ones(N), 8, large, rng, 0.02), held, strict=True)])
+                      [probe_time([t], r) for t, r in zip(_times(np.ones(N), 8, small, rng, 0.02), share, strict=True)],
+                      [probe_time([t], r) for t, r in zip(_times(np.ones(N), 8, large, rng, 0.02), share, strict=True)])
     got = np.exp(-ctl.model.u)
     assert np.abs(np.log(got / got.max() / share)).max() < 0.1
     assert ctl.batch[3] > ctl.batch[0] > ctl.batch[2]  # the whole core gets most, the sixth least

@@ -22,18 +22,19 @@ from omnilearn.records import BATCH_CHANGE, MEASUREMENT
 Write = Callable[..., None]
 """``write(kind, **fields)``: one record (the trainers' MetricsWriter.write, the simulator's recorder)."""
 Shares = Callable[[], Sequence[float | None]]
-MIN_RUN_SHARE = 0.02
-"""The least share of its time a worker is taken to run (a probe held back longer is not believed further)."""
+MIN_RATE = 0.01
+"""The least CPU rate a probe is taken at (CPU seconds per second; a slower pass is not believed further)."""
 
 
-def probe_time(times: Sequence[float], held: float = 0.0) -> float:
+def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
     """One worker's probe time at one size from its rounds: the least of up to two (an interruption
-    only adds time), the median of more; divided by the share of the start-up pass the worker ran
-    (``held``: the share its CPU quota held it back, :class:`~omnilearn.emulator.backends.cgroupfs.QuotaClock`).
-    A round shorter than what is left of a CFS period runs at a core's full speed and leaves the wait
-    to a later one: the pass, which runs without pause, shows the quota's share where a round does not."""
+    only adds time), the median of more. ``rate``: when ``times`` are CPU seconds, the CPU seconds the
+    worker got per second of the start-up pass, which ran without pause: under a CPU quota a round
+    shorter than what is left of a CFS period runs at a core's speed and leaves the wait to a later
+    one, so a round's wall time may or may not show the quota; the pass's rate always does (a quota,
+    a crowded core, threads)."""
     best = min(times) if len(times) <= 2 else statistics.median(times)
-    return best / max(1.0 - held, MIN_RUN_SHARE)
+    return best / max(rate, MIN_RATE)
 
 
 def _ms(times: Sequence[float] | None) -> list[float] | None:

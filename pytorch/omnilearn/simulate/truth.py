@@ -293,13 +293,15 @@ class World:
         (:func:`~omnilearn.control.loop.probe_time`), and its wall cost (the slowest worker's)."""
         n, shares = self.sc.workers, self.line.shares[0]
         sizes = [small, large] * rounds
-        rows = []
+        rows, cpu = [], []
         for j, b in enumerate(sizes):
             r = j % len(self.probe_noise)
-            rows.append(self._time(shares, self.work(np.full(n, b)) * self.probe_noise[r], self.probe_phase[r]))
-        t = np.asarray(rows)
-        t_small = [probe_time(t[0::2, i].tolist()) for i in range(n)]
-        t_large = [probe_time(t[1::2, i].tolist()) for i in range(n)]
+            cpu.append(self.work(np.full(n, b)) * self.probe_noise[r])  # core-seconds: a round's CPU time
+            rows.append(self._time(shares, cpu[-1], self.probe_phase[r]))
+        t, c = np.asarray(rows), np.asarray(cpu)
+        rate = c.sum(axis=0) / t.sum(axis=0)  # CPU seconds per second of the pass, which runs without pause
+        t_small = [probe_time(c[0::2, i].tolist(), float(rate[i])) for i in range(n)]
+        t_large = [probe_time(c[1::2, i].tolist(), float(rate[i])) for i in range(n)]
         return t_small, t_large, float(t.sum(axis=0).max())
 
 

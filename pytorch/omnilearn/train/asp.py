@@ -7,7 +7,9 @@ and no waiting for the others:
 1. pull: the server's parameters and BatchNorm statistics (one flat tensor) and their version;
 2. compute (timed): forward and backward of its next ``b_i`` samples;
 3. push: the mean gradient followed by the change of the running statistics (one flat tensor), the
-   version it was computed on and the step's compute time. The reply gives the batch
+   version it was computed on and the step's compute time (under ``dynamic``, with the waits the worker's
+   CPU quota put into its last push and this pull: :class:`~omnilearn.emulator.backends.cgroupfs.QuotaClock`).
+   The reply gives the batch
    size of the next step (the controller runs at the server), the server's epoch and level, and
    whether training is over; a new level is requested from the toggler like in BSP.
 
@@ -40,6 +42,7 @@ import numpy as np
 import torch
 import torch.distributed.rpc as rpc
 
+from omnilearn.emulator.backends.cgroupfs import QuotaClock
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.emulator.spec.plan import SERVER_TARGET
 from omnilearn.jobfile import JobSpec
@@ -151,6 +154,8 @@ def run_worker(job: JobSpec) -> None:
                   train_samples=len(train), test_samples=len(test), policy=c_cfg.policy, pushes=seq, samples=samples)
     if first is not None:
         metrics.write("hl_change", **first)
+    # ``dynamic``: the waits this worker's CPU quota put into its last push and this pull count as its time
+    quota, pushed = (QuotaClock() if c_cfg.policy == "dynamic" else None), None
     while not control["stop"]:
         follow(control, step)
         t0 = time.perf_counter()
@@ -160,6 +165,7 @@ def run_worker(job: JobSpec) -> None:
         version = control["version"]
         state.copy_(pulled)
         t1 = time.perf_counter()
+        held = QuotaClock.since(pushed, quota.read()) if quota is not None else 0.0
         grads.zero()
         x, y = gather(train, stream.take(batch), augment=cfg.data.augment, generator=augment)
         loss_sum, correct = work.terms(model(x), y)
@@ -167,8 +173,9 @@ def run_worker(job: JobSpec) -> None:
         torch.sub(state[n_params:], pulled[n_params:], out=grads.extra)  # what this batch did to BN stats
         t2 = time.perf_counter()
         seq += 1
-        stats = {"loss": float(loss_sum.detach()), "correct": float(correct), "compute_s": t2 - t1,
+        stats = {"loss": float(loss_sum.detach()), "correct": float(correct), "compute_s": t2 - t1 + held,
                  "level": client.level, "max_batch": follow.max_batch}
+        pushed = quota.read() if quota is not None else None
         control = _call(asp_rpc.rpc_push, (slot, seq, version, grads.flat, batch, stats), timeout)
         t3 = time.perf_counter()
         step += 1
