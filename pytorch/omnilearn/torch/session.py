@@ -220,7 +220,7 @@ class StepSession:
         self.epochs: int | None = None  # the loop's epochs, when it knows them (the horizon of a split)
         self.sync_s = self.clock = self.after_s = self.held_s = 0.0
         self.quota = QuotaClock()
-        self.quota_before: Any = None
+        self.quota_before: tuple[Path, float] | None = None  # the quota clock before the all-reduce
         self.filled_at: float | None = None
         self.reduced_at: float | None = None
         self.values: list[float] | None = None
@@ -323,7 +323,7 @@ class StepSession:
         self.values = extra.tolist()
         self.reduced_at = time.perf_counter()
         self.sync_s += self.reduced_at - self.filled_at
-        self.held_s = QuotaClock.since(self.quota_before, self.quota.read()) if self.quota_before is not None else 0.0
+        self.held_s = self.quota.held_since(self.quota_before)
 
     def finish_step(self) -> None:
         """Measure the step just done, record it, and let the controller decide (every rank alike)."""

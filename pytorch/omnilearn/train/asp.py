@@ -165,7 +165,7 @@ def run_worker(job: JobSpec) -> None:
         version = control["version"]
         state.copy_(pulled)
         t1 = time.perf_counter()
-        held = QuotaClock.since(pushed, quota.read()) if quota is not None else 0.0
+        held = quota.held_since(pushed) if quota is not None else 0.0
         grads.zero()
         x, y = gather(train, stream.take(batch), augment=cfg.data.augment, generator=augment)
         loss_sum, correct = work.terms(model(x), y)

@@ -187,7 +187,7 @@ class BSPTrainer:
             self.grads.all_reduce()
             self._sync_cuda()
             t2 = time.perf_counter()
-            self.held_s = QuotaClock.since(before, self.quota.read()) if before is not None else 0.0
+            self.held_s = self.quota.held_since(before)
             values = self.grads.extra.tolist()
             if values[OOM] > 0:
                 self.oom_seen = True

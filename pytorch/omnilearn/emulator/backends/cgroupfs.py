@@ -287,6 +287,10 @@ class QuotaClock:
                     return d, int(value) / 1e6
         return None
 
+    def held_since(self, before: tuple[Path, float] | None) -> float:
+        """Seconds held back since the reading ``before`` (0.0, and no reading, when it is None)."""
+        return 0.0 if before is None else self.since(before, self.read())
+
     @staticmethod
     def since(before: tuple[Path, float] | None, after: tuple[Path, float] | None) -> float:
         """Seconds held back between two readings (0.0 unless both read the same cgroup)."""
