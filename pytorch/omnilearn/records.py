@@ -81,9 +81,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "`gain_s`, `gain_sd_s`, `cost_s`, `horizon`; `probe`: `sizes`, `probe_ms`, `probe_times_s`, `speeds`, "
          "`probe_s`"),
     Kind(MEASUREMENT, "BSP rank 0",
-         ("step", "times_s", "due", "steps_left"), (),
+         ("step", "times_s", "due", "steps_left"), ("cost_s",),
          "`step`, `times_s` (every worker's compute time the controller took, null for a partial step), `due`, "
-         "`steps_left`: the inputs that replay the run's decisions (`omnilearn.control.loop.replay`)"),
+         "`steps_left`, `cost_s` (the controller's cost of a step, the largest rank's): the inputs that replay "
+         "the run's decisions (`omnilearn.control.loop.replay`)"),
     Kind(SPEED_CHANGE, "the controller's rank",
          ("regimes",), ("step", "version", "epoch", "workers", "worker"),
          "`step` or `version`, `workers` (or `worker`), `regimes`"),
@@ -118,10 +119,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "`step`, `epoch`, `samples`, `elapsed_s`"),
     Kind(END, "every rank",
          ("wall_time_s", "samples", "batch", "level"),
-         ("train_time_s", "steps", "epochs", "out_of_time", "controller_overhead_ms", "holds", "pushes", "updates",
-          "duplicates", "version", "epoch", "target_samples", "done_time_s"),
+         ("train_time_s", "steps", "epochs", "out_of_time", "controller_overhead_ms", "controller_steps_measured",
+          "holds", "pushes", "updates", "duplicates", "version", "epoch", "target_samples", "done_time_s"),
          "`wall_time_s`, `train_time_s`, `samples`, `steps`, `epochs`, `batch`, `level`, `out_of_time`, "
-         "`controller_overhead_ms`, `holds`; ASP: `pushes`, `updates`, `duplicates`, `version`, `epoch`, "
+         "`controller_overhead_ms`, `controller_steps_measured` (BSP: the steps the controller measured), `holds`; ASP: `pushes`, `updates`, `duplicates`, `version`, `epoch`, "
          "`target_samples`, `done_time_s`"),
     Kind(TRAIN_START, "ASP server",
          ("batch", "level", "samples", "target_samples", "version", "clock"), (),

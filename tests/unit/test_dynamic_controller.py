@@ -12,7 +12,7 @@ import pytest
 from omnilearn.config import ControlConfig
 from omnilearn.control.controller import make_controller
 from omnilearn.control.dynamic import TRUST, DynamicController
-from omnilearn.control.loop import MIN_RATE, probe_time
+from omnilearn.control.loop import BUDGET, MIN_RATE, ControlLoop, probe_time, replay
 from omnilearn.control.model import SpeedModel
 from omnilearn.control.policies import Bounds
 
@@ -193,3 +193,39 @@ def test_decisions_are_the_same_on_every_rank_and_keep_the_sum() -> None:
             new = ctl.decide(steps_left=50)
             assert new is None or (sum(new) == B and min(new) >= 2)
     assert a.batch == b.batch and json.dumps(a.state_dict()) == json.dumps(b.state_dict())
+
+
+def test_a_costly_controller_measures_fewer_steps_within_its_budget() -> None:
+    """Steps shorter than the controller's cost over its budget are measured every few: one step
+    measured per ``cost / BUDGET`` seconds of steps; the first two steps at a new split always are;
+    a decision point left out is taken at the next step measured; a replay of the recorded inputs
+    decides the same."""
+    rng = np.random.default_rng(5)
+    speed = np.array([1.0, 1.0, 0.5, 4.0])
+    records: list[dict] = []
+
+    def run(cost_s: float) -> ControlLoop:
+        records.clear()
+        loop = ControlLoop(_controller(), lambda kind, **f: records.append({"kind": kind, **f}), inputs=True)
+        loop.start(lambda: [None] * N, False, step=0)
+        small, large = loop.probe_sizes()
+        loop.probe(small, large, _times(speed, 8, small, rng, 0.02), _times(speed, 8, large, rng, 0.02), 0.01, step=0)
+        for step in range(1, 201):
+            now = speed if step <= 100 else speed[::-1]  # a level change at step 100
+            loop.step(_times(now, 8, loop.batch, rng, 0.02), True, 200 - step, lambda: [None] * N, cost_s,
+                      step=step)
+        return loop
+
+    every = run(0.0)
+    assert every.measured == 200
+    step_s = float(((B * speed / speed.sum() + 8) / speed * 1e-3).max())  # a balanced step: about 0.05 s
+    cost_s = 10 * BUDGET * step_s  # one step measured in about ten
+    thinned = run(cost_s)
+    moves = [r["step"] for r in records if r["kind"] == "batch_change" and r["reason"] == "compute-time"]
+    assert moves and 100 < moves[0] <= 125, moves  # the change is seen within a few measured steps
+    # about one step in ten measured, and the two after each move
+    assert 200 / 14 <= thinned.measured - 2 * len(moves) <= 200 / 7
+    assert [r["step"] for r in records if r["kind"] == "measurement"] == list(range(1, 201))  # inputs: all
+    recorded = [{k: v for k, v in r.items() if k != "time"} for r in records if r["kind"] == "batch_change"]
+    replayed = replay(_controller(), records)
+    assert [(r["step"], r["batch"]) for r in replayed] == [(r["step"], r["batch"]) for r in recorded]

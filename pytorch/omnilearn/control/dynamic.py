@@ -84,6 +84,9 @@ class DynamicController:
     knows_allocation = False
     measures = True
     times_update = True
+    skips_steps = True
+    """The control loop may leave steps out when measuring every one would cost more than its budget
+    (:data:`~omnilearn.control.loop.BUDGET`): the model counts the steps between two it measured."""
     times_quota = True
     """A worker's time includes the waits its CPU quota put into the step's all-reduce
     (:class:`~omnilearn.emulator.backends.cgroupfs.QuotaClock`): its compute fits a period's quota and runs at
@@ -134,9 +137,14 @@ class DynamicController:
         return self.decide(steps_left=None, cost=0.0)
 
     # ------------------------------------------------------------------ measurements
-    def observe_step(self, seconds: Sequence[float]) -> list[int]:
-        """BSP: every worker's compute time of one full step at the current split. Returns the workers
-        whose speed jumped."""
+    @property
+    def wants_step(self) -> bool:
+        """The next step must be measured: the first two steps at a new split tell k and a re-split's cost."""
+        return self._moved is not None or self._first is not None
+
+    def observe_step(self, seconds: Sequence[float], steps: int = 1) -> list[int]:
+        """BSP: every worker's compute time of one full step at the current split, ``steps`` steps after
+        the last one measured. Returns the workers whose speed jumped."""
         times = [float(t) for t in seconds]
         if self._first is not None:  # the second step at a new split: what the first one cost more
             self.costs = [*self.costs, max(self._first) - max(times)][-COSTS_KEPT:]
@@ -148,7 +156,7 @@ class DynamicController:
             observed = np.log(np.maximum(np.asarray(times), 1e-9))
             sd = np.sqrt(self.model.var + 2 * self.model.noise2)
             self.model.k_from_move(old, self.batch, predicted, observed, sd)
-        changed, _ = self.model.update(self.batch, times)
+        changed, _ = self.model.update(self.batch, times, steps)
         return changed
 
     def observe(self, worker: int, batch: int, seconds: float) -> bool:

@@ -24,6 +24,14 @@ Write = Callable[..., None]
 Shares = Callable[[], Sequence[float | None]]
 MIN_RATE = 0.01
 """The least CPU rate a probe is taken at (CPU seconds per second; a slower pass is not believed further)."""
+BUDGET = 0.02
+"""The share of the job's time the controller may spend measuring and deciding. Each rank's controller
+costs it CPU (about half a millisecond a step for a few workers), and on a rank under a CPU quota that
+CPU is wall time at the quota's rate: on a 0.17-CPU rank whose steps last 25 ms it is a fifth of every
+step. A controller that may leave steps out (``skips_steps``) measures a step only once the steps since
+the last one it measured took ``cost / BUDGET`` (``cost``: the largest rank's, shared by the
+all-reduce): steps of seconds are all measured, steps of milliseconds every few, and a decision point
+in between waits for the next step measured. The first two steps at a new split are always measured."""
 
 
 def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
@@ -53,7 +61,15 @@ class ControlLoop:
     calls: int = 0
     inputs: bool = False
     """Write a ``measurement`` record of each step's inputs (every worker's time, the decision point,
-    the steps left): one rank does, so a run's decisions can be replayed and checked."""
+    the steps left, the controller's cost): one rank does, so a run's decisions can be replayed and checked."""
+    cost_s: float = 0.0
+    """CPU seconds of this rank's last step measured (observing and deciding): its owner shares it, at
+    the rate the rank's CPU allows, with the next step's times."""
+    measured: int = 0
+    """Steps measured (given to the controller) so far."""
+    _gap: int = 0  # steps since the last one measured, this one included
+    _since_s: float = 0.0  # their times (the slowest worker's), seconds
+    _due: bool = False  # a decision point among the steps left out
 
     @property
     def batch(self) -> list[int]:
@@ -99,17 +115,32 @@ class ControlLoop:
 
     # ------------------------------------------------------------------ steps
     def step(self, times: Sequence[float] | None, due: bool, steps_left: int | None, shares: Shares,
-             **where: Any) -> list[int] | None:
+             cost_s: float = 0.0, **where: Any) -> list[int] | None:
         """BSP: one step done. ``times``: every worker's compute time of it (None: a partial step, not
-        measured); ``due``: a decision point. Returns the new split, or None."""
+        measured); ``due``: a decision point; ``cost_s``: the controller's cost of a step measured, the
+        largest rank's (wall seconds at its CPU's rate; see :data:`BUDGET`). Returns the new split, or None."""
         if self.inputs:
             self.write("measurement", **where, times_s=None if times is None else [float(t) for t in times],
-                       due=due, steps_left=steps_left)
-        t0 = time.perf_counter()
+                       due=due, steps_left=steps_left, cost_s=float(cost_s))
+        t0, c0 = time.perf_counter(), time.process_time()
         ctl = self.controller
-        changed = ctl.observe_step(times) if times is not None and ctl.measures else []
+        measured = times is not None and ctl.measures
+        if measured and ctl.skips_steps:
+            self._gap += 1
+            self._since_s += max(times)
+            if not ctl.wants_step and self._since_s * BUDGET < cost_s:  # not worth measuring yet
+                self._due = self._due or due
+                self._spent(t0)
+                return None
+        steps, due, self._due = max(self._gap, 1), due or self._due, False
+        if measured:
+            self._gap, self._since_s = 0, 0.0
+        changed = ctl.observe_step(times, steps) if measured else []
         decision = self._decide(shares, steps_left) if due else None
         self._spent(t0)
+        if measured:
+            self.measured += 1
+            self.cost_s = time.process_time() - c0
         if changed:
             self.write("speed_change", **where, workers=changed, regimes=ctl.regimes())
         return self._record(decision, where)
@@ -153,7 +184,7 @@ class ControlLoop:
     def summary(self) -> dict[str, Any]:
         """What the end record says of the controller: its cost and the decisions it held."""
         holds = dict(self.controller.holds)
-        return {"controller_overhead_ms": round(self.overhead_ms, 4),
+        return {"controller_overhead_ms": round(self.overhead_ms, 4), "controller_steps_measured": self.measured,
                 "holds": {"count": sum(holds.values()), "reasons": holds}}
 
 
@@ -173,5 +204,5 @@ def replay(controller: Controller, records: Sequence[dict[str, Any]]) -> list[di
             t_small, t_large = r["probe_times_s"]
             loop.probe(small, large, t_small, t_large, r["probe_s"], step=r["step"])
         elif r.get("kind") == MEASUREMENT:
-            loop.step(r["times_s"], r["due"], r["steps_left"], none, step=r["step"])
+            loop.step(r["times_s"], r["due"], r["steps_left"], none, r.get("cost_s", 0.0), step=r["step"])
     return out

@@ -225,8 +225,9 @@ class SpeedModel:
         self.scale = common
         self.measured += 1
 
-    def update(self, batch: Sequence[int], times: Sequence[float]) -> tuple[list[int], np.ndarray]:
-        """One step's compute times at ``batch`` (every worker's: BSP). Returns the workers whose speed
+    def update(self, batch: Sequence[int], times: Sequence[float], steps: int = 1) -> tuple[list[int], np.ndarray]:
+        """One step's compute times at ``batch`` (every worker's: BSP), ``steps`` steps after the last
+        one measured (the speeds drifted, and may have jumped, over each). Returns the workers whose speed
         jumped (posterior probability above one half) and the innovations (log)."""
         b = np.asarray(batch, float)
         live = b > 0
@@ -234,7 +235,7 @@ class SpeedModel:
         resid = z - self.u
         common = self._common(resid, live) if self.relative else 0.0
         share = 1.0 - 1.0 / max(int(live.sum()), 2) if self.relative else 1.0
-        changed = self._filter(np.where(live, resid - common, 0.0), live, b, share)
+        changed = self._filter(np.where(live, resid - common, 0.0), live, b, share, steps)
         self.scale = common if self.scale is None else 0.7 * self.scale + 0.3 * common
         self.lo = np.where(live & ((self.lo == 0) | (b < self.lo)), b, self.lo)
         self.hi = np.where(live & (b > self.hi), b, self.hi)
@@ -274,22 +275,25 @@ class SpeedModel:
         self.measured += 1
         return bool(changed)
 
-    def _filter(self, nu: np.ndarray, live: np.ndarray, batch: np.ndarray, share: float = 1.0) -> list[int]:
+    def _filter(self, nu: np.ndarray, live: np.ndarray, batch: np.ndarray, share: float = 1.0, steps: int = 1
+                ) -> list[int]:
         """The Kalman step of every live worker on its innovation ``nu``, a mixture of 'no jump' (a
         Student-t weighted update) and 'jump' (the variance reopened), weighed by their likelihoods.
         ``share``: the part of a worker's noise left in its innovation once the step's common factor
-        (estimated from the same n times) is removed, about ``1 - 1/n``."""
-        prior = self.var + self.drift ** 2
+        (estimated from the same n times) is removed, about ``1 - 1/n``; ``steps``: the steps since the
+        worker's last measurement (its drift and its chance of a jump add up over each)."""
+        prior = self.var + steps * self.drift ** 2
+        hazard = -math.expm1(steps * math.log1p(-self.hazard))
         s = (prior + self.noise2) * share
         e2 = nu * nu / s
         # Student-t tails: the measurement noise's (DOF), heavier while the noise scale itself rests on
         # few steps (its own estimate's degrees of freedom).
         dof = np.minimum(DOF, self.noise_count + NOISE_DOF)
         w = (dof + 1) / (dof + e2)  # the Student-t's weight of this residual
-        log_stay = (math.log1p(-self.hazard) - 0.5 * (dof + 1) * np.log1p(e2 / dof) - 0.5 * np.log(s * dof * math.pi)
+        log_stay = (math.log1p(-hazard) - 0.5 * (dof + 1) * np.log1p(e2 / dof) - 0.5 * np.log(s * dof * math.pi)
                     + gammaln((dof + 1) / 2) - gammaln(dof / 2))
         s_jump = s + JUMP ** 2
-        log_jump = math.log(self.hazard) - 0.5 * nu * nu / s_jump - 0.5 * np.log(2 * math.pi * s_jump)
+        log_jump = math.log(hazard) - 0.5 * nu * nu / s_jump - 0.5 * np.log(2 * math.pi * s_jump)
         p_jump = 1.0 / (1.0 + np.exp(np.clip(log_stay - log_jump, -50, 50)))
         gain0 = prior / (prior + self.noise2 / w)
         u0, v0 = self.u + gain0 * nu, (1 - gain0) * prior

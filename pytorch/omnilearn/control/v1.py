@@ -106,6 +106,10 @@ class BatchController:
 
     times_quota = False
     """Whether a worker's time includes the waits its CPU quota put into the all-reduce (``dynamic``'s)."""
+    skips_steps = False
+    """Whether the control loop may leave steps out to keep its cost in budget (``dynamic``'s): this one
+    measures every step (its windows count steps)."""
+    wants_step = False
 
     @property
     def relative(self) -> bool:
@@ -118,9 +122,10 @@ class BatchController:
 
     # ------------------------------------------------------------------ measurements
 
-    def observe_step(self, seconds: Sequence[float]) -> list[int]:
+    def observe_step(self, seconds: Sequence[float], steps: int = 1) -> list[int]:
         """BSP: every worker's compute time of one full step at the current batches (gathered, so the
-        same on every rank). Returns the workers found to have changed speed."""
+        same on every rank). Returns the workers found to have changed speed. ``steps`` is always 1
+        here (it measures every step)."""
         if not self.measures:
             return []
         if self.relative:

@@ -167,10 +167,12 @@ def settle_median(records: list[dict[str, Any]]) -> float | None:
 
 def controller_cost(end: dict[str, Any], batch_changes: list[dict[str, Any]]) -> dict[str, Any]:
     """What the controller cost and held: ``controller_overhead_ms`` (its measured milliseconds per
-    step, observing and deciding), ``holds`` (decisions considered that kept the split: count and
+    step, observing and deciding), ``controller_steps_measured`` (the steps it measured: fewer than
+    the run's when measuring each would cost more than its budget), ``holds`` (decisions considered that kept the split: count and
     reasons), and ``probe`` (dynamic's start-up probe: its seconds, sizes, and the k it measured)."""
     probe = next((b for b in batch_changes if b.get("reason") == "probe"), None)
     return {"controller_overhead_ms": end.get("controller_overhead_ms"),
+            "controller_steps_measured": end.get("controller_steps_measured"),
             "holds": end.get("holds"),
             "probe": None if probe is None else {"seconds": probe.get("probe_s"), "sizes": probe.get("sizes"),
                                                  "k": probe.get("overhead"), "batch": probe.get("batch")}}

@@ -22,13 +22,14 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
-from omnilearn.control.loop import ControlLoop, probe_time
+from omnilearn.control.loop import MIN_RATE, ControlLoop, probe_time
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.backends.cgroupfs import QuotaClock
 from omnilearn.emulator.protocol.client import AllocationClient
@@ -82,7 +83,7 @@ class BSPTrainer:
         for p in self.model.parameters():  # belt and braces: identical start even if seeding diverged
             dist.broadcast(p.data, src=0)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.grads = GradBuffer(params, extra=TIMES + self.world)
+        self.grads = GradBuffer(params, extra=TIMES + 2 * self.world)  # every rank's time, then its controller's cost
         self.optimizer = make_optimizer(cfg, params)
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=t.milestones, gamma=t.gamma)
         self.sampler = GlobalBatchSampler(len(self.work.train), t.global_batch, t.seed, drop_last=t.drop_last,
@@ -92,6 +93,8 @@ class BSPTrainer:
         self.update_s = 0.0  # this rank's last optimizer step: it rides in the next step's buffer
         self.quota = QuotaClock()
         self.held_s = 0.0  # the time this rank's CPU quota held it back in the last all-reduce: rides too
+        self.quota_reading: tuple[Path, float] | None = None  # the quota clock's last reading
+        self.cost_s = 0.0  # this rank's controller's cost of a step measured, at its CPU's rate: rides too
         self.targets = [job.plan.targets[s] for s in self.slots]
         self.client = AllocationClient(job.plan, job.log_dir, self.slot, self.targets[self.rank],
                                        cfg.emulation.ack_timeout)
@@ -183,7 +186,8 @@ class BSPTrainer:
             ctl = self.controller
             late = (self.update_s if ctl.times_update else 0.0) + (self.held_s if ctl.times_quota else 0.0)
             extra[TIMES + self.rank] = (t1 - t0) + late
-            before = self.quota.read() if ctl.times_quota else None
+            extra[TIMES + self.world + self.rank] = self.cost_s
+            before = self.quota_reading = self.quota.read() if ctl.times_quota else None
             self.grads.all_reduce()
             self._sync_cuda()
             t2 = time.perf_counter()
@@ -212,8 +216,11 @@ class BSPTrainer:
         decision at the controller's decision points. A partial last step of an epoch is not measured:
         it does not describe the steady state. Every rank decides alike from the same numbers."""
         times = values[TIMES:TIMES + self.world] if full and self.controller.measures else None
+        measured = self.loop.measured
         self.loop.step(times, self.controller.due(step, end_of_epoch), steps_left,
-                       lambda: self.shares(self.client.level), step=step)
+                       lambda: self.shares(self.client.level), max(values[TIMES + self.world:TIMES + 2 * self.world]), step=step)
+        if self.loop.measured > measured and self.controller.skips_steps:  # CPU seconds, in wall seconds here
+            self.cost_s = self.loop.cost_s / max(self.quota.rate(self.quota_reading), MIN_RATE)
 
     def start_up(self, step: int, resumed: bool) -> None:
         """The start-up pass, once the first allocation is in force and before the training clock

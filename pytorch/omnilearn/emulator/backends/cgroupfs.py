@@ -287,6 +287,19 @@ class QuotaClock:
                     return d, int(value) / 1e6
         return None
 
+    def rate(self, reading: tuple[Path, float] | None) -> float:
+        """The CPUs the quota of the cgroup of ``reading`` lets this process use, at most one (what a
+        single thread, like the controller's, can run at): 1.0 without a quota or a reading."""
+        if reading is None:
+            return 1.0
+        d = reading[0]
+        v2 = (try_read(d / "cpu.max") or "").split()
+        v1 = [try_read(d / "cpu.cfs_quota_us"), try_read(d / "cpu.cfs_period_us")]
+        quota, period = v2 if len(v2) == 2 else v1
+        if quota is None or period is None or not quota.strip().isdigit() or not period.strip().isdigit():
+            return 1.0  # "max", -1 (no quota) or nothing to read
+        return min(int(quota) / max(int(period), 1), 1.0) if int(quota) > 0 else 1.0
+
     def held_since(self, before: tuple[Path, float] | None) -> float:
         """Seconds held back since the reading ``before`` (0.0, and no reading, when it is None)."""
         return 0.0 if before is None else self.since(before, self.read())
