@@ -123,8 +123,7 @@ def test_server_dynamic_rebalances_on_the_measurements_of_each_worker(tmp_path: 
     flat = torch.zeros_like(server.state)
     push(server, 1, 1, 0, flat, batch=8, compute_s=0.4)
     push(server, 1, 2, 1, flat, batch=8, compute_s=0.4)  # worker 2 has no measurement yet: no decision
-    # one time shows no noise (no probe in ASP): the first push holds as unmeasured
-    assert server.controller.batch == [8, 8] and server.controller.holds == {"unmeasured": 1, "uncertain": 1}
+    assert server.controller.batch == [8, 8] and server.controller.holds == {"uncertain": 2}
     reply = push(server, 2, 1, 2, flat, batch=8, compute_s=0.1)  # worker 1 is 4x slower
     if server.controller.batch == [8, 8]:  # one time of worker 2 may not be evidence enough: a second is
         reply = push(server, 2, 2, 3, flat, batch=8, compute_s=0.1)

@@ -61,12 +61,9 @@ class DynamicController:
     holds: dict[str, int] = field(default_factory=dict)
     """Decisions considered that kept the split, by reason: ``balanced`` (the model sees nothing to
     gain), ``uncertain`` (the gain is within the confidence of the estimate), ``cost`` (the gain does
-    not pay the re-split over the steps it would serve), ``unmeasured`` (no measurement yet, or a single step without the probe: one step shows no noise)."""
+    not pay the re-split over the steps it would serve), ``unmeasured`` (no measurement yet)."""
     costs: list[float] = field(default_factory=list)
     considered: int = 0
-    probed: bool = False
-    """The start-up probe ran: its rounds are evidence enough for a first split; without it one step
-    is not (a single step shows no noise), and the first decision waits for a second."""
     watch: int = 0
     """Steps still to be measured after a speed changed (the reopened estimate's next evidence)."""
     decision: dict[str, Any] | None = None
@@ -131,7 +128,6 @@ class DynamicController:
                       ) -> list[int] | None:
         """Every worker's probe times (the median of its steps at each size): k and the speeds; returns
         the first split, balanced before step 1 (None: the equal split stays)."""
-        self.probed = True
         if self.synchronous:
             self.model.k_from_probe(small, large, t_small, t_large)
         self.model.speeds_from_probe(large, t_large, small, large)
@@ -197,7 +193,7 @@ class DynamicController:
                ) -> list[int] | None:
         """The balanced split if moving to it pays (the module's rule), else None. ``cost``: the
         re-split's cost, if known (default: the measured one)."""
-        if self.model.measured < (1 if self.probed else 2):
+        if not self.model.measured:
             return self._hold("unmeasured")
         new = self._balanced()
         if new == self.batch:
@@ -276,7 +272,7 @@ class DynamicController:
                 "bounds": {"min_batch": self.bounds.min_batch, "max_batch": list(self.bounds.max_batch)},
                 "model": self.model.state_dict(), "holds": dict(self.holds), "costs": list(self.costs),
                 "considered": self.considered, "decision": self.decision, "first": self._first,
-                "probed": self.probed, "watch": self.watch,
+                "watch": self.watch,
                 "moved": None if self._moved is None else [self._moved[0], self._moved[1].tolist()],
                 "fresh": {str(i): t for i, t in self._fresh.items()}}
 
@@ -289,7 +285,7 @@ class DynamicController:
         self.model.load_state_dict(d["model"])
         self.holds, self.costs = dict(d["holds"]), list(d["costs"])
         self.considered, self.decision = int(d["considered"]), d["decision"]
-        self.probed, self.watch = bool(d.get("probed", False)), int(d.get("watch", 0))
+        self.watch = int(d.get("watch", 0))
         self.batch = list(d["batch"])
         moved = d.get("moved")
         self._first = d.get("first")
