@@ -62,9 +62,11 @@ class ControlLoop:
     inputs: bool = False
     """Write a ``measurement`` record of each step's inputs (every worker's time, the decision point,
     the steps left, the controller's cost): one rank does, so a run's decisions can be replayed and checked."""
+    rate: Callable[[], float] = lambda: 1.0
+    """The CPUs this rank's controller can run at (its owner reads its own quota: at most one)."""
     cost_s: float = 0.0
-    """CPU seconds of this rank's last step measured (observing and deciding): its owner shares it, at
-    the rate the rank's CPU allows, with the next step's times."""
+    """This rank's cost of its last step measured (observing and deciding): CPU seconds at :attr:`rate`,
+    in wall seconds. Its owner shares it with the next step's times (``skips_steps`` controllers)."""
     measured: int = 0
     """Steps measured (given to the controller) so far."""
     _gap: int = 0  # steps since the last one measured, this one included
@@ -140,7 +142,8 @@ class ControlLoop:
         self._spent(t0)
         if measured:
             self.measured += 1
-            self.cost_s = time.process_time() - c0
+            if ctl.skips_steps:
+                self.cost_s = (time.process_time() - c0) / max(self.rate(), MIN_RATE)
         if changed:
             self.write("speed_change", **where, workers=changed, regimes=ctl.regimes())
         return self._record(decision, where)

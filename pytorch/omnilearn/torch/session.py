@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from omnilearn import config
 from omnilearn.control.controller import make_controller
-from omnilearn.control.loop import MIN_RATE, ControlLoop
+from omnilearn.control.loop import ControlLoop
 from omnilearn.control.policies import POLICIES, Bounds, effective
 from omnilearn.emulator.backends.cgroupfs import QuotaClock
 from omnilearn.emulator.protocol.client import AllocationClient
@@ -221,7 +221,6 @@ class StepSession:
         self.sync_s = self.clock = self.after_s = self.held_s = 0.0
         self.quota = QuotaClock()
         self.quota_before: tuple[Path, float] | None = None  # the quota clock before the all-reduce
-        self.cost_s = 0.0  # this rank's controller's cost of a step measured, at its CPU's rate: rides too
         self.filled_at: float | None = None
         self.reduced_at: float | None = None
         self.values: list[float] | None = None
@@ -258,7 +257,8 @@ class StepSession:
         self.sampler = GlobalBatchSampler(dataset_size, global_batch, seed, drop_last=drop_last,
                                           min_local=c.min_batch)
         self.metrics = MetricsWriter(metrics_path(self.job.out_dir, self.rank))
-        self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0)
+        self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0,
+                                rate=lambda: self.quota.rate(self.quota_before))
         if self.tensorboard and self.rank == 0 and not emulated:
             self.board = LiveTensorBoard(self.job, stragglers=StragglerScores(self.world, WINDOW_STEPS)).__enter__()
         self.metrics.write("start", rank=self.rank, world=self.world, target=self.levels.target,
@@ -316,7 +316,7 @@ class StepSession:
         extra[0] = self.levels.clock() if self.rank == 0 else 0.0
         late = self.after_s + (self.held_s if self.controller.times_quota else 0.0)
         extra[1 + self.rank] = (self.filled_at - self.pending["t0"]) + late
-        extra[1 + self.world + self.rank] = self.cost_s
+        extra[1 + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
         self.quota_before = self.quota.read() if self.controller.times_quota else None
 
     def read_slots(self, extra: torch.Tensor) -> None:
@@ -351,11 +351,8 @@ class StepSession:
         full = sum(self.sizes) == t.global_batch
         times = values[1:1 + self.world] if full and ctl.measures else None
         steps_left = t.steps_per_epoch * self.epochs - self.steps_done if self.epochs else None
-        measured = self.loop.measured
         self.loop.step(times, ctl.due(self.steps_done, p["last"]), steps_left, self.levels.shares,
                        max(values[1 + self.world:1 + 2 * self.world]), step=self.steps_done)
-        if self.loop.measured > measured and ctl.skips_steps:  # CPU seconds, in wall seconds here
-            self.cost_s = self.loop.cost_s / max(self.quota.rate(self.quota_before), MIN_RATE)
 
     def end_epoch(self, epoch: int) -> None:
         """After an epoch: its last step closed, an end record (the latest counts), ``summary.json``.

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
-from omnilearn.control.loop import MIN_RATE, ControlLoop, probe_time
+from omnilearn.control.loop import ControlLoop, probe_time
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.backends.cgroupfs import QuotaClock
 from omnilearn.emulator.protocol.client import AllocationClient
@@ -94,14 +94,14 @@ class BSPTrainer:
         self.quota = QuotaClock()
         self.held_s = 0.0  # the time this rank's CPU quota held it back in the last all-reduce: rides too
         self.quota_reading: tuple[Path, float] | None = None  # the quota clock's last reading
-        self.cost_s = 0.0  # this rank's controller's cost of a step measured, at its CPU's rate: rides too
         self.targets = [job.plan.targets[s] for s in self.slots]
         self.client = AllocationClient(job.plan, job.log_dir, self.slot, self.targets[self.rank],
                                        cfg.emulation.ack_timeout)
         self.augment_rng = torch.Generator().manual_seed(t.seed * 1000 + self.slot)  # per-worker, reproducible
         self.ckpt = BSPCheckpoint(self)  # a resumed run cuts its metrics back to the checkpoint first
         self.metrics = MetricsWriter(metrics_path(job.out_dir, self.slot))
-        self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0)
+        self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0,
+                                rate=lambda: self.quota.rate(self.quota_reading))
         self.memory: memory.MemoryModel | None = None
         self.oom_cap: int | None = None  # this rank's bound after an out-of-memory error (GPU)
         self.oom_seen = False  # any rank ran out of memory: bounds are enforced whatever the policy
@@ -186,7 +186,7 @@ class BSPTrainer:
             ctl = self.controller
             late = (self.update_s if ctl.times_update else 0.0) + (self.held_s if ctl.times_quota else 0.0)
             extra[TIMES + self.rank] = (t1 - t0) + late
-            extra[TIMES + self.world + self.rank] = self.cost_s
+            extra[TIMES + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
             before = self.quota_reading = self.quota.read() if ctl.times_quota else None
             self.grads.all_reduce()
             self._sync_cuda()
@@ -216,11 +216,8 @@ class BSPTrainer:
         decision at the controller's decision points. A partial last step of an epoch is not measured:
         it does not describe the steady state. Every rank decides alike from the same numbers."""
         times = values[TIMES:TIMES + self.world] if full and self.controller.measures else None
-        measured = self.loop.measured
         self.loop.step(times, self.controller.due(step, end_of_epoch), steps_left,
                        lambda: self.shares(self.client.level), max(values[TIMES + self.world:TIMES + 2 * self.world]), step=step)
-        if self.loop.measured > measured and self.controller.skips_steps:  # CPU seconds, in wall seconds here
-            self.cost_s = self.loop.cost_s / max(self.quota.rate(self.quota_reading), MIN_RATE)
 
     def start_up(self, step: int, resumed: bool) -> None:
         """The start-up pass, once the first allocation is in force and before the training clock

@@ -290,15 +290,8 @@ class QuotaClock:
     def rate(self, reading: tuple[Path, float] | None) -> float:
         """The CPUs the quota of the cgroup of ``reading`` lets this process use, at most one (what a
         single thread, like the controller's, can run at): 1.0 without a quota or a reading."""
-        if reading is None:
-            return 1.0
-        d = reading[0]
-        v2 = (try_read(d / "cpu.max") or "").split()
-        v1 = [try_read(d / "cpu.cfs_quota_us"), try_read(d / "cpu.cfs_period_us")]
-        quota, period = v2 if len(v2) == 2 else v1
-        if quota is None or period is None or not quota.strip().isdigit() or not period.strip().isdigit():
-            return 1.0  # "max", -1 (no quota) or nothing to read
-        return min(int(quota) / max(int(period), 1), 1.0) if int(quota) > 0 else 1.0
+        cpus = None if reading is None else dir_quota(reading[0])
+        return 1.0 if cpus is None else min(cpus, 1.0)
 
     def held_since(self, before: tuple[Path, float] | None) -> float:
         """Seconds held back since the reading ``before`` (0.0, and no reading, when it is None)."""
@@ -312,6 +305,16 @@ class QuotaClock:
         return max(after[1] - before[1], 0.0)
 
 
+def dir_quota(d: Path) -> float | None:
+    """The CPUs the quota set on cgroup directory ``d`` allows (``cpu.max``, v2; ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``, v1; the tighter where both read), or None: no quota there."""
+    v2 = (try_read(d / "cpu.max") or "max").split()
+    v1 = [try_read(d / "cpu.cfs_quota_us"), try_read(d / "cpu.cfs_period_us")]
+    quotas = [int(quota) / int(period) for quota, period in ([v2] if v2[0] != "max" else []) + ([v1] if None not in v1 else [])
+              if int(quota) > 0]
+    return min(quotas) if quotas else None
+
+
 def read_own_allocation() -> Allocation:
     """What the kernel limits the calling process to: cgroup quota, cpuset and memory, and affinity.
 
@@ -321,12 +324,7 @@ def read_own_allocation() -> Allocation:
     quotas: list[float] = []
     cpus = set(os.sched_getaffinity(0))
     for _, _, own, chain in own_cgroups():
-        for d in chain:
-            v2 = (try_read(d / "cpu.max") or "max").split()
-            v1 = [try_read(d / "cpu.cfs_quota_us"), try_read(d / "cpu.cfs_period_us")]
-            for quota, period in ([v2] if v2[0] != "max" else []) + ([v1] if None not in v1 else []):
-                if int(quota) > 0:
-                    quotas.append(int(quota) / int(period))
+        quotas += [q for q in map(dir_quota, chain) if q is not None]
         text = try_read(own / "cpuset.cpus.effective") or try_read(own / "cpuset.effective_cpus")
         if text:
             cpus &= set(parse_cpuset(text))
