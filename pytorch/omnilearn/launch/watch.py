@@ -87,10 +87,13 @@ class HangWatch:
         silent = self.silent()
         if not silent:
             return None
-        stopped = stopped_ranks({r: self.pids[r] for r in silent})
-        rank = min(stopped) if stopped else max(silent, key=lambda r: (silent[r], -r))
-        cause = "stopped (SIGSTOP?)" if stopped else STATES.get(proc_state(self.pids[rank]) or "", "gone")
-        self.culprit = rank
+        # a stopped rank is what its peers wait for, past its own timeout or not yet: a peer whose last
+        # step is older than the stopped rank's times out first, waiting for it
+        stopped = self.check_stopped(name)
+        if stopped is not None:
+            return stopped
+        rank = self.culprit = max(silent, key=lambda r: (silent[r], -r))
+        cause = STATES.get(proc_state(self.pids[rank]) or "", "gone")
         return f"{name(rank)} made no step for {silent[rank]:.0f} s (fault.timeout_s {self.timeout_s:g}): {cause}"
 
     def check_stopped(self, name: Callable[[int], str]) -> str | None:
