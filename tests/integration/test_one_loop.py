@@ -35,11 +35,15 @@ def _bsp_rank(rank: int, world: int, out: Path) -> None:
     job.log_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         job.save()
-    if rank == 1:  # a slower worker: its time grows with its share, so the controller moves
+    if rank == 1:  # a slower worker: its CPU time grows with its share, so the controller moves
         plain = bsp.local_backward
 
         def slow(work, model, x, y, size):  # noqa: ANN001, ANN202
-            time.sleep(0.01 * x.shape[0])  # 40 ms at the probe's 4 samples: more than a loaded host adds
+            # 10 ms of CPU a sample, burnt rather than slept: the start-up probe counts a CPU's work in
+            # CPU seconds, and a loaded host slows both ranks alike
+            end = time.process_time() + 0.01 * x.shape[0]
+            while time.process_time() < end:
+                pass
             return plain(work, model, x, y, size)
 
         bsp.local_backward = slow
