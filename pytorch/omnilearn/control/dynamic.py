@@ -136,7 +136,14 @@ class DynamicController:
             self.model.scale = float(np.median(np.log(np.asarray(t_large)) - self.model.u
                                                - math.log(large + self.model.k)))
         # The first split meets the same rule as every other, at no cost: every split is new at step 1.
-        return self.decide(steps_left=None, cost=0.0)
+        new = self.decide(steps_left=None, cost=0.0)
+        if self.synchronous:
+            # The first step tells k as a re-split from the probe's larger size would: each worker's time
+            # at its own share against its probe time (the workers' shares differ, the common scale of
+            # probe and step drops out). The probe alone sees only small batches, where a core is used
+            # less well and k reads larger than at the job's sizes.
+            self._moved = ([large] * self.workers, self.model.predict_log([large] * self.workers))
+        return new
 
     # ------------------------------------------------------------------ measurements
     @property

@@ -58,9 +58,9 @@ START_VAR = 4.0
 """The variance of a speed nobody has measured (log scale): anything from 1/7 to 7 times the others."""
 SHIFT_STEPS = 6
 """Recent innovations a worker's shift test looks back over."""
-SHIFT_Z = 4.5
-"""Standard errors a mean of recent innovations must reach to count as a shift of speed (a 4.5-sigma
-test over up to five windows: about one false alarm in ten thousand steps a worker)."""
+SHIFT_LR = 10.0
+"""The log-likelihood ratio a window of recent innovations must reach to count as a shift of speed (the
+ratio a 4.5-sigma mean gives under normal noise: about one false alarm in ten thousand steps a worker)."""
 K_POINTS = 97
 K_PRIOR = 0.25
 """k's prior: exponential, its mean this share of a worker's equal share B/n: small until measured
@@ -72,6 +72,25 @@ K_MAX_FACTOR = 16.0
 def _t_logpdf(e: np.ndarray) -> np.ndarray:
     """Student-t log density (up to a constant) of standardised residuals ``e``."""
     return -0.5 * (DOF + 1) * np.log1p(e * e / DOF)
+
+
+def _window_shifts(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For innovations ``nu`` (rows: newest first; columns: workers) with variances ``s`` under
+    Student-t noise of ``dof`` degrees of freedom (per worker): for every window of the newest m rows,
+    the shift that best explains it (an M-estimate: a few reweighted means), the log-likelihood ratio of
+    that shift against none, and the shift's variance. Each returned array has one row per m."""
+    rows = nu.shape[0]
+    delta, lr, var = np.zeros(nu.shape), np.zeros(nu.shape), np.ones(nu.shape)
+    for m in range(1, rows + 1):
+        x, v = nu[:m], s[:m]
+        d = x.sum(axis=0) / m if m < 3 else np.median(x, axis=0)
+        for _ in range(4):
+            w = (dof + 1) / (dof + (x - d) ** 2 / v) / v
+            d = (w * x).sum(axis=0) / w.sum(axis=0)
+        e, e0 = (x - d) ** 2 / (v * dof), x * x / (v * dof)
+        delta[m - 1], lr[m - 1] = d, (0.5 * (dof + 1) * (np.log1p(e0) - np.log1p(e))).sum(axis=0)
+        var[m - 1] = 1.0 / (1.0 / v).sum(axis=0)
+    return delta, lr, var
 
 
 def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
@@ -347,26 +366,27 @@ class SpeedModel:
         self.noise2 = np.maximum((own * n + pool * PRIOR_WEIGHT) / (n + PRIOR_WEIGHT), NOISE_FLOOR ** 2)
 
     def _shifts(self, nu: np.ndarray, s: np.ndarray, live: np.ndarray) -> np.ndarray:
-        """A change too small to show in one step shows in several: the mean of a worker's last m
-        innovations (m = 2..:data:`SHIFT_STEPS`) against its standard error (a windowed likelihood-ratio
-        test). Past :data:`SHIFT_Z` the worker's speed has moved by that mean since m steps ago: its
-        estimate takes the shift, with the variance of an m-step mean. Returns the workers shifted."""
+        """A change too small to show in one step shows in several: for each worker and each window of
+        its last m innovations (m = 1..:data:`SHIFT_STEPS`), the shift that best explains them and its
+        log-likelihood ratio against none, under the Student-t noise (:func:`_window_shifts`). Past
+        :data:`SHIFT_LR` on a window of two steps or more, the worker's speed has moved: its estimate
+        takes the shift of the window whose ratio peaks (the last step alone included: a change at the
+        last step is its innovation, not a part of it averaged with the steps before), with that window's
+        variance. Heavy tails bound what one outlier adds to a window's ratio: a single odd step is the
+        jump test's to judge, never a shift. Returns the workers shifted."""
         h_nu, h_s, count = self.hist_nu, self.hist_s, self.hist_count
         h_nu[:-1, live], h_s[:-1, live] = h_nu[1:, live], h_s[1:, live]
         h_nu[-1, live], h_s[-1, live] = nu[live], s[live]
         count[live] = np.minimum(count[live] + 1, SHIFT_STEPS)
-        # the mean of the last m innovations and its standard error, for every m at once (rows: m = 1..)
+        dof = np.minimum(DOF, self.noise_count + NOISE_DOF).astype(float)
+        delta, lr, var = _window_shifts(h_nu[::-1], h_s[::-1], dof)  # rows: m = 1..
         m = np.arange(1, SHIFT_STEPS + 1)[:, None]
-        mean = np.cumsum(h_nu[::-1], axis=0) / m
-        se2 = np.cumsum(h_s[::-1], axis=0) / (m * m)
-        z = np.where(live & (count >= m) & (m >= 2), np.abs(mean) / np.sqrt(se2), 0.0)
-        best = z.argmax(axis=0)
-        cols = np.arange(self.workers)
-        best_z, best_mean, best_var = z[best, cols], mean[best, cols], se2[best, cols]
-        shifted = best_z > SHIFT_Z
+        lr = np.where(live & (count >= m), lr, 0.0)
+        shifted = (lr[1:].max(axis=0) > SHIFT_LR) & live
         if shifted.any():
-            self.u = np.where(shifted, self.u + best_mean, self.u)
-            self.var = np.where(shifted, best_var + self.drift ** 2, self.var)
+            best, cols = lr.argmax(axis=0), np.arange(self.workers)
+            self.u = np.where(shifted, self.u + delta[best, cols], self.u)
+            self.var = np.where(shifted, var[best, cols] + self.drift ** 2, self.var)
             count[shifted] = 0
         return shifted
 
