@@ -67,11 +67,12 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "`samples`, `target_samples`, `pushes`, `lr_reference_batch`, `staleness_damping`"),
     Kind(STEP, "every worker, every step",
          ("step", "epoch", "batch", "compute_ms"),
-         ("sync_ms", "cpus", "threads", "level", "loss", "train_acc", "global_batch", "lr", "sample_sum", "seq",
-          "version", "staleness", "pull_ms", "push_ms"),
-         "`step`, `epoch`, `batch`, `global_batch`, `compute_ms`, `sync_ms`, `cpus`, `threads`, `level`, `loss`, "
-         "`lr`, `train_acc`, `sample_sum` (a checksum of the step's samples); ASP: `seq`, `version`, `staleness`, "
-         "`pull_ms`, `push_ms`"),
+         ("sync_ms", "held_ms", "cpus", "threads", "level", "loss", "train_acc", "global_batch", "lr", "sample_sum",
+          "seq", "version", "staleness", "pull_ms", "push_ms"),
+         "`step`, `epoch`, `batch`, `global_batch`, `compute_ms`, `sync_ms`, `held_ms` (BSP: the part of the "
+         "all-reduce this worker's CPU quota held it back: the wait its compute ran into), `cpus`, `threads`, "
+         "`level`, `loss`, `lr`, `train_acc`, `sample_sum` (a checksum of the step's samples); ASP: `seq`, "
+         "`version`, `staleness`, `pull_ms`, `push_ms`"),
     Kind(BATCH_CHANGE, "the controller's rank",
          ("batch", "reason"),
          ("step", "version", "epoch", "old", "compute_ms", "overhead", "samples", "gain_s", "gain_sd_s", "cost_s",

@@ -46,6 +46,20 @@ def test_settle_leaves_out_partial_steps_and_the_first_step_of_a_stretch() -> No
     assert got[0]["decisions"] == 1  # step 3 carries the change; step 5 is partial: step 4 decides
 
 
+def test_settle_counts_the_quota_hold_as_busy_time() -> None:
+    """A worker under a CPU quota computes at a core's speed and waits in the all-reduce (``held_ms``):
+    balanced compute with one worker held 50 ms a step is not settled, and compute that looks
+    imbalanced only by the hold the other worker waited is."""
+    steps, hl, changes = run_records([[100, 100]] * 4, [], [(0, "HL8")])
+    for r in steps[1]:
+        r["held_ms"] = 50.0
+    assert settle(steps, hl, changes)[0]["decisions"] is None
+    steps, hl, changes = run_records([[150, 100]] * 4, [], [(0, "HL8")])
+    for r in steps[1]:
+        r["held_ms"] = 48.0
+    assert settle(steps, hl, changes)[0]["decisions"] == 0
+
+
 def test_settle_line_names_the_policy_and_the_median_over_level_changes() -> None:
     from omnilearn.report.table import settle_line
 

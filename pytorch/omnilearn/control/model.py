@@ -302,6 +302,7 @@ class SpeedModel:
         (estimated from the same n times) is removed, about ``1 - 1/n``; ``steps``: the steps since the
         worker's last measurement (its drift and its chance of a jump add up over each)."""
         prior = self.var + steps * self.drift ** 2
+        before = self.u.copy()
         hazard = -math.expm1(steps * math.log1p(-self.hazard))
         s = (prior + self.noise2) * share
         e2 = nu * nu / s
@@ -330,16 +331,21 @@ class SpeedModel:
         # Every step of an estimate that existed before it (not a first measurement) tells the noise,
         # jumps included: one jump is one outlier to a median, but a worker that "jumps" step after step
         # (waits of whole CFS periods on steps shorter than one) is noisy, and then no longer chased.
-        self._learn_noise(nu / math.sqrt(share), live & (prior < JUMP ** 2), live, batch)
+        self._learn_noise(nu / math.sqrt(share), (self.u - before) / math.sqrt(share), live & (prior < JUMP ** 2),
+                          live, batch)
         changed = [int(i) for i in np.flatnonzero(jump)]
         for i in changed:
             self.regimes[i] += 1
         return changed
 
-    def _learn_noise(self, nu: np.ndarray, steady: np.ndarray, live: np.ndarray, batch: np.ndarray) -> None:
+    def _learn_noise(self, nu: np.ndarray, moved: np.ndarray, steady: np.ndarray, live: np.ndarray,
+                     batch: np.ndarray) -> None:
         """Each worker's measurement noise from how its innovation (``nu``, scaled back to one worker's,
-        before this step's update) changes from one step to the next at the same batch: a bias of the estimate (a speed that moved
-        a little, a k slightly off) is the same in both and drops out, the noise does not. The median
+        before this step's update) changes from one step to the next at the same batch: a bias of the
+        estimate (a speed that moved a little, a k slightly off) is the same in both and drops out, the
+        noise does not. The step's own update (``moved``: how far each estimate moved on it, scaled
+        alike) is taken out of the innovation kept for the next pair: a jump taken in full leaves the
+        next step's innovation near zero, and only the step that jumped reads as one outlier. The median
         of the last :data:`NOISE_MEMORY` changes, as a normal sd (1.4826 MAD / sqrt(2): robust to the
         heavy tails it is the scale of), shrunk towards the pool of every worker's (a worker with few
         steps borrows the others' scale; :data:`PRIOR_WEIGHT` steps of :data:`NOISE_PRIOR` before any)."""
@@ -348,7 +354,7 @@ class SpeedModel:
         self.noise_abs[:-1, pair] = self.noise_abs[1:, pair]
         self.noise_abs[-1, pair] = np.abs(nu[pair] - self.last_nu[pair]) / math.sqrt(2)
         self.noise_count[pair] = np.minimum(self.noise_count[pair] + 1, NOISE_MEMORY)
-        self.last_nu = np.where(steady, nu, np.where(live, np.nan, self.last_nu))
+        self.last_nu = np.where(steady, nu - moved, np.where(live, np.nan, self.last_nu))
         self.last_b = np.where(steady, b, self.last_b)
         n = self.noise_count
         own = np.full(self.workers, NOISE_PRIOR ** 2)

@@ -107,14 +107,24 @@ def final_segment(steps: list[list[dict[str, Any]]]) -> list[int]:
     return segments[-1][-FINAL_WINDOW:] if segments else []
 
 
+def busy_ms(step: dict[str, Any]) -> float:
+    """A worker's busy time in a BSP step: its compute and its quota's hold in the all-reduce
+    (``held_ms``; absent from older runs: none)."""
+    return step["compute_ms"] + (step.get("held_ms") or 0.0)
+
+
 def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
            batch_changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per level change (the start counts as the first, ``from_level`` null): how many compute-time
-    decisions the controller took until the workers' compute times were balanced, and how long.
+    decisions the controller took until the workers' busy times were balanced, and how long.
 
-    The steps from one change to the next are cut at every compute-time decision into stretches;
-    a stretch's imbalance is ``max/min - 1`` of the workers' median compute times over its full
-    steps (its first step, which carries the change, is left out when it has more). The change is
+    A worker's busy time in a step is its compute and the part of the all-reduce its CPU quota held
+    it back (``held_ms``: a worker under a quota computes at a core's speed until its quota runs out,
+    and the wait for the next CFS period lands in the all-reduce, so its compute time alone does not
+    show the quota; the controller balances the same sum). The steps from one change to the next are
+    cut at every compute-time decision into stretches; a stretch's imbalance is ``max/min - 1`` of the
+    workers' median busy times over its full steps (its first step, which carries the change, is left
+    out when it has more). The change is
     settled at the first stretch whose imbalance is at most SETTLED: ``decisions`` is the number of
     decisions before it, ``seconds`` the time from the change to the start of that stretch. Both are
     null when no stretch settles before the next change or the end of the run. (Decisions taken by
@@ -139,7 +149,7 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
                 ks = ks[1:]
             if not ks:
                 continue
-            medians = [statistics.median(s[k]["compute_ms"] for k in ks) for s in steps]
+            medians = [statistics.median(busy_ms(s[k]) for k in ks) for s in steps]
             if max(medians) / max(min(medians), 1e-9) - 1 <= SETTLED:
                 began = ev["time"] if m == 0 else steps[0][bounds[m] - 1]["time"]
                 record.update(decisions=m, seconds=round(max(began - ev["time"], 0.0), 3))

@@ -152,7 +152,7 @@ def settle_line(s: dict[str, Any]) -> str | None:
     tail = f" · median over {over}: " + ("never" if median is None else f"{median:g}")
     if None in counted:
         tail += f" ({counted.count(None)} of {len(counted)} never settled)"
-    return (f"{s['policy']} settled (compute-time decisions until imbalance ≤ 0.10, time): "
+    return (f"{s['policy']} settled (compute-time decisions until busy-time imbalance ≤ 0.10, time): "
             + " · ".join(parts) + tail)
 
 
