@@ -66,6 +66,11 @@ class DynamicController:
     considered: int = 0
     watch: int = 0
     """Steps still to be measured after a speed changed (the reopened estimate's next evidence)."""
+    probed: bool = False
+    """The start-up probe measured every worker before step 1."""
+    warmed: bool = False
+    """BSP without the probe: the run's first step has passed (it carries the process's one-off costs:
+    allocations, lazy initialisation, every shape's first use; it says nothing of speeds)."""
     decision: dict[str, Any] | None = None
     """The last decision taken: expected gain, its sd and the cost it had to beat (seconds)."""
 
@@ -128,6 +133,7 @@ class DynamicController:
                       ) -> list[int] | None:
         """Every worker's probe times (the median of its steps at each size): k and the speeds; returns
         the first split, balanced before step 1 (None: the equal split stays)."""
+        self.probed = self.warmed = True
         if self.synchronous:
             self.model.k_from_probe(small, large, t_small, t_large)
         self.model.speeds_from_probe(large, t_large, small, large)
@@ -149,13 +155,25 @@ class DynamicController:
     @property
     def wants_step(self) -> bool:
         """The next step must be measured: the first two steps at a new split tell k and a re-split's
-        cost, and the two after a speed changed tell the new speed."""
-        return self._moved is not None or self._first is not None or self.watch > 0
+        cost, the two after a speed changed tell the new speed, and without the probe the steps until
+        the first decision."""
+        return (self._moved is not None or self._first is not None or self.watch > 0
+                or self.model.measured < self._evidence)
+
+    @property
+    def _evidence(self) -> int:
+        """Steps measured before the first decision: the probe's, or without it two steps at the first
+        split (BSP), so that the noise has one pair to be measured by: one step's spread is speeds and
+        noise at once, and a few-millisecond step under a CPU quota can be ten times another."""
+        return 1 if self.probed or not self.synchronous else 2
 
     def observe_step(self, seconds: Sequence[float], steps: int = 1) -> list[int]:
         """BSP: every worker's compute time of one full step at the current split, ``steps`` steps after
         the last one measured. Returns the workers whose speed jumped."""
         times = [float(t) for t in seconds]
+        if not self.warmed:
+            self.warmed = True
+            return []
         if self._first is not None:  # the second step at a new split: what the first one cost more
             self.costs = [*self.costs, max(self._first) - max(times)][-COSTS_KEPT:]
             self._first = None
@@ -200,7 +218,7 @@ class DynamicController:
                ) -> list[int] | None:
         """The balanced split if moving to it pays (the module's rule), else None. ``cost``: the
         re-split's cost, if known (default: the measured one)."""
-        if not self.model.measured:
+        if self.model.measured < self._evidence:
             return self._hold("unmeasured")
         new = self._balanced()
         if new == self.batch:
@@ -279,7 +297,7 @@ class DynamicController:
                 "bounds": {"min_batch": self.bounds.min_batch, "max_batch": list(self.bounds.max_batch)},
                 "model": self.model.state_dict(), "holds": dict(self.holds), "costs": list(self.costs),
                 "considered": self.considered, "decision": self.decision, "first": self._first,
-                "watch": self.watch,
+                "watch": self.watch, "probed": self.probed, "warmed": self.warmed,
                 "moved": None if self._moved is None else [self._moved[0], self._moved[1].tolist()],
                 "fresh": {str(i): t for i, t in self._fresh.items()}}
 
@@ -293,6 +311,7 @@ class DynamicController:
         self.holds, self.costs = dict(d["holds"]), list(d["costs"])
         self.considered, self.decision = int(d["considered"]), d["decision"]
         self.watch = int(d.get("watch", 0))
+        self.probed, self.warmed = bool(d.get("probed", True)), bool(d.get("warmed", True))
         self.batch = list(d["batch"])
         moved = d.get("moved")
         self._first = d.get("first")

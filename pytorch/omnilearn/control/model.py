@@ -328,34 +328,33 @@ class SpeedModel:
         self.hist_count[jump] = 0
         shifted = self._shifts(nu, s, live & ~jump)
         jump = jump | shifted
-        # Every step of an estimate that existed before it (not a first measurement) tells the noise,
-        # jumps included: one jump is one outlier to a median, but a worker that "jumps" step after step
-        # (waits of whole CFS periods on steps shorter than one) is noisy, and then no longer chased.
-        self._learn_noise(nu / math.sqrt(share), (self.u - before) / math.sqrt(share), live & (prior < JUMP ** 2),
-                          live, batch)
+        # Every step after a worker's first tells the noise, jumps included: one jump is one outlier to a
+        # median, but a worker that "jumps" step after step (waits of whole CFS periods on steps shorter
+        # than one) is noisy, and then no longer chased.
+        self._learn_noise(nu / math.sqrt(share), (self.u - before) / math.sqrt(share), live, batch)
         changed = [int(i) for i in np.flatnonzero(jump)]
         for i in changed:
             self.regimes[i] += 1
         return changed
 
-    def _learn_noise(self, nu: np.ndarray, moved: np.ndarray, steady: np.ndarray, live: np.ndarray,
-                     batch: np.ndarray) -> None:
+    def _learn_noise(self, nu: np.ndarray, moved: np.ndarray, live: np.ndarray, batch: np.ndarray) -> None:
         """Each worker's measurement noise from how its innovation (``nu``, scaled back to one worker's,
         before this step's update) changes from one step to the next at the same batch: a bias of the
         estimate (a speed that moved a little, a k slightly off) is the same in both and drops out, the
         noise does not. The step's own update (``moved``: how far each estimate moved on it, scaled
         alike) is taken out of the innovation kept for the next pair: a jump taken in full leaves the
-        next step's innovation near zero, and only the step that jumped reads as one outlier. The median
+        next step's innovation near zero, and only the step that jumped reads as one outlier; a worker's
+        first step (its estimate is that step) gives the next one its pair. The median
         of the last :data:`NOISE_MEMORY` changes, as a normal sd (1.4826 MAD / sqrt(2): robust to the
         heavy tails it is the scale of), shrunk towards the pool of every worker's (a worker with few
         steps borrows the others' scale; :data:`PRIOR_WEIGHT` steps of :data:`NOISE_PRIOR` before any)."""
         b = np.asarray(batch, float)
-        pair = steady & ~np.isnan(self.last_nu) & (b == self.last_b)
+        pair = live & ~np.isnan(self.last_nu) & (b == self.last_b)
         self.noise_abs[:-1, pair] = self.noise_abs[1:, pair]
         self.noise_abs[-1, pair] = np.abs(nu[pair] - self.last_nu[pair]) / math.sqrt(2)
         self.noise_count[pair] = np.minimum(self.noise_count[pair] + 1, NOISE_MEMORY)
-        self.last_nu = np.where(steady, nu - moved, np.where(live, np.nan, self.last_nu))
-        self.last_b = np.where(steady, b, self.last_b)
+        self.last_nu = np.where(live, nu - moved, self.last_nu)
+        self.last_b = np.where(live, b, self.last_b)
         n = self.noise_count
         own = np.full(self.workers, NOISE_PRIOR ** 2)
         some = n > 0
