@@ -93,13 +93,6 @@ def _window_shifts(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> tuple[np.n
     return delta, lr, var
 
 
-def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
-    order = np.argsort(values, kind="stable")
-    v, w = values[order], weights[order]
-    cum = np.cumsum(w)
-    return float(v[int(np.searchsorted(cum, 0.5 * cum[-1]))])
-
-
 @dataclass
 class SpeedModel:
     """The posterior over every worker's speed and the workload's fixed cost (see the module)."""
@@ -267,12 +260,14 @@ class SpeedModel:
 
     def _common(self, resid: np.ndarray, live: np.ndarray) -> float:
         """The step's common factor: a Student-t weighted mean of the live workers' residuals (a few
-        reweighting passes from their weighted median), so one changed worker does not move it."""
+        reweighting passes from their median), so one changed worker does not move it. The passes start
+        from the plain median, not one weighted by precision: the quietest worker would hold most of
+        the weight, and a change of its own speed would read as every other worker's."""
         r = resid[live]
         if r.size == 1:
             return float(r[0])
         s = self.var[live] + self.noise2[live]
-        m = weighted_median(r, 1.0 / s)
+        m = float(np.median(r))
         for _ in range(3):
             w = (DOF + 1) / (DOF + (r - m) ** 2 / s) / s
             m = float((w * r).sum() / w.sum())
