@@ -109,7 +109,7 @@ def final_segment(steps: list[list[dict[str, Any]]]) -> list[int]:
 
 def busy_ms(step: dict[str, Any]) -> float:
     """A worker's busy time in a BSP step: its compute and its quota's hold in the all-reduce
-    (``held_ms``; absent from older runs: none)."""
+    (``held_ms``, where the policy times it; null or absent: compute alone, what that policy balances)."""
     return step["compute_ms"] + (step.get("held_ms") or 0.0)
 
 
@@ -121,10 +121,10 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
     A worker's busy time in a step is its compute and the part of the all-reduce its CPU quota held
     it back (``held_ms``: a worker under a quota computes at a core's speed until its quota runs out,
     and the wait for the next CFS period lands in the all-reduce, so its compute time alone does not
-    show the quota; the controller balances the same sum). The steps from one change to the next are
-    cut at every compute-time decision into stretches; a stretch's imbalance is ``max/min - 1`` of the
-    workers' median busy times over its full steps (its first step, which carries the change, is left
-    out when it has more). The change is
+    show the quota; ``dynamic`` balances the same sum, and records the hold). The steps from one change
+    to the next are cut at every compute-time decision into stretches; a stretch's imbalance is
+    ``max/min - 1`` of the workers' median busy times over its full steps (its first step, which carries
+    the change, is left out when it has more). The change is
     settled at the first stretch whose imbalance is at most SETTLED: ``decisions`` is the number of
     decisions before it, ``seconds`` the time from the change to the start of that stretch. Both are
     null when no stretch settles before the next change or the end of the run. (Decisions taken by

@@ -317,7 +317,7 @@ class StepSession:
         late = self.after_s + (self.held_s if self.controller.times_quota else 0.0)
         extra[1 + self.rank] = (self.filled_at - self.pending["t0"]) + late
         extra[1 + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
-        self.quota_before = self.quota.read()  # the hold is recorded under every policy
+        self.quota_before = self.quota.read() if self.controller.times_quota else None
 
     def read_slots(self, extra: torch.Tensor) -> None:
         """Just after the all-reduce (a sum over ranks): every rank's time, and the time spent in it."""
@@ -346,7 +346,7 @@ class StepSession:
         assert t is not None
         self.metrics.write("step", step=self.steps_done, epoch=p["epoch"], batch=self.sizes[self.rank],
                            global_batch=sum(self.sizes), compute_ms=round(compute_s * 1e3, 3),
-                           sync_ms=round(self.sync_s * 1e3, 3), held_ms=round(self.held_s * 1e3, 3), loss=None,
+                           sync_ms=round(self.sync_s * 1e3, 3), held_ms=None if self.quota_before is None else round(self.held_s * 1e3, 3), loss=None,
                            train_acc=None, level=self.levels.level,
                            cpus=self.levels.cpus, threads=self.levels.threads or torch.get_num_threads())
         full = sum(self.sizes) == t.global_batch

@@ -187,7 +187,7 @@ class BSPTrainer:
             late = (self.update_s if ctl.times_update else 0.0) + (self.held_s if ctl.times_quota else 0.0)
             extra[TIMES + self.rank] = (t1 - t0) + late
             extra[TIMES + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
-            before = self.quota_reading = self.quota.read()  # the hold is recorded under every policy
+            before = self.quota_reading = self.quota.read() if ctl.times_quota else None
             self.grads.all_reduce()
             self._sync_cuda()
             t2 = time.perf_counter()
@@ -206,6 +206,10 @@ class BSPTrainer:
             t3 = time.perf_counter()
             self.update_s = t3 - t2
             return sizes, (t1 - t0) + (t3 - t2), t1 - t0, t2 - t1, values
+
+    def held_ms(self) -> float | None:
+        """The last step's quota hold for its record, where the controller times it (None: not read)."""
+        return None if self.quota_reading is None else round(self.held_s * 1e3, 3)
 
     def _sync_cuda(self) -> None:
         if self.env.device.type == "cuda":
@@ -311,8 +315,7 @@ class BSPTrainer:
                 clock = extra[CLOCK]
                 metrics.write("step", step=steps_done, epoch=epoch, sample_sum=self.sample_sum, batch=sizes[self.rank],
                               global_batch=sum(sizes), compute_ms=round(compute_s * 1e3, 3),
-                              sync_ms=round(sync_s * 1e3, 3), held_ms=round(self.held_s * 1e3, 3),
-                              loss=extra[LOSS] / sum(sizes),
+                              sync_ms=round(sync_s * 1e3, 3), held_ms=self.held_ms(), loss=extra[LOSS] / sum(sizes),
                               train_acc=extra[CORRECT] / sum(sizes), level=self.client.level,
                               cpus=self.client.allocation.share, threads=self.client.threads,
                               lr=self.optimizer.param_groups[0]["lr"])
