@@ -58,9 +58,6 @@ START_VAR = 4.0
 """The variance of a speed nobody has measured (log scale): anything from 1/7 to 7 times the others."""
 SHIFT_STEPS = 6
 """Recent innovations a worker's shift test looks back over."""
-SHIFT_LR = 10.0
-"""The log-likelihood ratio a window of recent innovations must reach to count as a shift of speed (the
-ratio a 4.5-sigma mean gives under normal noise: about one false alarm in ten thousand steps a worker)."""
 K_POINTS = 97
 K_PRIOR = 0.25
 """k's prior: exponential, its mean this share of a worker's equal share B/n: small until measured
@@ -368,11 +365,14 @@ class SpeedModel:
     def _shifts(self, nu: np.ndarray, s: np.ndarray, live: np.ndarray) -> np.ndarray:
         """A change too small to show in one step shows in several: for each worker and each window of
         its last m innovations (m = 1..:data:`SHIFT_STEPS`), the shift that best explains them and its
-        log-likelihood ratio against none, under the Student-t noise (:func:`_window_shifts`). Past
-        :data:`SHIFT_LR` on a window of two steps or more, the worker's speed has moved: its estimate
-        takes the shift of the window whose ratio peaks (the last step alone included: a change at the
-        last step is its innovation, not a part of it averaged with the steps before), with that window's
-        variance. Heavy tails bound what one outlier adds to a window's ratio: a single odd step is the
+        log-likelihood ratio against none, under the Student-t noise (:func:`_window_shifts`). The ratio
+        becomes a Bayes factor as the jump test weighs a jump: the shift's prior is the jump's (normal,
+        sd :data:`JUMP`), integrated over by Laplace's approximation (the window's shift variance against
+        the prior's, the fitted shift's prior density), and a change at that step has prior odds
+        ``hazard``. Where the posterior odds of a change favour it on a window of two steps or more, the
+        worker's speed has moved: its estimate takes the shift of the window whose odds peak (the last
+        step alone included: a change at the last step is its innovation, not a part of it averaged
+        with the steps before), with that window's variance. Heavy tails bound what one outlier adds to a window's ratio: a single odd step is the
         jump test's to judge, never a shift. Returns the workers shifted."""
         h_nu, h_s, count = self.hist_nu, self.hist_s, self.hist_count
         h_nu[:-1, live], h_s[:-1, live] = h_nu[1:, live], h_s[1:, live]
@@ -381,10 +381,11 @@ class SpeedModel:
         dof = np.minimum(DOF, self.noise_count + NOISE_DOF).astype(float)
         delta, lr, var = _window_shifts(h_nu[::-1], h_s[::-1], dof)  # rows: m = 1..
         m = np.arange(1, SHIFT_STEPS + 1)[:, None]
-        lr = np.where(live & (count >= m), lr, 0.0)
-        shifted = (lr[1:].max(axis=0) > SHIFT_LR) & live
+        odds = (lr + math.log(self.hazard) + 0.5 * np.log(var / JUMP ** 2) - 0.5 * delta ** 2 / JUMP ** 2)
+        odds = np.where(live & (count >= m), odds, -np.inf)
+        shifted = (odds[1:].max(axis=0) > 0) & live
         if shifted.any():
-            best, cols = lr.argmax(axis=0), np.arange(self.workers)
+            best, cols = odds.argmax(axis=0), np.arange(self.workers)
             self.u = np.where(shifted, self.u + delta[best, cols], self.u)
             self.var = np.where(shifted, var[best, cols] + self.drift ** 2, self.var)
             count[shifted] = 0
