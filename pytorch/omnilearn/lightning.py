@@ -18,6 +18,12 @@ three changes, each at one of Lightning's extension points:
 - the steps (``on_train_batch_start``, ``optimizer_step``): a step opens when its batch is in hand
   and closes after its optimizer step; then the controller decides the shares of the steps drawn
   next. Validation between steps is not counted as any rank's compute.
+- the stop signal (``on_train_start``): Lightning broadcasts rank 0's SIGTERM flag at the start of
+  every training step, a second collective a step that makes every rank wait for the slowest there
+  (under a CPU quota, for its next CFS period). Here the flag rides the step's gradient all-reduce
+  instead, any rank's: a rank that caught SIGTERM before the end of its backward stops after that
+  step (Lightning's own check), and every other rank at the start of the next one, as Lightning's
+  broadcast would have it. This replaces the training loop's ``_broadcast_sigterm_tensor``.
 
 One backward and one optimizer step per batch: ``accumulate_grad_batches`` above 1, manual
 optimization and epochs cut short by ``limit_train_batches`` or ``overfit_batches`` are refused
@@ -32,6 +38,7 @@ from typing import Any
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
@@ -97,6 +104,19 @@ class HeteroDDPStrategy(DDPStrategy):
         loader = share_loader(dataloader, self.session, self.global_batch, seed, LIBRARY)
         self.shares = loader.batch_sampler  # type: ignore[assignment]
         return super().process_dataloader(loader)
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        module = self.lightning_module
+        assert module is not None and self.session is not None
+        trainer = module.trainer
+        self.session.asks_stop = lambda: bool(trainer.received_sigterm)
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = self._stop_if_asked  # type: ignore[method-assign]
+
+    def _stop_if_asked(self) -> None:
+        """In place of Lightning's per-step broadcast: stop where the last all-reduce said a rank asked to."""
+        if self.session is not None and self.session.stop_seen:
+            raise SIGTERMException()
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)

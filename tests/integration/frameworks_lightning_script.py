@@ -1,10 +1,13 @@
 """Run by tests/integration/test_frameworks.py under torchrun: omnilearn.lightning's guarantees on 2 gloo ranks.
 
 First two wrong set-ups, each of which must be one UserError on every rank; then a real fit whose
-steps are checked by framework_checks.report.
+steps are checked by framework_checks.report (and the broadcasts issued between its steps counted:
+Lightning's per-step SIGTERM broadcast rides the all-reduce instead); then a fit in which rank 1 alone
+catches SIGTERM, after which both ranks must stop at the same step (each prints one line).
 """
 
 import gc
+import json
 import os
 import sys
 
@@ -14,8 +17,21 @@ import torch.nn.functional as F
 from framework_checks import EPOCHS, GLOBAL_BATCH, Indexed, Recorder, report, slow_down, tiny_net
 from torch.utils.data import DataLoader, WeightedRandomSampler
 
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
 from omnilearn.errors import UserError
 from omnilearn.lightning import HeteroDDPStrategy
+
+BROADCASTS = [0]
+_broadcast = torch.distributed.broadcast
+
+
+def counted_broadcast(*args, **kwargs):
+    BROADCASTS[0] += 1
+    return _broadcast(*args, **kwargs)
+
+
+torch.distributed.broadcast = counted_broadcast
 
 
 class Classifier(L.LightningModule):
@@ -23,14 +39,19 @@ class Classifier(L.LightningModule):
         super().__init__()
         self.net = tiny_net()
         self.recorder = Recorder(self.net)
+        self.broadcasts: list[int] = []  # broadcasts issued so far, at each step's start
+        self.sigterm_at: int | None = None  # rank 1 catches SIGTERM in this step
 
     def training_step(self, batch, batch_idx):
         x, y, idx = batch
         slow_down(len(y))
+        if self.sigterm_at == batch_idx and self.trainer.global_rank == 1:
+            self.trainer._signal_connector.received_sigterm = True  # what Lightning's handler sets
         return F.cross_entropy(self.net(x), y)
 
     def on_train_batch_start(self, batch, batch_idx):
         self.recorder.before(batch[2])
+        self.broadcasts.append(BROADCASTS[0])
 
     def on_before_optimizer_step(self, optimizer):
         self.recorder.grads(self.trainer.strategy.session.weight)
@@ -68,8 +89,16 @@ def main() -> None:
     run = trainer(out)
     run.fit(model, DataLoader(data, batch_size=batch, shuffle=True))  # Lightning's own sampler stays on
     report(model.recorder, data, len(run.train_dataloader),
-           {"errors": errors, "broadcast_buffers": model.broadcast_buffers})
+           {"errors": errors, "broadcast_buffers": model.broadcast_buffers,
+            "broadcasts_between_steps": model.broadcasts[-1] - model.broadcasts[0]})
     del run  # the DDP model holds the process group: gone before the group, its threads end with it
+    stopping = Classifier()
+    stopping.sigterm_at = 2
+    try:
+        trainer(sys.argv[2]).fit(stopping, DataLoader(data, batch_size=batch))
+    except SIGTERMException:
+        print(json.dumps({"stopped_rank": int(os.environ["RANK"]), "steps": len(stopping.recorder.steps)}),
+              flush=True)
     gc.collect()
     torch.distributed.destroy_process_group()
 

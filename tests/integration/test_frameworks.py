@@ -59,6 +59,12 @@ def test_two_ranks_get_shares_and_the_global_batch_gradient(name: str, tmp_path:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["policy"] == "dynamic" and summary["workers"] == 2 and summary["global_batch"] == GLOBAL_BATCH
     assert summary["samples"] == EPOCHS * SAMPLES and summary["epochs_done"] == EPOCHS
+    if name == "lightning":
+        assert result["broadcasts_between_steps"] == 0  # Lightning's SIGTERM flag rode the all-reduce
+        stopped = sorted(json.loads(line)["stopped_rank"] for line in proc.stdout.splitlines()
+                         if line.startswith('{"stopped_rank"'))
+        steps = {json.loads(line)["steps"] for line in proc.stdout.splitlines() if line.startswith('{"stopped_rank"')}
+        assert stopped == [0, 1] and steps == {3}, proc.stdout[-2000:]  # rank 1's SIGTERM stopped both, together
 
 
 def test_importing_omnilearn_imports_no_framework() -> None:

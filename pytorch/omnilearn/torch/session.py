@@ -22,6 +22,7 @@ import copy
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,7 +213,13 @@ class StepSession:
         self.board: LiveTensorBoard | None = None
         self.settings = {"control.policy": policy, **{f"control.{k}": v for k, v in (control or {}).items()}}
         self.out, self.library, self.params, self.device, self.model_name = out, library, params, device, model_name
-        self.extra_slots = 1 + 2 * world  # rank 0's clock, every rank's compute time, every rank's controller cost
+        # rank 0's clock, every rank's compute time, every rank's controller cost, and a stop asked by any rank
+        self.extra_slots = 2 + 2 * world
+        self.asks_stop: Callable[[], bool] = lambda: False
+        """Whether this rank asks every rank to stop (the loop's own signal, e.g. a SIGTERM it caught),
+        read at the end of each backward: the answer rides that step's all-reduce."""
+        self.stop_seen = False
+        """Some rank asked to stop, as of the last all-reduce: the same on every rank, at the same step."""
         self.sampler: GlobalBatchSampler | None = None
         self.sizes: list[int] = []
         self.pending: dict[str, Any] | None = None
@@ -317,12 +324,14 @@ class StepSession:
         late = self.after_s + (self.held_s if self.controller.times_quota else 0.0)
         extra[1 + self.rank] = (self.filled_at - self.pending["t0"]) + late
         extra[1 + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
+        extra[1 + 2 * self.world] = 1.0 if self.asks_stop() else 0.0
         self.quota_before = self.quota.read() if self.controller.times_quota else None
 
     def read_slots(self, extra: torch.Tensor) -> None:
         """Just after the all-reduce (a sum over ranks): every rank's time, and the time spent in it."""
         assert self.filled_at is not None, "read_slots before fill_slots"
         self.values = extra.tolist()
+        self.stop_seen = self.values[1 + 2 * self.world] > 0
         self.reduced_at = time.perf_counter()
         self.sync_s += self.reduced_at - self.filled_at
         self.held_s = self.quota.held_since(self.quota_before)
