@@ -61,10 +61,12 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(START, "every rank, once per attempt",
          ("rank", "world", "target", "params", "train_samples", "policy"),
          ("slot", "role", "steps_per_epoch", "test_samples", "metric", "language_model", "device", "dist_backend",
-          "library", "workers", "samples", "target_samples", "pushes", "lr_reference_batch", "staleness_damping"),
+          "library", "workers", "samples", "target_samples", "pushes", "lr_reference_batch", "lr_power",
+          "staleness_damping"),
          "`rank`, `slot`, `world`, `target`, `role`, `params`, `policy`, `steps_per_epoch`, `train_samples`, "
          "`test_samples`, `metric`, `language_model`, `device`, `dist_backend`, `library`; ASP: `workers`, "
-         "`samples`, `target_samples`, `pushes`, `lr_reference_batch`, `staleness_damping`"),
+         "`samples`, `target_samples`, `pushes`, `lr_reference_batch`, `lr_power` (the exponent of b / b_ref in a "
+         "gradient's learning rate), `staleness_damping`"),
     Kind(STEP, "every worker, every step",
          ("step", "epoch", "batch", "compute_ms"),
          ("sync_ms", "held_ms", "cpus", "threads", "level", "loss", "train_acc", "global_batch", "lr", "sample_sum",

@@ -15,9 +15,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from framework_checks import EPOCHS, GLOBAL_BATCH, Indexed, Recorder, report, slow_down, tiny_net
-from torch.utils.data import DataLoader, WeightedRandomSampler
-
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader, WeightedRandomSampler
 
 from omnilearn.errors import UserError
 from omnilearn.lightning import HeteroDDPStrategy

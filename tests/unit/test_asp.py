@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ def test_flat_state_makes_parameters_and_buffers_views() -> None:
 
 
 def test_push_is_applied_once_with_linear_lr_scaling(tmp_path: Path) -> None:
-    server = make_server(tmp_path)
+    server = make_server(tmp_path, ("train.optimizer", "sgd"))
     assert server.b_ref == 8  # global_batch / workers
     before = server.state.clone()
     grad = torch.zeros_like(server.state)
@@ -88,16 +89,24 @@ def test_push_is_applied_once_with_linear_lr_scaling(tmp_path: Path) -> None:
         push(server, 1, 3, 2, grad, batch=4)  # a lost push is an internal error, never skipped silently
 
 
-def test_adamw_scales_the_update_lr_instead_of_the_gradient(tmp_path: Path) -> None:
+def test_adamw_scales_the_update_lr_instead_of_the_gradient_by_the_square_root(tmp_path: Path) -> None:
     server = make_server(tmp_path, ("train.optimizer", "adamw"))
     grad = torch.ones_like(server.state)
     reply = push(server, 1, 1, 0, grad, batch=4)
-    assert reply["lr"] == pytest.approx(0.05) and server.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+    lr = 0.1 * math.sqrt(4 / 8)  # the square-root rule: Adam's step does not grow with the gradient
+    assert reply["lr"] == pytest.approx(lr) and server.optimizer.param_groups[0]["lr"] == pytest.approx(lr)
     assert torch.equal(server.grads.flat, grad[: server.n_params])  # Adam would normalise a scale away
+    linear = make_server(tmp_path / "linear", ("train.optimizer", "adamw"), ("asp.lr_scaling", "linear"))
+    assert push(linear, 1, 1, 0, grad, batch=4)["lr"] == pytest.approx(0.05)  # as asked
+
+
+def test_an_unknown_lr_scaling_is_refused() -> None:
+    with pytest.raises(UserError, match="asp.lr_scaling"):
+        config.build(None, [("mode", "asp"), ("asp.lr_scaling", "cubic")])
 
 
 def test_staleness_damping_divides_the_lr(tmp_path: Path) -> None:
-    server = make_server(tmp_path, ("asp.staleness_damping", True), ("asp.lr_reference_batch", 4))
+    server = make_server(tmp_path, ("asp.staleness_damping", True), ("asp.lr_reference_batch", 4), ("train.optimizer", "sgd"))
     grad = torch.zeros_like(server.state)
     push(server, 1, 1, 0, grad, batch=4)
     push(server, 1, 2, 1, grad, batch=4)

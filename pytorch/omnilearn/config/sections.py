@@ -290,12 +290,20 @@ class EmulationConfig:
             raise bad("cpu_period_us", f"must be in 1000-1000000 (microseconds), not {self.cpu_period_us}")
 
 
+LR_SCALINGS = ("auto", "linear", "sqrt", "none")
+
+
 @dataclass
 class AspConfig:
     """Asynchronous training (mode: asp): one parameter server, workers push gradients."""
 
     lr_reference_batch: int | None = None
-    """b_ref: a gradient of a b-sample batch is applied with lr * b / b_ref (default: global_batch / workers)."""
+    """b_ref: a gradient of a b-sample batch is applied with lr scaled by b / b_ref as ``lr_scaling``
+    says (default: global_batch / workers)."""
+    lr_scaling: str = "auto"
+    """How a gradient's learning rate follows its batch b: ``linear`` (lr * b / b_ref, the rule for SGD),
+    ``sqrt`` (lr * sqrt(b / b_ref), the rule for Adam-family optimizers, whose step does not grow with
+    the gradient), ``none``; ``auto``: linear for SGD, sqrt for the others."""
     staleness_damping: bool = False
     """Also divide a gradient's learning rate by 1 + its staleness."""
     eval_interval: float = 1.0
@@ -308,6 +316,8 @@ class AspConfig:
         """This section's own checks (keys relative to it)."""
         if self.lr_reference_batch is not None and self.lr_reference_batch < 1:
             raise bad("lr_reference_batch", f"must be at least 1, not {self.lr_reference_batch}")
+        if self.lr_scaling not in LR_SCALINGS:
+            raise bad("lr_scaling", f"must be one of {', '.join(LR_SCALINGS)}, not {self.lr_scaling!r}")
         if self.eval_interval <= 0:
             raise bad("eval_interval", f"must be positive, not {self.eval_interval}")
         if self.worker_timeout_s <= 0:

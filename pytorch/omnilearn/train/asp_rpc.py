@@ -88,7 +88,7 @@ def run_server(job: JobSpec) -> None:
     server = ParameterServer(job, model, len(train), metrics)
     metrics.write("start", rank=0, world=world, target=SERVER_TARGET, role="server", params=count_parameters(model),
                   train_samples=len(train), test_samples=len(test), target_samples=server.target_samples,
-                  policy=cfg.control.policy, lr_reference_batch=server.b_ref,
+                  policy=cfg.control.policy, lr_reference_batch=server.b_ref, lr_power=server.lr_power,
                   staleness_damping=cfg.asp.staleness_damping, workers=server.workers)
     if server.checkpoint.resumed:
         metrics.write("resume", version=server.version, samples=server.samples, epoch=server.epoch,

@@ -24,9 +24,12 @@ with the reply it got the first time; a gap in ``seq`` is an internal error. Eve
 bumps the version by one and writes one ``update`` record to ``metrics/rank-0.jsonl`` with its
 staleness: the server's version when it was applied minus the version it was computed on.
 
-**Learning rate.** A gradient of a ``b``-sample batch is applied with ``lr * b / b_ref`` (linear
-scaling; ``b_ref`` is ``asp.lr_reference_batch``, by default ``global_batch / workers``), divided by
-``1 + staleness`` with ``asp.staleness_damping``. With SGD it is implemented by scaling the gradient,
+**Learning rate.** A gradient of a ``b``-sample batch is applied with ``lr * (b / b_ref) ** p``
+(``b_ref`` is ``asp.lr_reference_batch``, by default ``global_batch / workers``; ``p`` follows
+``asp.lr_scaling``: 1 for SGD, the linear rule of Goyal et al. 2017, and 1/2 for Adam-family
+optimizers, the square-root rule of Malladi et al. 2022, whose update does not grow with the
+gradient's size while its noise falls as 1/sqrt(b)), divided by ``1 + staleness`` with
+``asp.staleness_damping``. With SGD it is implemented by scaling the gradient,
 not by changing the optimizer's lr: with momentum, a per-update lr would rescale every earlier gradient
 still held in the momentum buffer, while a scaled gradient keeps its own weight for as long as it lives
 there. AdamW normalises gradients away, so there the update's lr is scaled instead.
@@ -133,6 +136,8 @@ class ParameterServer:
         self.counters = batchnorm_counters(model)
         self.optimizer = make_optimizer(cfg, params)
         self.scale_gradient = isinstance(self.optimizer, torch.optim.SGD)
+        rule = cfg.asp.lr_scaling
+        self.lr_power = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}.get(rule, 1.0 if self.scale_gradient else 0.5)
         self.b_ref = float(cfg.asp.lr_reference_batch or t.global_batch / cfg.workers)
         self.train_size = train_size
         self.target_samples = t.epochs * train_size
@@ -242,7 +247,7 @@ class ParameterServer:
             assert seq == self.last_seq[i] + 1, f"worker {slot}: push seq {seq} after {self.last_seq[i]}"
             staleness = self.version - version
             assert 0 <= staleness, (self.version, version)
-            scale = batch / self.b_ref
+            scale = (batch / self.b_ref) ** self.lr_power
             if self.cfg.asp.staleness_damping:
                 scale /= 1 + staleness
             base = self.base_lr()
