@@ -372,8 +372,9 @@ class SpeedModel:
         ``hazard``. Where the posterior odds of a change favour it on a window of two steps or more, the
         worker's speed has moved: its estimate takes the shift of the window whose odds peak (the last
         step alone included: a change at the last step is its innovation, not a part of it averaged
-        with the steps before), with that window's variance. Heavy tails bound what one outlier adds to a window's ratio: a single odd step is the
-        jump test's to judge, never a shift. Returns the workers shifted."""
+        with the steps before), with that window's variance. Heavy tails bound what one outlier adds to
+        a window's ratio: a single odd step is the jump test's to judge, never a shift. Returns the
+        workers shifted."""
         h_nu, h_s, count = self.hist_nu, self.hist_s, self.hist_count
         h_nu[:-1, live], h_s[:-1, live] = h_nu[1:, live], h_s[1:, live]
         h_nu[-1, live], h_s[-1, live] = nu[live], s[live]
