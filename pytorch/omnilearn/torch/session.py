@@ -355,7 +355,7 @@ class StepSession:
         assert t is not None
         self.metrics.write("step", step=self.steps_done, epoch=p["epoch"], batch=self.sizes[self.rank],
                            global_batch=sum(self.sizes), compute_ms=round(compute_s * 1e3, 3),
-                           sync_ms=round(self.sync_s * 1e3, 3), held_ms=None if self.quota_before is None else round(self.held_s * 1e3, 3), loss=None,
+                           sync_ms=round(self.sync_s * 1e3, 3), held_ms=self._held_ms(), loss=None,
                            train_acc=None, level=self.levels.level,
                            cpus=self.levels.cpus, threads=self.levels.threads or torch.get_num_threads())
         full = sum(self.sizes) == t.global_batch
@@ -363,6 +363,10 @@ class StepSession:
         steps_left = t.steps_per_epoch * self.epochs - self.steps_done if self.epochs else None
         self.loop.step(times, ctl.due(self.steps_done, p["last"]), steps_left, self.levels.shares,
                        max(values[1 + self.world:1 + 2 * self.world]), step=self.steps_done)
+
+    def _held_ms(self) -> float | None:
+        """The last step's quota hold for its record, where the controller times it (None: not read)."""
+        return None if self.quota_before is None else round(self.held_s * 1e3, 3)
 
     def end_epoch(self, epoch: int) -> None:
         """After an epoch: its last step closed, an end record (the latest counts), ``summary.json``.

@@ -136,8 +136,8 @@ class ParameterServer:
         self.counters = batchnorm_counters(model)
         self.optimizer = make_optimizer(cfg, params)
         self.scale_gradient = isinstance(self.optimizer, torch.optim.SGD)
-        rule = cfg.asp.lr_scaling
-        self.lr_power = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}.get(rule, 1.0 if self.scale_gradient else 0.5)
+        auto = 1.0 if self.scale_gradient else 0.5  # linear for SGD, the square root for Adam-family optimizers
+        self.lr_power = {"auto": auto, "linear": 1.0, "sqrt": 0.5, "none": 0.0}[cfg.asp.lr_scaling]
         self.b_ref = float(cfg.asp.lr_reference_batch or t.global_batch / cfg.workers)
         self.train_size = train_size
         self.target_samples = t.epochs * train_size
