@@ -74,20 +74,27 @@ def _t_logpdf(e: np.ndarray) -> np.ndarray:
 def _window_shifts(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For innovations ``nu`` (rows: newest first; columns: workers) with variances ``s`` under
     Student-t noise of ``dof`` degrees of freedom (per worker): for every window of the newest m rows,
-    the shift that best explains it (an M-estimate: a few reweighted means), the log-likelihood ratio of
-    that shift against none, and the shift's variance. Each returned array has one row per m."""
-    rows = nu.shape[0]
-    delta, lr, var = np.zeros(nu.shape), np.zeros(nu.shape), np.ones(nu.shape)
-    for m in range(1, rows + 1):
-        x, v = nu[:m], s[:m]
-        d = x.sum(axis=0) / m if m < 3 else np.median(x, axis=0)
-        for _ in range(4):
-            w = (dof + 1) / (dof + (x - d) ** 2 / v) / v
-            d = (w * x).sum(axis=0) / w.sum(axis=0)
-        e, e0 = (x - d) ** 2 / (v * dof), x * x / (v * dof)
-        delta[m - 1], lr[m - 1] = d, (0.5 * (dof + 1) * (np.log1p(e0) - np.log1p(e))).sum(axis=0)
-        var[m - 1] = 1.0 / (1.0 / v).sum(axis=0)
-    return delta, lr, var
+    the shift that best explains it (an M-estimate: a few reweighted means from the window's mean, or
+    its median from three rows on), the log-likelihood ratio of that shift against none, and the
+    shift's variance. Each returned array has one row per m. Every window at once: axes (window, row,
+    worker), the rows past a window's end masked out."""
+    rows, n = nu.shape
+    m = np.arange(1, rows + 1)
+    inside = (np.arange(rows)[None, :] < m[:, None])[:, :, None]
+    x = np.broadcast_to(nu[None], (rows, rows, n))
+    v = np.broadcast_to(s[None], (rows, rows, n))
+    ordered = np.sort(np.where(inside, x, np.inf), axis=1)  # a window's rows first, in order
+    middle = [np.take_along_axis(ordered, np.broadcast_to(i[:, None, None], (rows, 1, n)), 1)[:, 0]
+              for i in ((m - 1) // 2, m // 2)]
+    mean = np.where(inside, x, 0.0).sum(axis=1) / m[:, None]
+    d = np.where((m < 3)[:, None], mean, 0.5 * (middle[0] + middle[1]))
+    for _ in range(4):
+        w = np.where(inside, (dof + 1) / (dof + (x - d[:, None]) ** 2 / v) / v, 0.0)
+        d = (w * x).sum(axis=1) / w.sum(axis=1)
+    e, e0 = (x - d[:, None]) ** 2 / (v * dof), x * x / (v * dof)
+    lr = np.where(inside, 0.5 * (dof + 1) * (np.log1p(e0) - np.log1p(e)), 0.0).sum(axis=1)
+    var = 1.0 / np.where(inside, 1.0 / v, 0.0).sum(axis=1)
+    return d, lr, var
 
 
 @dataclass

@@ -358,6 +358,12 @@ class StepSession:
                            sync_ms=round(self.sync_s * 1e3, 3), held_ms=self._held_ms(), loss=None,
                            train_acc=None, level=self.levels.level,
                            cpus=self.levels.cpus, threads=self.levels.threads or torch.get_num_threads())
+        if self.steps_done == 1:
+            # What a step spent after its all-reduce, and its quota's hold in it, ride with the next
+            # step's time; the run's first step keeps its own: its optimizer step and the loop's first
+            # pass carry one-off costs (the optimizer's state allocated, hooks set up) that say nothing
+            # of speeds, as the step itself (the controller leaves it out).
+            self.after_s = self.held_s = 0.0
         full = sum(self.sizes) == t.global_batch
         times = values[1:1 + self.world] if full and ctl.measures else None
         steps_left = t.steps_per_epoch * self.epochs - self.steps_done if self.epochs else None
