@@ -13,7 +13,7 @@ from omnilearn.config import ControlConfig
 from omnilearn.control.controller import make_controller
 from omnilearn.control.dynamic import TRUST, DynamicController
 from omnilearn.control.loop import BUDGET, MIN_RATE, ControlLoop, probe_time, replay
-from omnilearn.control.model import SpeedModel
+from omnilearn.control.model import SHIFT_STEPS, SpeedModel
 from omnilearn.control.policies import Bounds
 
 B, N = 256, 4
@@ -292,3 +292,24 @@ def test_without_the_probe_the_first_step_is_left_out_and_the_first_move_waits_f
     assert abs(ctl.batch[0] - ctl.batch[1]) <= 4  # the first step's 10x on rank 1 did not reach the split
     t = (np.asarray(ctl.batch) + k) / speed
     assert t.max() / t.min() - 1 < 0.3  # balanced but for k, which nothing has measured yet (prior: 16)
+
+
+def test_a_shift_is_never_believed_more_precise_than_the_noise_learned_since() -> None:
+    """The innovations a shift is fitted on keep their variance up to date: a noise learned after they
+    were kept widens them, so a worker whose speed shifted under a noise of 30% (the first steps
+    of a framework's loop) leaves the shift's variance at least that of a mean of the window's
+    innovations under that noise, never the 5% prior's."""
+    shifts = 0
+    for seed in range(20):
+        rng = np.random.default_rng(300 + seed)
+        model = SpeedModel(N, B)
+        speed = np.ones(N)
+        for i in range(12):
+            speed[i % N] *= math.exp(0.3 * rng.standard_normal())  # each worker drifting, in turn
+            noise2 = model.noise2.copy()
+            changed, _ = model.update([64] * N, _times(speed, 0.0, 64, rng, 0.3))
+            for w in changed:
+                shifts += 1
+                share = 1 - 1 / N
+                assert model.var[w] >= noise2[w] * share / SHIFT_STEPS, (seed, i, w)
+    assert shifts >= 10, shifts

@@ -141,7 +141,8 @@ class SpeedModel:
         self._k_memo: tuple[np.ndarray, np.ndarray, float] | None = None
         # Each worker's recent innovations and their variances (oldest first), and how many are its own.
         self.hist_nu = np.zeros((SHIFT_STEPS, n))
-        self.hist_s = np.ones((SHIFT_STEPS, n))
+        self.hist_est = np.zeros((SHIFT_STEPS, n))  # the estimate's share of each innovation's variance
+        self.hist_share = np.ones((SHIFT_STEPS, n))  # the part of the noise left in each innovation
         self.hist_count = np.zeros(n, int)
         self.noise_abs = np.zeros((NOISE_MEMORY, n))  # each worker's recent |innovation| (oldest first)
         self.noise_count = np.zeros(n, int)
@@ -325,7 +326,7 @@ class SpeedModel:
         self.u = np.where(live, np.where(jump, u1, u0), self.u)
         self.var = np.where(live, np.where(jump, v1, v0), prior)
         self.hist_count[jump] = 0
-        shifted = self._shifts(nu, s, live & ~jump)
+        shifted = self._shifts(nu, prior * share, share, live & ~jump)
         jump = jump | shifted
         # Every step after a worker's first tells the noise, jumps included: one jump is one outlier to a
         # median, but a worker that "jumps" step after step (waits of whole CFS periods on steps shorter
@@ -369,7 +370,7 @@ class SpeedModel:
         pool = (pool * pool_n + NOISE_PRIOR ** 2 * PRIOR_WEIGHT) / (pool_n + PRIOR_WEIGHT)
         self.noise2 = np.maximum((own * n + pool * PRIOR_WEIGHT) / (n + PRIOR_WEIGHT), NOISE_FLOOR ** 2)
 
-    def _shifts(self, nu: np.ndarray, s: np.ndarray, live: np.ndarray) -> np.ndarray:
+    def _shifts(self, nu: np.ndarray, estimate: np.ndarray, share: float, live: np.ndarray) -> np.ndarray:
         """A change too small to show in one step shows in several: for each worker and each window of
         its last m innovations (m = 1..:data:`SHIFT_STEPS`), the shift that best explains them and its
         log-likelihood ratio against none, under the Student-t noise (:func:`_window_shifts`). The ratio
@@ -380,13 +381,18 @@ class SpeedModel:
         worker's speed has moved: its estimate takes the shift of the window whose odds peak (the last
         step alone included: a change at the last step is its innovation, not a part of it averaged
         with the steps before), with that window's variance. Heavy tails bound what one outlier adds to
-        a window's ratio: a single odd step is the jump test's to judge, never a shift. Returns the
-        workers shifted."""
-        h_nu, h_s, count = self.hist_nu, self.hist_s, self.hist_count
-        h_nu[:-1, live], h_s[:-1, live] = h_nu[1:, live], h_s[1:, live]
-        h_nu[-1, live], h_s[-1, live] = nu[live], s[live]
+        a window's ratio: a single odd step is the jump test's to judge, never a shift. An innovation's
+        variance is the estimate's then (``estimate``: its share of it) and the measurement noise as
+        known now (``share`` of it left once the common factor is removed): a noise learned since an
+        innovation was kept widens it, and a shift is never believed more precise than the noise allows.
+        Returns the workers shifted."""
+        h_nu, h_est, h_share, count = self.hist_nu, self.hist_est, self.hist_share, self.hist_count
+        for h, new in ((h_nu, nu), (h_est, estimate), (h_share, share)):
+            h[:-1, live] = h[1:, live]
+            h[-1, live] = np.broadcast_to(new, live.shape)[live]
         count[live] = np.minimum(count[live] + 1, SHIFT_STEPS)
         dof = np.minimum(DOF, self.noise_count + NOISE_DOF).astype(float)
+        h_s = h_est + self.noise2[None, :] * h_share
         delta, lr, var = _window_shifts(h_nu[::-1], h_s[::-1], dof)  # rows: m = 1..
         m = np.arange(1, SHIFT_STEPS + 1)[:, None]
         odds = (lr + math.log(self.hazard) + 0.5 * np.log(var / JUMP ** 2) - 0.5 * delta ** 2 / JUMP ** 2)
@@ -422,7 +428,8 @@ class SpeedModel:
         self.workers = len(idx)
         self.u, self.count, self.noise2 = self.u[idx], self.count[idx], self.noise2[idx]
         self.lo, self.hi = self.lo[idx], self.hi[idx]
-        self.hist_nu, self.hist_s, self.hist_count = self.hist_nu[:, idx], self.hist_s[:, idx], self.hist_count[idx]
+        self.hist_nu, self.hist_est, self.hist_count = self.hist_nu[:, idx], self.hist_est[:, idx], self.hist_count[idx]
+        self.hist_share = self.hist_share[:, idx]
         self.noise_abs, self.noise_count = self.noise_abs[:, idx], self.noise_count[idx]
         self.last_nu, self.last_b = self.last_nu[idx], self.last_b[idx]
         self.regimes = [self.regimes[i] for i in workers]
@@ -433,12 +440,13 @@ class SpeedModel:
         return {"u": self.u.tolist(), "count": self.count.tolist(), "noise2": self.noise2.tolist(),
                 "k_log": self.k_log.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(), "scale": self.scale,
                 "measured": self.measured, "regimes": list(self.regimes), "hist_nu": self.hist_nu.tolist(),
-                "hist_s": self.hist_s.tolist(), "hist_count": self.hist_count.tolist(),
+                "hist_est": self.hist_est.tolist(), "hist_share": self.hist_share.tolist(),
+                "hist_count": self.hist_count.tolist(),
                 "noise_abs": self.noise_abs.tolist(), "noise_count": self.noise_count.tolist(),
                 "last_nu": [None if math.isnan(x) else x for x in self.last_nu], "last_b": self.last_b.tolist()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        for key in ("u", "count", "noise2", "k_log", "lo", "hi", "hist_nu", "hist_s", "noise_abs"):
+        for key in ("u", "count", "noise2", "k_log", "lo", "hi", "hist_nu", "hist_est", "hist_share", "noise_abs"):
             setattr(self, key, np.asarray(d[key], float))
         self.hist_count = np.asarray(d["hist_count"], int)
         self.noise_count = np.asarray(d["noise_count"], int)
