@@ -79,10 +79,11 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(BATCH_CHANGE, "the controller's rank",
          ("batch", "reason"),
          ("step", "version", "epoch", "old", "compute_ms", "overhead", "samples", "gain_s", "gain_sd_s", "cost_s",
-          "horizon", "sizes", "probe_ms", "probe_times_s", "speeds", "probe_s"),
+          "horizon", "stride", "sizes", "probe_ms", "probe_times_s", "speeds", "probe_s"),
          "`step` (ASP: `version`, `epoch`), `batch`, `old`, `reason` (`initial`, `probe`, `compute-time`, "
          "`allocation`, `memory`, `resumed`), `compute_ms`, `overhead` (k), `samples`; `dynamic`'s decisions: "
-         "`gain_s`, `gain_sd_s`, `cost_s`, `horizon`; `probe`: `sizes`, `probe_ms`, `probe_times_s`, `speeds`, "
+         "`gain_s`, `gain_sd_s`, `cost_s`, `horizon`, `stride` (the part of the way to the balanced split "
+         "taken: 1, 0.5 or 0.25); `probe`: `sizes`, `probe_ms`, `probe_times_s`, `speeds`, "
          "`probe_s`"),
     Kind(MEASUREMENT, "BSP rank 0",
          ("step", "times_s", "due", "steps_left"), ("cost_s",),

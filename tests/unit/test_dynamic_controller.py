@@ -151,9 +151,10 @@ def test_equal_speeds_hold_whatever_the_noise() -> None:
     for _ in range(100):
         ctl.observe_step(_times(speed, 5.0, ctl.batch, rng, 0.1))
         moves += ctl.decide(steps_left=100) is not None
-    # A posterior this uncertain finds a small gain now and then (a few samples each way): rarely.
-    assert moves <= 4 and max(ctl.batch) - min(ctl.batch) <= 8
-    assert sum(ctl.holds.values()) >= 96
+    # A posterior this uncertain finds a small gain now and then (a few samples each way, often a part of
+    # the way to its balanced split): rarely, and the split stays within a few samples of equal.
+    assert moves <= 6 and max(ctl.batch) - min(ctl.batch) <= 8
+    assert sum(ctl.holds.values()) >= 94
 
 
 def test_time_that_does_not_follow_the_batch_is_left_alone() -> None:
@@ -313,3 +314,31 @@ def test_a_shift_is_never_believed_more_precise_than_the_noise_learned_since() -
                 share = 1 - 1 / N
                 assert model.var[w] >= noise2[w] * share / SHIFT_STEPS, (seed, i, w)
     assert shifts >= 10, shifts
+
+
+def test_a_part_of_the_way_is_taken_where_the_whole_way_is_not_sure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the probe and at 30% noise (the first steps of a framework's loop), the estimate knows
+    the direction before it knows how far: a half or a quarter of the move passes the rule first. The
+    whole move is one of the candidates, so a part never delays the first move, and it often comes sooner."""
+
+    def first_moves(strides: tuple[float, ...]) -> tuple[list[int], list[float]]:
+        monkeypatch.setattr("omnilearn.control.dynamic.STRIDES", strides)
+        steps, parts = [], []
+        for seed in range(20):
+            rng = np.random.default_rng(400 + seed)
+            ctl = _controller(probe_steps=0)
+            speed = np.array([1.0, 1.0, 0.5, 2.0])
+            for step in range(1, 31):
+                ctl.observe_step(_times(speed, 8.0, ctl.batch, rng, 0.3))
+                if ctl.decide(steps_left=100) is not None:
+                    steps.append(step)
+                    parts.append(ctl.decision["stride"])
+                    break
+            else:
+                steps.append(31)
+        return steps, parts
+
+    (parted, strides), (whole, _) = first_moves((1.0, 0.5, 0.25)), first_moves((1.0,))
+    assert all(p <= w for p, w in zip(parted, whole, strict=True))
+    assert sum(p < w for p, w in zip(parted, whole, strict=True)) >= 5
+    assert min(strides) < 1.0

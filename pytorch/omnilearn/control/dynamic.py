@@ -6,10 +6,11 @@ cluster gives it: the start-up probe (every worker times a few steps at two batc
 allocation is in force) and every step's compute times. One rule decides
 (:meth:`DynamicController.decide`):
 
-    move to the balanced split b* iff  E[G] - confidence * sd[G]  >  C / H
+    move towards the balanced split b* iff  E[G] - confidence * sd[G]  >  C / H
 
-``G`` is the step time the move saves (the slowest worker's predicted time now, less at b*), its mean
-and spread from posterior draws of the speeds and k; ``C`` the measured cost of a re-split (the first
+``G`` is the step time the move saves (the slowest worker's predicted time now, less at the new split),
+its mean and spread from posterior draws of the speeds and k; the move goes the whole way to b*, or
+half or a quarter of it, whichever gain is surest (:data:`STRIDES`); ``C`` the measured cost of a re-split (the first
 step at new shapes against the second, seconds); ``H`` the steps the new split is expected to serve
 (to the end of the run, at most ``1 / hazard``: the steps until a speed is expected to change). A
 balanced job, equal speeds, steps dominated by fixed cost or a noise the evidence cannot resolve give
@@ -46,6 +47,12 @@ COST_PRIOR = 0.1
 """The cost of a re-split, as a share of the predicted step, until one has been measured."""
 COSTS_KEPT = 8
 """Measured re-split costs kept (their median is C)."""
+STRIDES = (1.0, 0.5, 0.25)
+"""The moves a decision weighs: the whole way to the balanced split, half of it, a quarter. Each is
+judged by the rule on the same posterior draws, and the one whose gain is surest (the highest
+``E[G] - confidence * sd[G]``) is taken. Where the estimate is sure of the direction but not of how
+far (a few steps of a noisy loop), the whole move overshoots in many draws, and a part of it is the
+one whose gain is sure; the next decision goes on from where it lands."""
 
 
 @dataclass
@@ -227,11 +234,24 @@ class DynamicController:
         rng = np.random.default_rng(self.considered)
         u, k = self.model.samples(DRAWS, rng, self.batch)
         scale = math.exp(self.model.scale or 0.0)
-        now = np.asarray(self.batch, float)[None, :] + k[:, None]
-        then = np.asarray(new, float)[None, :] + k[:, None]
         per_sample = np.exp(u)
-        gain = scale * ((per_sample * now).max(axis=1) - (per_sample * then).max(axis=1))
-        mean, sd = float(gain.mean()), float(gain.std())
+        slowest_now = (per_sample * (np.asarray(self.batch, float)[None, :] + k[:, None])).max(axis=1)
+
+        def gain(split: list[int]) -> tuple[float, float]:
+            slowest = (per_sample * (np.asarray(split, float)[None, :] + k[:, None])).max(axis=1)
+            g = scale * (slowest_now - slowest)
+            return float(g.mean()), float(g.std())
+
+        mean, sd = gain(new)
+        if mean <= 0:
+            return self._hold("balanced")
+        z, stride = self.config.confidence, 1.0
+        for part in STRIDES[1:]:
+            partway = self._partway(new, part)
+            if partway != self.batch:
+                m, d = gain(partway)
+                if m - z * d > mean - z * sd:
+                    new, mean, sd, stride = partway, m, d, part
         step = float(self._seconds(self.batch).max())
         if cost is not None:
             resplit = cost
@@ -242,15 +262,18 @@ class DynamicController:
         horizon = 1.0 / self.config.hazard
         if steps_left is not None:
             horizon = max(min(horizon, steps_left), 1.0)
-        if mean <= 0:
-            return self._hold("balanced")
-        if mean - self.config.confidence * sd <= 0:
+        if mean - z * sd <= 0:
             return self._hold("uncertain")
-        if mean - self.config.confidence * sd <= resplit / horizon:
+        if mean - z * sd <= resplit / horizon:
             return self._hold("cost")
         self.decision = {"gain_s": round(mean, 6), "gain_sd_s": round(sd, 6), "cost_s": round(resplit, 6),
-                     "horizon": round(horizon, 1)}
+                         "horizon": round(horizon, 1), "stride": stride}
         return self._adopt(new)
+
+    def _partway(self, new: list[int], part: float) -> list[int]:
+        """The split ``part`` of the way from the current one to ``new``, in whole samples summing to B."""
+        shares = [b + part * (n - b) for b, n in zip(self.batch, new, strict=True)]
+        return policies.round_preserving_sum(shares, self.global_batch, self.bounds.min_batch, self.bounds.max_batch)
 
     def _hold(self, reason: str) -> None:
         self.holds[reason] = self.holds.get(reason, 0) + 1
