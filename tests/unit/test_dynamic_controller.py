@@ -342,3 +342,57 @@ def test_a_part_of_the_way_is_taken_where_the_whole_way_is_not_sure(monkeypatch:
     assert all(p <= w for p, w in zip(parted, whole, strict=True))
     assert sum(p < w for p, w in zip(parted, whole, strict=True)) >= 5
     assert min(strides) < 1.0
+
+
+class _Waiting:
+    """A controller that measures as ``dynamic`` does, holding a move worth ``at_stake`` seconds a step."""
+
+    measures = skips_steps = True
+    wants_step = False
+    holds: dict[str, int] = {}
+
+    def __init__(self) -> None:
+        self.at_stake, self.seen, self.batch = 0.0, 0, [B // N] * N
+
+    def observe_step(self, times: list[float], steps: int = 1) -> list[int]:
+        self.seen += 1
+        return []
+
+    def estimates(self) -> tuple[None, list[int]]:
+        return None, [0] * N
+
+    def allocations(self, read: object) -> None:
+        return None
+
+    def decide(self, shares: object = None, steps_left: int | None = None) -> None:
+        return None
+
+
+def test_steps_are_measured_while_a_held_move_is_worth_more_than_a_measurement() -> None:
+    """The budget leaves steps out, except while a move held for want of evidence would save more a
+    step than a measurement costs: then every step is measured, the evidence the move waits on."""
+    ctl = _Waiting()
+    loop = ControlLoop(ctl, lambda kind, **f: None)  # type: ignore[arg-type]
+    cost_s, step_s = 0.0099, 0.05  # the budget alone measures one step in ten
+    for stake, measured in ((0.0, 2), (0.02, 20), (0.005, 2)):
+        ctl.at_stake, before = stake, ctl.seen
+        for _ in range(20):
+            loop.step([step_s] * N, True, None, lambda: [None] * N, cost_s)
+        assert ctl.seen - before == measured, (stake, ctl.seen - before)
+
+
+def test_a_move_held_for_want_of_evidence_says_what_it_would_save() -> None:
+    rng = np.random.default_rng(400)
+    ctl = _controller(probe_steps=0)
+    speed = np.array([1.0, 1.0, 0.5, 2.0])
+    stakes = []
+    for _ in range(30):
+        ctl.observe_step(_times(speed, 8.0, ctl.batch, rng, 0.3))
+        held = dict(ctl.holds)
+        moved = ctl.decide(steps_left=100) is not None
+        if ctl.holds.get("uncertain", 0) > held.get("uncertain", 0):
+            stakes.append(ctl.at_stake)
+            assert ctl.at_stake > 0
+        elif moved or ctl.holds != held:
+            assert ctl.at_stake == 0.0
+    assert stakes

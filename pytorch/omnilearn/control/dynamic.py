@@ -80,6 +80,10 @@ class DynamicController:
     allocations, lazy initialisation, every shape's first use; it says nothing of speeds)."""
     decision: dict[str, Any] | None = None
     """The last decision taken: expected gain, its sd and the cost it had to beat (seconds)."""
+    at_stake: float = 0.0
+    """Seconds a step the last decision considered would save, when it was held for want of evidence
+    (``uncertain``), else 0: what the next measurements may unlock. The control loop measures every
+    step while this exceeds a measurement's cost (:data:`~omnilearn.control.loop.BUDGET`)."""
 
     def __post_init__(self) -> None:
         assert self.config.policy == "dynamic", self.config.policy
@@ -263,6 +267,7 @@ class DynamicController:
         if steps_left is not None:
             horizon = max(min(horizon, steps_left), 1.0)
         if mean - z * sd <= 0:
+            self.at_stake = mean
             return self._hold("uncertain")
         if mean - z * sd <= resplit / horizon:
             return self._hold("cost")
@@ -276,6 +281,8 @@ class DynamicController:
         return policies.round_preserving_sum(shares, self.global_batch, self.bounds.min_batch, self.bounds.max_batch)
 
     def _hold(self, reason: str) -> None:
+        if reason != "uncertain":
+            self.at_stake = 0.0
         self.holds[reason] = self.holds.get(reason, 0) + 1
         return None
 
@@ -298,6 +305,7 @@ class DynamicController:
         return new
 
     def _adopt(self, new: list[int]) -> list[int] | None:
+        self.at_stake = 0.0
         if new == self.batch:
             return None
         self._moved = (list(self.batch), self.model.predict_log(self.batch))
@@ -319,7 +327,8 @@ class DynamicController:
         return {"policy": "dynamic", "batch": list(self.batch),
                 "bounds": {"min_batch": self.bounds.min_batch, "max_batch": list(self.bounds.max_batch)},
                 "model": self.model.state_dict(), "holds": dict(self.holds), "costs": list(self.costs),
-                "considered": self.considered, "decision": self.decision, "first": self._first,
+                "considered": self.considered, "decision": self.decision, "at_stake": self.at_stake,
+                "first": self._first,
                 "watch": self.watch, "probed": self.probed, "warmed": self.warmed,
                 "moved": None if self._moved is None else [self._moved[0], self._moved[1].tolist()],
                 "fresh": {str(i): t for i, t in self._fresh.items()}}
@@ -333,6 +342,7 @@ class DynamicController:
         self.model.load_state_dict(d["model"])
         self.holds, self.costs = dict(d["holds"]), list(d["costs"])
         self.considered, self.decision = int(d["considered"]), d["decision"]
+        self.at_stake = float(d.get("at_stake", 0.0))
         self.watch = int(d.get("watch", 0))
         self.probed, self.warmed = bool(d.get("probed", True)), bool(d.get("warmed", True))
         self.batch = list(d["batch"])

@@ -31,7 +31,9 @@ CPU is wall time at the quota's rate: on a 0.17-CPU rank whose steps last 25 ms 
 step. A controller that may leave steps out (``skips_steps``) measures a step only once the steps since
 the last one it measured took ``cost / BUDGET`` (``cost``: the largest rank's, shared by the
 all-reduce): steps of seconds are all measured, steps of milliseconds every few, and a decision point
-in between waits for the next step measured. The first two steps at a new split are always measured."""
+in between waits for the next step measured. The first two steps at a new split are always measured,
+and so is every step while a move held for want of evidence would save more a step than a measurement
+costs (the controller's ``at_stake``): there the evidence is worth its price."""
 
 
 def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
@@ -130,7 +132,7 @@ class ControlLoop:
         if measured and ctl.skips_steps:
             self._gap += 1
             self._since_s += max(times)
-            if not ctl.wants_step and self._since_s * BUDGET < cost_s:  # not worth measuring yet
+            if not ctl.wants_step and self._since_s * BUDGET < cost_s and ctl.at_stake <= cost_s:  # not worth it yet
                 self._due = self._due or due
                 self._spent(t0)
                 return None

@@ -110,6 +110,7 @@ class BatchController:
     """Whether the control loop may leave steps out to keep its cost in budget (``dynamic``'s): this one
     measures every step (its windows count steps)."""
     wants_step = False
+    at_stake = 0.0
 
     @property
     def relative(self) -> bool:
