@@ -142,19 +142,22 @@ def test_no_move_when_the_gain_is_below_the_cost() -> None:
 
 
 def test_equal_speeds_hold_whatever_the_noise() -> None:
-    rng = np.random.default_rng(5)
-    ctl = _controller()
-    small, large = ctl.probe_sizes()
-    speed = np.ones(N)
-    moved = ctl.observe_probe(small, large, _times(speed, 5.0, small, rng, 0.1), _times(speed, 5.0, large, rng, 0.1))
-    moves = int(moved is not None)
-    for _ in range(100):
-        ctl.observe_step(_times(speed, 5.0, ctl.batch, rng, 0.1))
-        moves += ctl.decide(steps_left=100) is not None
-    # A posterior this uncertain finds a small gain now and then (a few samples each way, often a part of
-    # the way to its balanced split): rarely, and the split stays within a few samples of equal.
-    assert moves <= 6 and max(ctl.batch) - min(ctl.batch) <= 8
-    assert sum(ctl.holds.values()) >= 94
+    """A posterior this uncertain finds a small gain now and then, often for a part of the way to its
+    balanced split (a few samples each way): rarely, and every split stays within a few samples of equal."""
+    moves = holds = 0
+    for seed in range(10):
+        rng = np.random.default_rng(5 + seed)
+        ctl = _controller()
+        small, large = ctl.probe_sizes()
+        speed = np.ones(N)
+        moves += ctl.observe_probe(small, large, _times(speed, 5.0, small, rng, 0.1),
+                                   _times(speed, 5.0, large, rng, 0.1)) is not None
+        for _ in range(100):
+            ctl.observe_step(_times(speed, 5.0, ctl.batch, rng, 0.1))
+            moves += ctl.decide(steps_left=100) is not None
+        assert max(ctl.batch) - min(ctl.batch) <= 8, (seed, ctl.batch)
+        holds += sum(ctl.holds.values())
+    assert moves <= 40 and holds >= 960, (moves, holds)
 
 
 def test_time_that_does_not_follow_the_batch_is_left_alone() -> None:

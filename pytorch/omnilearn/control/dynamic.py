@@ -9,8 +9,8 @@ allocation is in force) and every step's compute times. One rule decides
     move towards the balanced split b* iff  E[G] - confidence * sd[G]  >  C / H
 
 ``G`` is the step time the move saves (the slowest worker's predicted time now, less at the new split),
-its mean and spread from posterior draws of the speeds and k; the move goes the whole way to b*, or
-half or a quarter of it, whichever gain is surest (:data:`STRIDES`); ``C`` the measured cost of a re-split (the first
+its mean and spread from posterior draws of the speeds and k; the move goes the whole way to b*, or,
+where that is not sure, half or a quarter of it (:data:`STRIDES`); ``C`` the measured cost of a re-split (the first
 step at new shapes against the second, seconds); ``H`` the steps the new split is expected to serve
 (to the end of the run, at most ``1 / hazard``: the steps until a speed is expected to change). A
 balanced job, equal speeds, steps dominated by fixed cost or a noise the evidence cannot resolve give
@@ -48,11 +48,11 @@ COST_PRIOR = 0.1
 COSTS_KEPT = 8
 """Measured re-split costs kept (their median is C)."""
 STRIDES = (1.0, 0.5, 0.25)
-"""The moves a decision weighs: the whole way to the balanced split, half of it, a quarter. Each is
-judged by the rule on the same posterior draws, and the one whose gain is surest (the highest
-``E[G] - confidence * sd[G]``) is taken. Where the estimate is sure of the direction but not of how
-far (a few steps of a noisy loop), the whole move overshoots in many draws, and a part of it is the
-one whose gain is sure; the next decision goes on from where it lands."""
+"""The moves a decision weighs, in turn: the whole way to the balanced split, half of it, a quarter.
+Each is judged by the rule on the same posterior draws, and the first that passes is taken. Where the
+estimate is sure of the direction but not of how far (a few steps of a noisy loop), the whole move
+overshoots in many draws and fails, and a part of it may be sure; the next decision goes on from
+where it lands. A whole move that passes is always taken whole."""
 
 
 @dataclass
@@ -249,13 +249,6 @@ class DynamicController:
         mean, sd = gain(new)
         if mean <= 0:
             return self._hold("balanced")
-        z, stride = self.config.confidence, 1.0
-        for part in STRIDES[1:]:
-            partway = self._partway(new, part)
-            if partway != self.batch:
-                m, d = gain(partway)
-                if m - z * d > mean - z * sd:
-                    new, mean, sd, stride = partway, m, d, part
         step = float(self._seconds(self.batch).max())
         if cost is not None:
             resplit = cost
@@ -266,14 +259,18 @@ class DynamicController:
         horizon = 1.0 / self.config.hazard
         if steps_left is not None:
             horizon = max(min(horizon, steps_left), 1.0)
+        z, bar, whole = self.config.confidence, resplit / horizon, (mean, sd)
+        for stride in STRIDES:  # the longest move that passes
+            split = new if stride == 1.0 else self._partway(new, stride)
+            m, d = whole if stride == 1.0 else gain(split) if split != self.batch else (0.0, 0.0)
+            if m - z * d > bar and m - z * d > 0:
+                self.decision = {"gain_s": round(m, 6), "gain_sd_s": round(d, 6), "cost_s": round(resplit, 6),
+                                 "horizon": round(horizon, 1), "stride": stride}
+                return self._adopt(split)
         if mean - z * sd <= 0:
             self.at_stake = mean
             return self._hold("uncertain")
-        if mean - z * sd <= resplit / horizon:
-            return self._hold("cost")
-        self.decision = {"gain_s": round(mean, 6), "gain_sd_s": round(sd, 6), "cost_s": round(resplit, 6),
-                         "horizon": round(horizon, 1), "stride": stride}
-        return self._adopt(new)
+        return self._hold("cost")
 
     def _partway(self, new: list[int], part: float) -> list[int]:
         """The split ``part`` of the way from the current one to ``new``, in whole samples summing to B."""
