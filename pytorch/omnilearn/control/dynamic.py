@@ -229,6 +229,7 @@ class DynamicController:
                ) -> list[int] | None:
         """The balanced split if moving to it pays (the module's rule), else None. ``cost``: the
         re-split's cost, if known (default: the measured one)."""
+        self.at_stake = 0.0
         if self.model.measured < self._evidence:
             return self._hold("unmeasured")
         new = self._balanced()
@@ -259,11 +260,13 @@ class DynamicController:
         horizon = 1.0 / self.config.hazard
         if steps_left is not None:
             horizon = max(min(horizon, steps_left), 1.0)
-        z, bar, whole = self.config.confidence, resplit / horizon, (mean, sd)
+        z = self.config.confidence
         for stride in STRIDES:  # the longest move that passes
             split = new if stride == 1.0 else self._partway(new, stride)
-            m, d = whole if stride == 1.0 else gain(split) if split != self.batch else (0.0, 0.0)
-            if m - z * d > bar and m - z * d > 0:
+            if split == self.batch:
+                continue
+            m, d = (mean, sd) if stride == 1.0 else gain(split)
+            if m - z * d > resplit / horizon:  # the bar is never below zero
                 self.decision = {"gain_s": round(m, 6), "gain_sd_s": round(d, 6), "cost_s": round(resplit, 6),
                                  "horizon": round(horizon, 1), "stride": stride}
                 return self._adopt(split)
@@ -278,8 +281,6 @@ class DynamicController:
         return policies.round_preserving_sum(shares, self.global_batch, self.bounds.min_batch, self.bounds.max_batch)
 
     def _hold(self, reason: str) -> None:
-        if reason != "uncertain":
-            self.at_stake = 0.0
         self.holds[reason] = self.holds.get(reason, 0) + 1
         return None
 
