@@ -18,6 +18,12 @@ three changes, each at one of Lightning's extension points:
 - the steps (``on_train_batch_start``, ``optimizer_step``): a step opens when its batch is in hand
   and closes after its optimizer step; then the controller decides the shares of the steps drawn
   next. Validation between steps is not counted as any rank's compute.
+- the start-up probe (``on_train_start``): once the first level is in force, each rank times its
+  training step (``training_step``, backward, optimizer step, on no collective) at two small batch
+  sizes, as ``omnilearn run``'s workers do before step 1
+  (:meth:`~omnilearn.torch.session.StepSession.start_up`), so the first split is balanced; the
+  weights, optimizer state and random state are restored after it, and what ``training_step`` logs
+  in it is dropped.
 - the stop signal (``on_train_start``): Lightning broadcasts rank 0's SIGTERM flag at the start of
   every training step, a second collective a step that makes every rank wait for the slowest there
   (under a CPU quota, for its next CFS period). Here the flag rides the step's gradient all-reduce
@@ -32,14 +38,19 @@ optimization and epochs cut short by ``limit_train_batches`` or ``overfit_batche
 
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
-from lightning.pytorch import Trainer
+import torch
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from omnilearn.errors import UserError
@@ -78,6 +89,7 @@ class HeteroDDPStrategy(DDPStrategy):
         self.global_batch, self.seed = global_batch, seed
         self.session: StepSession | None = None
         self.shares: ShareBatchSampler | None = None
+        self.probe_data: tuple[Any, Any] = (None, None)  # the training loader's dataset and collate function
 
     def setup(self, trainer: Trainer) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
@@ -103,6 +115,7 @@ class HeteroDDPStrategy(DDPStrategy):
         seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         loader = share_loader(dataloader, self.session, self.global_batch, seed, LIBRARY)
         self.shares = loader.batch_sampler  # type: ignore[assignment]
+        self.probe_data = (loader.dataset, loader.collate_fn)
         return super().process_dataloader(loader)
 
     def on_train_start(self) -> None:
@@ -112,6 +125,26 @@ class HeteroDDPStrategy(DDPStrategy):
         trainer = module.trainer
         self.session.asks_stop = lambda: bool(trainer.received_sigterm)
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = self._stop_if_asked  # type: ignore[method-assign]
+        if self.shares is not None:
+            self.shares.attach()
+            with _restored(module, self.optimizers, self.root_device):
+                self.session.start_up(self._probe_step)
+
+    def _probe_step(self, batch_size: int) -> None:
+        """One step of the start-up probe on this rank alone: ``training_step`` on the first
+        ``batch_size`` samples of the training set, its backward and every optimizer's step."""
+        module = self.lightning_module
+        assert module is not None
+        dataset, collate = self.probe_data
+        batch = self.batch_to_device(collate([dataset[i % len(dataset)] for i in range(batch_size)]))
+        with self.precision_plugin.train_step_context():
+            out = module.training_step(batch, 0)  # the module itself, not DDP's wrapper: no collective
+        loss = out["loss"] if isinstance(out, Mapping) else out
+        if loss is None:
+            return
+        loss.backward()
+        for optimizer in self.optimizers:
+            optimizer.step()
 
     def _stop_if_asked(self) -> None:
         """In place of Lightning's per-step broadcast: stop where the last all-reduce said a rank asked to."""
@@ -134,6 +167,25 @@ class HeteroDDPStrategy(DDPStrategy):
         super().on_train_end()
         if self.shares is not None:
             self.shares.close()
+
+
+@contextmanager
+def _restored(module: LightningModule, optimizers: list[Optimizer], device: torch.device) -> Iterator[None]:
+    """Within it, steps that leave no trace: the module's weights and buffers, the optimizers' state,
+    the random state and the gradients are put back after it, and what the module logs is dropped."""
+    weights = copy.deepcopy(module.state_dict())
+    states = [copy.deepcopy(o.state_dict()) for o in optimizers]
+    module.log = module.log_dict = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    try:
+        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+            yield
+    finally:
+        del module.log, module.log_dict
+        module.load_state_dict(weights)
+        for optimizer, state in zip(optimizers, states, strict=True):
+            optimizer.load_state_dict(state)
+        for p in module.parameters():
+            p.grad = None
 
 
 def _check_trainer(trainer: Trainer) -> None:

@@ -79,12 +79,13 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(BATCH_CHANGE, "the controller's rank",
          ("batch", "reason"),
          ("step", "version", "epoch", "old", "compute_ms", "overhead", "samples", "gain_s", "gain_sd_s", "cost_s",
-          "horizon", "stride", "sizes", "probe_ms", "probe_times_s", "speeds", "probe_s"),
+          "horizon", "stride", "sizes", "probe_ms", "probe_times_s", "speeds", "probe_s", "warm"),
          "`step` (ASP: `version`, `epoch`), `batch`, `old`, `reason` (`initial`, `probe`, `compute-time`, "
          "`allocation`, `memory`, `resumed`), `compute_ms`, `overhead` (k), `samples`; `dynamic`'s decisions: "
          "`gain_s`, `gain_sd_s`, `cost_s`, `horizon`, `stride` (the part of the way to the balanced split "
          "taken: 1, 0.5 or 0.25); `probe`: `sizes`, `probe_ms`, `probe_times_s`, `speeds`, "
-         "`probe_s`"),
+         "`probe_s`, `warm` (false where a framework's first step still carries its one-off costs and is "
+         "left out)"),
     Kind(MEASUREMENT, "BSP rank 0",
          ("step", "times_s", "due", "steps_left"), ("cost_s",),
          "`step`, `times_s` (every worker's compute time the controller took, null for a partial step), `due`, "

@@ -50,9 +50,9 @@ def wide_net() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 3))
 
 
-def slow_down(n: int) -> None:
-    """Rank 1 is slower: its step takes longer the more samples it has."""
-    if dist.get_rank() == 1:
+def slow_down(n: int, rank: int = 1) -> None:
+    """``rank`` (rank 1 unless given) is slower: its step takes longer the more samples it has."""
+    if dist.get_rank() == rank:
         time.sleep(SLOW_S_PER_SAMPLE * n)
 
 

@@ -2,7 +2,8 @@
 
 First two wrong set-ups, each of which must be one UserError on every rank; then a real fit whose
 steps are checked by framework_checks.report (and the broadcasts issued between its steps counted:
-Lightning's per-step SIGTERM broadcast rides the all-reduce instead); then a fit in which rank 1 alone
+Lightning's per-step SIGTERM broadcast rides the all-reduce instead; and the weights at the first
+step compared with those before the start-up probe); then a fit in which rank 1 alone
 catches SIGTERM, after which both ranks must stop at the same step (each prints one line).
 """
 
@@ -43,10 +44,15 @@ class Classifier(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y, idx = batch
-        slow_down(len(y))
+        # rank 1 is the slow one until the second epoch, then rank 0: the start-up probe sees the
+        # first, the measured steps must see the change
+        slow_down(len(y), rank=1 if self.current_epoch == 0 else 0)
         if self.sigterm_at == batch_idx and self.trainer.global_rank == 1:
             self.trainer._signal_connector.received_sigterm = True  # what Lightning's handler sets
         return F.cross_entropy(self.net(x), y)
+
+    def on_train_start(self):  # before the strategy's: its start-up probe runs after this
+        self.started_with = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
 
     def on_train_batch_start(self, batch, batch_idx):
         self.recorder.before(batch[2])
@@ -89,7 +95,10 @@ def main() -> None:
     run.fit(model, DataLoader(data, batch_size=batch, shuffle=True))  # Lightning's own sampler stays on
     report(model.recorder, data, len(run.train_dataloader),
            {"errors": errors, "broadcast_buffers": model.broadcast_buffers,
-            "broadcasts_between_steps": model.broadcasts[-1] - model.broadcasts[0]})
+            "broadcasts_between_steps": model.broadcasts[-1] - model.broadcasts[0],
+            # the start-up probe's steps left the weights as they were
+            "probe_left_no_trace": all(torch.equal(v, model.recorder.steps[0][0][k])
+                                       for k, v in model.started_with.items())})
     del run  # the DDP model holds the process group: gone before the group, its threads end with it
     stopping = Classifier()
     stopping.sigterm_at = 2

@@ -61,6 +61,9 @@ def test_two_ranks_get_shares_and_the_global_batch_gradient(name: str, tmp_path:
     assert summary["samples"] == EPOCHS * SAMPLES and summary["epochs_done"] == EPOCHS
     if name == "lightning":
         assert result["broadcasts_between_steps"] == 0  # Lightning's SIGTERM flag rode the all-reduce
+        probes = [r for r in recorded if r["reason"] == "probe"]  # timed before step 1, the split from it
+        assert len(probes) == 1 and probes[0]["step"] == 0 and probes[0]["warm"] is False, recorded
+        assert result["probe_left_no_trace"], result
         stopped = sorted(json.loads(line)["stopped_rank"] for line in proc.stdout.splitlines()
                          if line.startswith('{"stopped_rank"'))
         steps = {json.loads(line)["steps"] for line in proc.stdout.splitlines() if line.startswith('{"stopped_rank"')}

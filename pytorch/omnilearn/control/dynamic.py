@@ -140,11 +140,13 @@ class DynamicController:
             return None
         return policies.probe_sizes(self.global_batch, self.workers, self.bounds)
 
-    def observe_probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float]
-                      ) -> list[int] | None:
+    def observe_probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float],
+                      warm: bool = True) -> list[int] | None:
         """Every worker's probe times (the median of its steps at each size): k and the speeds; returns
-        the first split, balanced before step 1 (None: the equal split stays)."""
-        self.probed = self.warmed = True
+        the first split, balanced before step 1 (None: the equal split stays). ``warm``: the probe ran
+        the loop's own step, so the first step is like any other; else (a framework's loop, whose first
+        step carries its hooks' and DDP's one-off costs) the first step is left out, as without a probe."""
+        self.probed, self.warmed = True, warm
         if self.synchronous:
             self.model.k_from_probe(small, large, t_small, t_large)
         self.model.speeds_from_probe(large, t_large, small, large)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omnilearn.control.controller import Controller
@@ -45,6 +45,39 @@ def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
     a crowded core, threads)."""
     best = min(times) if len(times) <= 2 else statistics.median(times)
     return best / max(rate, MIN_RATE)
+
+
+@dataclass
+class ProbeRounds:
+    """The rounds of one worker's start-up pass, timed: each round's wall seconds and, on a CPU
+    (``cpu``), its CPU seconds, from which :meth:`own` gives the worker's probe times (see
+    :func:`probe_time`). ``sync``: what makes a round's work done before its clock stops (a GPU's
+    synchronize; nothing on a CPU). The trainer's pass and a framework's (``omnilearn.torch``'s
+    session) time their rounds through it, so both measure alike."""
+
+    cpu: bool
+    sync: Callable[[], None] = lambda: None
+    wall: dict[int, list[float]] = field(default_factory=dict)
+    cpu_s: dict[int, list[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._t0, self._c0 = time.perf_counter(), time.process_time()
+
+    def time(self, run: Callable[[int], None], batch: int) -> None:
+        """One round: ``run(batch)`` (a local step on ``batch`` samples), timed."""
+        t0, c0 = time.perf_counter(), time.process_time()
+        run(batch)
+        self.sync()
+        self.wall.setdefault(batch, []).append(time.perf_counter() - t0)
+        self.cpu_s.setdefault(batch, []).append(time.process_time() - c0)
+
+    def own(self, small: int, large: int) -> list[float]:
+        """This worker's probe times at ``small`` and ``large`` (seconds), and the pass's own seconds so far."""
+        elapsed = time.perf_counter() - self._t0
+        if self.cpu:  # CPU seconds at the rate the whole pass got them
+            ran = (time.process_time() - self._c0) / max(elapsed, 1e-9)
+            return [probe_time(self.cpu_s[small], ran), probe_time(self.cpu_s[large], ran), elapsed]
+        return [probe_time(self.wall[small]), probe_time(self.wall[large]), elapsed]
 
 
 def _ms(times: Sequence[float] | None) -> list[float] | None:
@@ -103,18 +136,19 @@ class ControlLoop:
         return self.controller.probe_sizes()
 
     def probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float], cost_s: float,
-              **where: Any) -> list[int] | None:
+              warm: bool = True, **where: Any) -> list[int] | None:
         """Every worker's probe times (seconds, medians at each size) and what the probe cost (the
-        slowest worker's seconds): the split before step 1, recorded with reason ``probe``."""
+        slowest worker's seconds): the split before step 1, recorded with reason ``probe``. ``warm``:
+        the probe ran the loop's own step (the trainer's), so its first step carries no one-off costs."""
         t0 = time.perf_counter()
-        new = self.controller.observe_probe(small, large, t_small, t_large)
+        new = self.controller.observe_probe(small, large, t_small, t_large, warm)
         self.overhead_s += time.perf_counter() - t0
         ctl = self.controller
         self.write("batch_change", **where, batch=self.batch, reason="probe", sizes=[small, large],
                    probe_ms=[_ms(t_small), _ms(t_large)], probe_times_s=[[float(t) for t in t_small],
                                                                          [float(t) for t in t_large]],
                    overhead=round(ctl.overhead, 2),
-                   speeds=[round(large / t, 3) for t in t_large], probe_s=round(cost_s, 4))
+                   speeds=[round(large / t, 3) for t in t_large], probe_s=round(cost_s, 4), warm=warm)
         return new
 
     # ------------------------------------------------------------------ steps
@@ -207,7 +241,7 @@ def replay(controller: Controller, records: Sequence[dict[str, Any]]) -> list[di
         elif r.get("kind") == BATCH_CHANGE and r.get("reason") == "probe":
             small, large = r["sizes"]
             t_small, t_large = r["probe_times_s"]
-            loop.probe(small, large, t_small, t_large, r["probe_s"], step=r["step"])
+            loop.probe(small, large, t_small, t_large, r["probe_s"], r.get("warm", True), step=r["step"])
         elif r.get("kind") == MEASUREMENT:
             loop.step(r["times_s"], r["due"], r["steps_left"], none, r.get("cost_s", 0.0), step=r["step"])
     return out

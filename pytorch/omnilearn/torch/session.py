@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from omnilearn import config
 from omnilearn.control.controller import make_controller
-from omnilearn.control.loop import ControlLoop
+from omnilearn.control.loop import ControlLoop, ProbeRounds
 from omnilearn.control.policies import POLICIES, Bounds, effective
 from omnilearn.emulator.backends.cgroupfs import QuotaClock
 from omnilearn.emulator.protocol.client import AllocationClient
@@ -43,6 +43,7 @@ from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.observe.tensorboard import LiveTensorBoard
 from omnilearn.report.stragglers import WINDOW_STEPS, StragglerScores
 from omnilearn.report.summary import summarize
+from omnilearn.train.distributed import all_gather_floats
 from omnilearn.train.sampler import GlobalBatchSampler
 
 
@@ -277,6 +278,45 @@ class StepSession:
         self.started = False  # the loop starts at the first step, once its level is in force
         return self.sampler
 
+    def _follow(self, position: float) -> None:
+        """Move to the level the schedule holds at ``position``; the loop starts at the first level."""
+        event = self.levels.at(position, self.clock)
+        if event is not None:
+            self.metrics.write("hl_change", step=self.steps_done, **event)
+            if self.started:
+                self.loop.level(self.levels.shares, step=self.steps_done)
+        if not self.started:
+            self.loop.start(self.levels.shares, False, step=0)
+            self.started = True
+
+    def start_up(self, local_step: Callable[[int], None]) -> None:
+        """The start-up probe, once, before the first step (after :meth:`attach`), where the loop can
+        run a step of its own: the first level put in force, then ``local_step(b)`` (forward, backward
+        and optimizer step on ``b`` samples of this rank's, with no collective) timed at the two sizes
+        of the controller's probe, ``control.probe_steps`` times each, as ``omnilearn run``'s workers
+        do (:class:`~omnilearn.control.loop.ProbeRounds`); one gather gives every rank every time and
+        the controller its first split. The caller restores what the steps changed (weights, optimizer
+        state, random state). A policy without a probe runs nothing. Like ``omnilearn run``'s, the
+        pass is set-up: its seconds are recorded (``probe_s``) and left out of ``train_time_s``."""
+        if self.started or self.sampler is None:
+            return
+        began = time.time()
+        self._follow(0.0)
+        sizes = self.controller.probe_sizes()
+        if sizes is None:
+            return
+        device = torch.device(self.device)
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        rounds = ProbeRounds(cpu=device.type == "cpu", sync=sync)
+        for _ in range(self.job.config.control.probe_steps):
+            for b in sizes:
+                rounds.time(local_step, b)
+        every = all_gather_floats(rounds.own(*sizes), device)
+        # the loop's first step still carries its one-off costs (a framework's hooks, DDP's first pass)
+        self.loop.probe(*sizes, [g[0] for g in every], [g[1] for g in every], max(g[2] for g in every),
+                        warm=False, step=0)
+        self.between_s += time.time() - began
+
     # ----------------------------------------------------------------------------- steps
     def begin_step(self, epoch: int, step: int, steps: int, sizes: list[int] | None = None) -> list[int]:
         """Close the previous step, follow the level, and open this one; returns the step's sizes.
@@ -289,14 +329,7 @@ class StepSession:
             self.between_s += time.time() - self.epoch_ended_at
             self.epoch_ended_at = None
         position = epoch + step / steps
-        event = self.levels.at(position, self.clock)
-        if event is not None:
-            self.metrics.write("hl_change", step=self.steps_done, **event)
-            if self.started:
-                self.loop.level(self.levels.shares, step=self.steps_done)
-        if not self.started:
-            self.loop.start(self.levels.shares, False, step=0)
-            self.started = True
+        self._follow(position)
         late = self.levels.outcome(position)  # a retried change's outcome: this rank's threads only
         if late is not None:
             self.metrics.write("hl_outcome", step=self.steps_done, **late)

@@ -70,9 +70,13 @@ class ShareBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         self._next_epoch = epoch
 
+    def attach(self) -> GlobalBatchSampler:
+        """The session's job, controller and sampler, built for this loader (once)."""
+        return self.session.attach(self.dataset_size, self.global_batch, self.seed, self.drop_last,
+                                   ("", self.data_name))
+
     def __iter__(self) -> Iterator[list[int]]:
-        sampler = self.session.attach(self.dataset_size, self.global_batch, self.seed, self.drop_last,
-                                      ("", self.data_name))
+        sampler = self.attach()
         epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
         self._drawn.clear()  # steps drawn by an iteration the loop left early are never trained
         sampler.set_epoch(epoch)

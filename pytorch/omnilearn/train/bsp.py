@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
-from omnilearn.control.loop import ControlLoop, probe_time
+from omnilearn.control.loop import ControlLoop, ProbeRounds
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.backends.cgroupfs import QuotaClock
 from omnilearn.emulator.protocol.client import AllocationClient
@@ -240,41 +240,32 @@ class BSPTrainer:
         saved = copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
         # each round's wall time, and on a CPU its CPU time: a round shorter than what is left of a CFS
         # period runs at a core's speed and leaves the quota's wait to a later one
-        times: dict[int, list[float]] = {b: [] for b in sizes}
-        cpu: dict[int, list[float]] = {b: [] for b in sizes}
-        t_start, cpu_start = time.perf_counter(), time.process_time()
+        rounds = ProbeRounds(cpu=self.env.device.type == "cpu", sync=self._sync_cuda)
         available = len(self.work.train)
 
-        def timed(b: int) -> None:
+        def local_step(b: int) -> None:
             self.grads.zero()
-            t0, c0 = time.perf_counter(), time.process_time()
             x, y = gather(self.work.train, torch.arange(b) % available)
             local_backward(self.work, self.model, x.to(self.env.device), y.to(self.env.device), b)
             self.optimizer.step()
-            self._sync_cuda()
-            times[b].append(time.perf_counter() - t0)
-            cpu[b].append(time.process_time() - c0)
+
+        def timed(b: int) -> None:
+            rounds.time(local_step, b)
 
         if self.cfg.control.memory_bounds:
             self.memory = memory.probe(timed, self.env.device, min(available, self.cfg.train.global_batch),
                                        self.cfg.control.memory_margin, sizes=sizes)
         if probe:
-            for _ in range(max(self.cfg.control.probe_steps - len(times[sizes[0]]), 0)):
+            for _ in range(max(self.cfg.control.probe_steps - len(rounds.wall.get(sizes[0], [])), 0)):
                 timed(sizes[0])
                 timed(sizes[1])
-        ran = (time.process_time() - cpu_start) / max(time.perf_counter() - t_start, 1e-9)
         self.model.load_state_dict(saved[0])
         self.optimizer.load_state_dict(saved[1])
         self.grads.zero()
         self.update_bounds(step)
         if probe:
             small, large = sizes
-            if self.env.device.type == "cpu":  # CPU seconds at the rate the pass got them
-                own = [probe_time(cpu[small], ran), probe_time(cpu[large], ran)]
-            else:
-                own = [probe_time(times[small]), probe_time(times[large])]
-            own.append(time.perf_counter() - t_start)
-            every = distributed.all_gather_floats(own, self.env.device)
+            every = distributed.all_gather_floats(rounds.own(small, large), self.env.device)
             self.loop.probe(small, large, [g[0] for g in every], [g[1] for g in every],
                             max(g[2] for g in every), step=step)
 
