@@ -18,7 +18,11 @@ points:
   That DDP does not sync buffers at every forward (see
   :data:`~omnilearn.torch.ddp_hook.BUFFERS_STAY_LOCAL`).
 - a ``TrainerCallback``: a step opens at ``on_step_begin`` (its batch in hand) and closes at
-  ``on_step_end`` (after the optimizer step), before any logging, saving or evaluation.
+  ``on_step_end`` (after the optimizer step), before any logging, saving or evaluation. At
+  ``on_train_begin`` each rank runs the start-up probe: ``compute_loss``, backward and optimizer
+  step on the model itself (no collective) at two small batch sizes, timed as ``omnilearn run``'s
+  workers time theirs (:meth:`~omnilearn.torch.session.StepSession.start_up`), so the first split
+  is balanced; the weights, optimizer state and random state are restored after it.
 
 The loss is the model's own mean over the rank's batch: the Trainer's token-count scaling across
 devices (``num_items_in_batch``) is turned off, so for token-level losses the update is the mean of
@@ -40,7 +44,7 @@ from transformers.utils import is_datasets_available
 from omnilearn.accelerate import check_ddp_handler
 from omnilearn.errors import UserError
 from omnilearn.torch.ddp_hook import BUFFERS_STAY_LOCAL, register_weighted_sum
-from omnilearn.torch.session import StepSession, check_launched, refuse_accumulation
+from omnilearn.torch.session import StepSession, check_launched, leaves_no_trace, refuse_accumulation
 from omnilearn.torch.shares import ShareBatchSampler, share_loader
 
 LIBRARY = "omnilearn.hf"
@@ -69,6 +73,7 @@ class HeteroTrainer(Trainer):
         self.global_batch = global_batch
         self.session: StepSession | None = None
         self.shares: ShareBatchSampler | None = None
+        self.probe_data: tuple[Any, Any] = (None, None)  # the training loader's dataset and collator
         self._hooked: nn.Module | None = None
         self.add_callback(_Steps(self))
 
@@ -97,7 +102,27 @@ class HeteroTrainer(Trainer):
         seed = args.data_seed if args.data_seed is not None else args.seed
         loader = share_loader(plain, self.session, self.global_batch, seed, LIBRARY)
         self.shares = loader.batch_sampler  # type: ignore[assignment]
+        self.probe_data = (dataset, collator)
         return loader
+
+    def start_up(self) -> None:
+        """The start-up probe (once, before the first step; see the module)."""
+        if self.shares is None or self.session is None:
+            return
+        self.shares.attach()
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # Accelerate's wrapper steps by the rules
+        with leaves_no_trace(self.model, [optimizer], self.args.device):
+            self.session.start_up(lambda b: self._probe_step(b, optimizer))
+
+    def _probe_step(self, batch_size: int, optimizer: Any) -> None:
+        """One step of the probe on this rank alone: the loss of the first ``batch_size`` training
+        samples on the model itself (not DDP's wrapper: no collective), its backward, the optimizer's step."""
+        dataset, collate = self.probe_data
+        inputs = self._prepare_inputs(collate([dataset[i % len(dataset)] for i in range(batch_size)]))
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(self.model, inputs)
+        loss.backward()
+        optimizer.step()
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> Any:
         if model is not self._hooked:
@@ -116,6 +141,9 @@ class _Steps(TrainerCallback):
 
     def __init__(self, trainer: HeteroTrainer) -> None:
         self.trainer = trainer
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trainer.start_up()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         assert self.trainer.shares is not None

@@ -38,24 +38,21 @@ optimization and epochs cut short by ``limit_train_batches`` or ``overfit_batche
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.nn.parallel import DistributedDataParallel
-from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from omnilearn.errors import UserError
 from omnilearn.torch.ddp_hook import BUFFERS_STAY_LOCAL, register_weighted_sum
-from omnilearn.torch.session import StepSession, refuse_accumulation
+from omnilearn.torch.session import StepSession, leaves_no_trace, refuse_accumulation
 from omnilearn.torch.shares import ShareBatchSampler, share_loader
 
 LIBRARY = "omnilearn.lightning"
@@ -127,7 +124,7 @@ class HeteroDDPStrategy(DDPStrategy):
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = self._stop_if_asked  # type: ignore[method-assign]
         if self.shares is not None:
             self.shares.attach()
-            with _restored(module, self.optimizers, self.root_device):
+            with leaves_no_trace(module, self.optimizers, self.root_device), _silenced(module):
                 self.session.start_up(self._probe_step)
 
     def _probe_step(self, batch_size: int) -> None:
@@ -170,22 +167,13 @@ class HeteroDDPStrategy(DDPStrategy):
 
 
 @contextmanager
-def _restored(module: LightningModule, optimizers: list[Optimizer], device: torch.device) -> Iterator[None]:
-    """Within it, steps that leave no trace: the module's weights and buffers, the optimizers' state,
-    the random state and the gradients are put back after it, and what the module logs is dropped."""
-    weights = copy.deepcopy(module.state_dict())
-    states = [copy.deepcopy(o.state_dict()) for o in optimizers]
+def _silenced(module: LightningModule) -> Iterator[None]:
+    """Within it, what the module logs (``self.log``, ``self.log_dict``) is dropped."""
     module.log = module.log_dict = lambda *args, **kwargs: None  # type: ignore[method-assign]
     try:
-        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-            yield
+        yield
     finally:
         del module.log, module.log_dict
-        module.load_state_dict(weights)
-        for optimizer, state in zip(optimizers, states, strict=True):
-            optimizer.load_state_dict(state)
-        for p in module.parameters():
-            p.grad = None
 
 
 def _check_trainer(trainer: Trainer) -> None:

@@ -1,7 +1,8 @@
 """Run by tests/integration/test_frameworks.py under torchrun: omnilearn.hf's guarantees on 2 gloo ranks.
 
 First two wrong set-ups, each of which must be one UserError on every rank; then a Trainer run
-whose steps are checked by framework_checks.report.
+whose steps are checked by framework_checks.report (and the weights at the first step compared
+with those before the start-up probe).
 """
 
 import gc
@@ -26,11 +27,12 @@ class Classifier(nn.Module):
         super().__init__()
         self.net = tiny_net()
         self.recorder = Recorder(self.net)
+        self.slow_rank = 1  # until the second epoch, then rank 0: the probe sees the first, the steps the change
 
     def forward(self, x, labels, idx):
         if self.training:
             self.recorder.before(idx)
-            slow_down(len(labels))
+            slow_down(len(labels), rank=self.slow_rank)
         logits = self.net(x)
         return {"loss": F.cross_entropy(logits, labels), "logits": logits}
 
@@ -39,6 +41,12 @@ class RecordGrads(TrainerCallback):
     def __init__(self, model: Classifier) -> None:
         self.model = model
         self.trainer: HeteroTrainer | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):  # before omnilearn's: its probe runs after this
+        self.model.started_with = {k: v.detach().clone() for k, v in self.model.net.state_dict().items()}
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.model.slow_rank = 1 if state.epoch < 1 else 0
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self.model.recorder.grads(self.trainer.session.weight)
@@ -76,7 +84,10 @@ def main() -> None:
     record.trainer = trainer
     trainer.train()
     report(model.recorder, data, len(trainer.shares),
-           {"errors": errors, "broadcast_buffers": trainer.model_wrapped.broadcast_buffers})
+           {"errors": errors, "broadcast_buffers": trainer.model_wrapped.broadcast_buffers,
+            # the start-up probe's steps left the weights as they were
+            "probe_left_no_trace": all(torch.equal(v, model.recorder.steps[0][0][k])
+                                       for k, v in model.started_with.items())})
     del trainer, record  # the DDP model holds the process group: gone before the group, its threads end with it
     gc.collect()
     torch.distributed.destroy_process_group()

@@ -105,8 +105,10 @@ def main() -> None:
     try:
         trainer(sys.argv[2]).fit(stopping, DataLoader(data, batch_size=batch))
     except SIGTERMException:
-        print(json.dumps({"stopped_rank": int(os.environ["RANK"]), "steps": len(stopping.recorder.steps)}),
-              flush=True)
+        # one write per line: both ranks print to one pipe, and print() writes the newline apart
+        sys.stdout.write(json.dumps({"stopped_rank": int(os.environ["RANK"]), "steps": len(stopping.recorder.steps)})
+                         + "\n")
+        sys.stdout.flush()
     gc.collect()
     torch.distributed.destroy_process_group()
 

@@ -22,7 +22,8 @@ import copy
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,24 @@ def check_launched(library: str, what: str, runs: int, remedy: str) -> None:
     if runs != launched:
         raise UserError(f"{library}: WORLD_SIZE={launched} processes were launched but the {what} runs {runs}: "
                         f"without GPUs, give {remedy}")
+
+@contextmanager
+def leaves_no_trace(module: torch.nn.Module, optimizers: list[torch.optim.Optimizer], device: torch.device
+                    ) -> Iterator[None]:
+    """Within it, steps that leave no trace (a start-up probe's): the module's weights and buffers,
+    the optimizers' state, the random state and the gradients are put back after it."""
+    weights = copy.deepcopy(module.state_dict())
+    states = [copy.deepcopy(o.state_dict()) for o in optimizers]
+    try:
+        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+            yield
+    finally:
+        module.load_state_dict(weights)
+        for optimizer, state in zip(optimizers, states, strict=True):
+            optimizer.load_state_dict(state)
+        for p in module.parameters():
+            p.grad = None
+
 
 @dataclass
 class Levels:
