@@ -3,6 +3,7 @@ the all-reduce's spare slots, is made of."""
 
 from __future__ import annotations
 
+import json
 import types
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from fakes import FakeClock
+from omnilearn.control import loop as loop_module
 from omnilearn.torch import session as session_module
 from omnilearn.torch.session import StepSession
 
@@ -39,3 +41,44 @@ def test_the_first_steps_one_off_costs_do_not_ride_into_the_second_steps_time(tm
     # The second step's time leaves out what the first spent after its all-reduce (its one-off costs);
     # the third's carries what the second spent there, one step late.
     assert shared == pytest.approx([COMPUTE_S, COMPUTE_S, COMPUTE_S + AFTER_S])
+
+
+def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_first_step_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wall, cpu = FakeClock(), FakeClock(0.0)
+    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=wall, time=wall))
+    monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
+    monkeypatch.setattr(session_module, "dist", types.SimpleNamespace(
+        broadcast_object_list=lambda box, src: None, barrier=lambda: None, get_backend=lambda: "gloo"))
+    # rank 1 (not this process) takes three times as long at every size
+    monkeypatch.setattr(session_module, "all_gather_floats",
+                        lambda own, device: [own, [3 * own[0], 3 * own[1], own[2]]])
+    monkeypatch.setattr(session_module, "summarize", lambda out: None)  # rank 1 writes no records here
+    session = StepSession(2, 0, policy="dynamic", out=str(tmp_path / "run"))
+    session.quota = types.SimpleNamespace(read=lambda: None, held_since=lambda before: 0.0, rate=lambda r: 1.0)
+    sampler = session.attach(256, 64, 0, True, ("model", "data"))
+    ran: list[int] = []
+
+    def local_step(batch: int) -> None:  # this rank's step: 1 ms a sample, one CPU
+        ran.append(batch)
+        wall.advance(1e-3 * (batch + 4))
+        cpu.advance(1e-3 * (batch + 4))
+
+    session.start_up(local_step)
+    session.start_up(local_step)  # once only
+    assert ran == [4, 8, 4, 8]  # B/(8n) and B/(4n), control.probe_steps rounds each
+    assert session.batch_sizes[0] > 40  # balanced before step 1: the slower rank 1 gets less
+    for step in range(sampler.steps_per_epoch):
+        session.begin_step(0, step, sampler.steps_per_epoch)
+        wall.advance(COMPUTE_S)
+        extra = torch.zeros(session.extra_slots)
+        session.fill_slots(extra)
+        session.read_slots(extra)
+    session.end_epoch(0)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics" / "rank-0.jsonl").read_text().splitlines()]
+    probe = [r for r in records if r["kind"] == "batch_change" and r["reason"] == "probe"]
+    assert len(probe) == 1 and probe[0]["warm"] is False and probe[0]["step"] == 0
+    assert probe[0]["probe_times_s"][0][0] == pytest.approx(8e-3)  # the least of two rounds at 4 samples
+    end = [r for r in records if r["kind"] == "end"][-1]
+    # the pass is set-up: the training time is the steps' alone
+    assert end["train_time_s"] == pytest.approx(sampler.steps_per_epoch * COMPUTE_S)
