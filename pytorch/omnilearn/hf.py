@@ -112,15 +112,18 @@ class HeteroTrainer(Trainer):
         self.shares.attach()
         optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # Accelerate's wrapper steps by the rules
         with leaves_no_trace(self.model, [optimizer], self.args.device):
-            self.session.start_up(lambda b: self._probe_step(b, optimizer))
+            self.session.start_up(self._probe_batch, lambda inputs: self._probe_step(inputs, optimizer))
 
-    def _probe_step(self, batch_size: int, optimizer: Any) -> None:
-        """One step of the probe on this rank alone: the loss of the first ``batch_size`` training
-        samples on the model itself (not DDP's wrapper: no collective), its backward, the optimizer's step."""
+    def _probe_batch(self, batch_size: int) -> dict[str, Any]:
+        """The first ``batch_size`` training samples, collated and on this rank's device."""
         dataset, collate = self.probe_data
-        inputs = self._prepare_inputs(collate([dataset[i % len(dataset)] for i in range(batch_size)]))
+        return self._prepare_inputs(collate([dataset[i % len(dataset)] for i in range(batch_size)]))
+
+    def _probe_step(self, inputs: dict[str, Any], optimizer: Any) -> None:
+        """One step of the probe on this rank alone: the loss on the model itself (not DDP's wrapper:
+        no collective), its backward, the optimizer's step."""
         with self.compute_loss_context_manager():
-            loss = self.compute_loss(self.model, inputs)
+            loss = self.compute_loss(self.model, dict(inputs))  # it may pop the labels: each round its own dict
         loss.backward()
         optimizer.step()
 

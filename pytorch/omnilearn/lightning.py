@@ -20,7 +20,8 @@ three changes, each at one of Lightning's extension points:
   next. Validation between steps is not counted as any rank's compute.
 - the start-up probe (``on_train_start``): once the first level is in force, each rank times its
   training step (``training_step``, backward, optimizer step, on no collective) at two small batch
-  sizes, as ``omnilearn run``'s workers do before step 1
+  sizes (the first training samples, collated before the clock), as ``omnilearn run``'s workers do
+  before step 1
   (:meth:`~omnilearn.torch.session.StepSession.start_up`), so the first split is balanced; the
   weights, optimizer state and random state are restored after it, and what ``training_step`` logs
   in it is dropped.
@@ -125,15 +126,18 @@ class HeteroDDPStrategy(DDPStrategy):
         if self.shares is not None:
             self.shares.attach()
             with leaves_no_trace(module, self.optimizers, self.root_device), _silenced(module):
-                self.session.start_up(self._probe_step)
+                self.session.start_up(self._probe_batch, self._probe_step)
 
-    def _probe_step(self, batch_size: int) -> None:
-        """One step of the start-up probe on this rank alone: ``training_step`` on the first
-        ``batch_size`` samples of the training set, its backward and every optimizer's step."""
+    def _probe_batch(self, batch_size: int) -> Any:
+        """The first ``batch_size`` samples of the training set, collated and on this rank's device."""
+        dataset, collate = self.probe_data
+        return self.batch_to_device(collate([dataset[i % len(dataset)] for i in range(batch_size)]))
+
+    def _probe_step(self, batch: Any) -> None:
+        """One step of the start-up probe on this rank alone: ``training_step``, its backward and every
+        optimizer's step."""
         module = self.lightning_module
         assert module is not None
-        dataset, collate = self.probe_data
-        batch = self.batch_to_device(collate([dataset[i % len(dataset)] for i in range(batch_size)]))
         with self.precision_plugin.train_step_context():
             out = module.training_step(batch, 0)  # the module itself, not DDP's wrapper: no collective
         loss = out["loss"] if isinstance(out, Mapping) else out

@@ -59,13 +59,18 @@ def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_
     sampler = session.attach(256, 64, 0, True, ("model", "data"))
     ran: list[int] = []
 
-    def local_step(batch: int) -> None:  # this rank's step: 1 ms a sample, one CPU
-        ran.append(batch)
-        wall.advance(1e-3 * (batch + 4))
-        cpu.advance(1e-3 * (batch + 4))
+    def batch(size: int) -> list[int]:  # collating takes time, before the step's clock
+        wall.advance(1.0)
+        cpu.advance(1.0)
+        return list(range(size))
 
-    session.start_up(local_step)
-    session.start_up(local_step)  # once only
+    def local_step(samples: list[int]) -> None:  # this rank's step: 1 ms a sample, one CPU
+        ran.append(len(samples))
+        wall.advance(1e-3 * (len(samples) + 4))
+        cpu.advance(1e-3 * (len(samples) + 4))
+
+    session.start_up(batch, local_step)
+    session.start_up(batch, local_step)  # once only
     assert ran == [4, 8, 4, 8]  # B/(8n) and B/(4n), control.probe_steps rounds each
     assert session.batch_sizes[0] > 40  # balanced before step 1: the slower rank 1 gets less
     for step in range(sampler.steps_per_epoch):
@@ -78,7 +83,7 @@ def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics" / "rank-0.jsonl").read_text().splitlines()]
     probe = [r for r in records if r["kind"] == "batch_change" and r["reason"] == "probe"]
     assert len(probe) == 1 and probe[0]["warm"] is False and probe[0]["step"] == 0
-    assert probe[0]["probe_times_s"][0][0] == pytest.approx(8e-3)  # the least of two rounds at 4 samples
+    assert probe[0]["probe_times_s"][0][0] == pytest.approx(8e-3)  # the least of two rounds at 4 samples, no data
     end = [r for r in records if r["kind"] == "end"][-1]
     # the pass is set-up: the training time is the steps' alone
     assert end["train_time_s"] == pytest.approx(sampler.steps_per_epoch * COMPUTE_S)

@@ -308,15 +308,17 @@ class StepSession:
             self.loop.start(self.levels.shares, False, step=0)
             self.started = True
 
-    def start_up(self, local_step: Callable[[int], None]) -> None:
+    def start_up(self, batch: Callable[[int], Any], local_step: Callable[[Any], None]) -> None:
         """The start-up probe, once, before the first step (after :meth:`attach`), where the loop can
-        run a step of its own: the first level put in force, then ``local_step(b)`` (forward, backward
-        and optimizer step on ``b`` samples of this rank's, with no collective) timed at the two sizes
-        of the controller's probe, ``control.probe_steps`` times each, as ``omnilearn run``'s workers
-        do (:class:`~omnilearn.control.loop.ProbeRounds`); one gather gives every rank every time and
-        the controller its first split. The caller restores what the steps changed (weights, optimizer
-        state, random state). A policy without a probe runs nothing. Like ``omnilearn run``'s, the
-        pass is set-up: its seconds are recorded (``probe_s``) and left out of ``train_time_s``."""
+        run a step of its own: the first level put in force, then ``local_step(batch(b))`` (forward,
+        backward and optimizer step on ``b`` samples of this rank's, with no collective) timed at the
+        two sizes of the controller's probe, ``control.probe_steps`` times each, as ``omnilearn run``'s
+        workers do (:class:`~omnilearn.control.loop.ProbeRounds`); one gather gives every rank every
+        time and the controller its first split. ``batch(b)`` (the samples collated and on the device)
+        runs before the clock, once a size: a step's time starts with its batch in hand. The caller
+        restores what the steps changed (weights, optimizer state, random state). A policy without a
+        probe runs nothing. Like ``omnilearn run``'s, the pass is set-up: its seconds are recorded
+        (``probe_s``) and left out of ``train_time_s``."""
         if self.started or self.sampler is None:
             return
         began = time.time()
@@ -324,12 +326,13 @@ class StepSession:
         sizes = self.controller.probe_sizes()
         if sizes is None:
             return
+        data = {b: batch(b) for b in sizes}
         device = torch.device(self.device)
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
         rounds = ProbeRounds(cpu=device.type == "cpu", sync=sync)
         for _ in range(self.job.config.control.probe_steps):
             for b in sizes:
-                rounds.time(local_step, b)
+                rounds.time(lambda size: local_step(data[size]), b)
         every = all_gather_floats(rounds.own(*sizes), device)
         # the loop's first step still carries its one-off costs (a framework's hooks, DDP's first pass)
         self.loop.probe(*sizes, [g[0] for g in every], [g[1] for g in every], max(g[2] for g in every),
