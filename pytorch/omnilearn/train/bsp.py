@@ -259,13 +259,16 @@ class BSPTrainer:
             for _ in range(max(self.cfg.control.probe_steps - len(rounds.wall.get(sizes[0], [])), 0)):
                 timed(sizes[0])
                 timed(sizes[1])
+        # before the bounds' collective: a worker waiting there for a slower one gets no CPU, and its
+        # rate would read lower than its rounds ran at
+        own = rounds.own(*sizes) if probe else []
         self.model.load_state_dict(saved[0])
         self.optimizer.load_state_dict(saved[1])
         self.grads.zero()
         self.update_bounds(step)
         if probe:
             small, large = sizes
-            every = distributed.all_gather_floats(rounds.own(small, large), self.env.device)
+            every = distributed.all_gather_floats(own, self.env.device)
             self.loop.probe(small, large, [g[0] for g in every], [g[1] for g in every],
                             max(g[2] for g in every), step=step)
 
