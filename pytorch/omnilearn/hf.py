@@ -73,7 +73,6 @@ class HeteroTrainer(Trainer):
         self.global_batch = global_batch
         self.session: StepSession | None = None
         self.shares: ShareBatchSampler | None = None
-        self.probe_data: tuple[Any, Any] = (None, None)  # the training loader's dataset and collator
         self._hooked: nn.Module | None = None
         self.add_callback(_Steps(self))
 
@@ -102,7 +101,6 @@ class HeteroTrainer(Trainer):
         seed = args.data_seed if args.data_seed is not None else args.seed
         loader = share_loader(plain, self.session, self.global_batch, seed, LIBRARY)
         self.shares = loader.batch_sampler  # type: ignore[assignment]
-        self.probe_data = (dataset, collator)
         return loader
 
     def start_up(self) -> None:
@@ -116,8 +114,8 @@ class HeteroTrainer(Trainer):
 
     def _probe_batch(self, batch_size: int) -> dict[str, Any]:
         """The first ``batch_size`` training samples, collated and on this rank's device."""
-        dataset, collate = self.probe_data
-        return self._prepare_inputs(collate([dataset[i % len(dataset)] for i in range(batch_size)]))
+        assert self.shares is not None
+        return self._prepare_inputs(self.shares.first(batch_size))
 
     def _probe_step(self, inputs: dict[str, Any], optimizer: Any) -> None:
         """One step of the probe on this rank alone: the loss on the model itself (not DDP's wrapper:

@@ -87,7 +87,6 @@ class HeteroDDPStrategy(DDPStrategy):
         self.global_batch, self.seed = global_batch, seed
         self.session: StepSession | None = None
         self.shares: ShareBatchSampler | None = None
-        self.probe_data: tuple[Any, Any] = (None, None)  # the training loader's dataset and collate function
 
     def setup(self, trainer: Trainer) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
@@ -113,7 +112,6 @@ class HeteroDDPStrategy(DDPStrategy):
         seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         loader = share_loader(dataloader, self.session, self.global_batch, seed, LIBRARY)
         self.shares = loader.batch_sampler  # type: ignore[assignment]
-        self.probe_data = (loader.dataset, loader.collate_fn)
         return super().process_dataloader(loader)
 
     def on_train_start(self) -> None:
@@ -130,8 +128,8 @@ class HeteroDDPStrategy(DDPStrategy):
 
     def _probe_batch(self, batch_size: int) -> Any:
         """The first ``batch_size`` samples of the training set, collated and on this rank's device."""
-        dataset, collate = self.probe_data
-        return self.batch_to_device(collate([dataset[i % len(dataset)] for i in range(batch_size)]))
+        assert self.shares is not None
+        return self.batch_to_device(self.shares.first(batch_size))
 
     def _probe_step(self, batch: Any) -> None:
         """One step of the start-up probe on this rank alone: ``training_step``, its backward and every

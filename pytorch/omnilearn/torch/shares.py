@@ -18,8 +18,9 @@ framework's step runs as usual, and its gradient does not count.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
+from typing import Any
 
 from torch.utils.data import (
     BatchSampler,
@@ -28,6 +29,7 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     SequentialSampler,
+    default_collate,
 )
 
 from omnilearn.errors import UserError
@@ -53,8 +55,9 @@ class ShareBatchSampler:
     """
 
     def __init__(self, session: StepSession, dataset: Sized, global_batch: int, *, seed: int = 0,
-                 drop_last: bool = False) -> None:
+                 drop_last: bool = False, collate: Callable[[list[Any]], Any] | None = None) -> None:
         self.session = session
+        self.dataset, self.collate = dataset, collate or default_collate
         self.dataset_size = len(dataset)
         self.global_batch = global_batch
         self.seed, self.drop_last = seed, drop_last
@@ -74,6 +77,11 @@ class ShareBatchSampler:
         """The session's job, controller and sampler, built for this loader (once)."""
         return self.session.attach(self.dataset_size, self.global_batch, self.seed, self.drop_last,
                                    ("", self.data_name))
+
+    def first(self, size: int) -> Any:
+        """The first ``size`` samples of the dataset, collated as the loader's batches are (the start-up
+        probe's batches)."""
+        return self.collate([self.dataset[i % self.dataset_size] for i in range(size)])  # type: ignore[index]
 
     def __iter__(self) -> Iterator[list[int]]:
         sampler = self.attach()
@@ -146,7 +154,8 @@ def share_loader(loader: DataLoader, session: StepSession, global_batch: int | N
         raise UserError(f"{library}: the training DataLoader has its own sampler ({type(own).__name__}); "
                         "omnilearn's sampler decides the order (one seeded permutation per epoch): leave it out")
     batch = global_batch if global_batch is not None else loader.batch_size * session.world
-    shares = ShareBatchSampler(session, loader.dataset, batch, seed=seed, drop_last=loader.drop_last)
+    shares = ShareBatchSampler(session, loader.dataset, batch, seed=seed, drop_last=loader.drop_last,
+                               collate=loader.collate_fn)
     workers = loader.num_workers
     return DataLoader(loader.dataset, batch_sampler=shares, collate_fn=loader.collate_fn,
                       num_workers=workers, pin_memory=loader.pin_memory, timeout=loader.timeout,
