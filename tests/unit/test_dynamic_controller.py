@@ -5,14 +5,27 @@ from __future__ import annotations
 
 import json
 import math
+import types
 
 import numpy as np
 import pytest
 
+from fakes import FakeClock
 from omnilearn.config import ControlConfig
+from omnilearn.control import loop as loop_module
 from omnilearn.control.controller import make_controller
 from omnilearn.control.dynamic import TRUST, DynamicController
-from omnilearn.control.loop import BUDGET, MIN_RATE, ControlLoop, probe_time, replay
+from omnilearn.control.loop import (
+    BUDGET,
+    MAX_ROUNDS,
+    MIN_PASS_S,
+    MIN_RATE,
+    ControlLoop,
+    ProbeRounds,
+    pass_done,
+    probe_time,
+    replay,
+)
 from omnilearn.control.model import SHIFT_STEPS, SpeedModel
 from omnilearn.control.policies import Bounds
 
@@ -67,6 +80,27 @@ def test_a_probe_under_a_quota_counts_the_rate_it_ran_at() -> None:
     got = np.exp(-ctl.model.u)
     assert np.abs(np.log(got / got.max() / share)).max() < 0.1
     assert ctl.batch[3] > ctl.batch[0] > ctl.batch[2]  # the whole core gets most, the sixth least
+
+
+def test_a_pass_of_short_steps_lasts_long_enough_that_one_preemption_does_not_set_its_rate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's rounds of 1 and 2 ms (a whole core), one of them preempted for 50 ms: control.probe_steps'
+    two rounds a size would read a rate of about a tenth (probe times ten times too long, the worker
+    taken for the slowest); the pass runs on until MIN_PASS_S, and the rate reads within 20%."""
+    wall, cpu = FakeClock(), FakeClock(0.0)
+    monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
+    rounds = ProbeRounds(cpu=True)
+    ran: list[int] = []
+
+    def step(b: int) -> None:
+        ran.append(b)
+        cpu.advance(1e-3 * b)
+        wall.advance(1e-3 * b + (0.05 if len(ran) == 2 else 0.0))
+
+    rounds.run(step, (1, 2), 2)
+    small, large, seconds = rounds.own(1, 2)  # on the fake clocks
+    assert seconds >= MIN_PASS_S and len(ran) > 4 and not pass_done(1, 10.0, 2) and pass_done(MAX_ROUNDS, 0.0, 2)
+    assert small == pytest.approx(1e-3, rel=0.2) and large == pytest.approx(2e-3, rel=0.2)
 
 
 def test_steps_recover_the_speeds_through_a_busy_host() -> None:

@@ -47,6 +47,22 @@ def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
     return best / max(rate, MIN_RATE)
 
 
+MIN_PASS_S = 0.3
+"""The start-up pass lasts at least this long (wall seconds; more rounds where steps are short): its
+CPU rate is read over several CFS periods (100 ms by default) and scheduler slices, not inside one,
+where a single wait for the quota or a single preemption would set it (a 10-ms pass preempted once
+reads a rate of a few percent)."""
+MAX_ROUNDS = 256
+"""The most rounds a size gets in the start-up pass, however short its steps."""
+
+
+def pass_done(rounds: int, elapsed_s: float, at_least: int) -> bool:
+    """Whether a start-up pass of ``rounds`` at each size that has run ``elapsed_s`` seconds is over:
+    ``at_least`` rounds (``control.probe_steps``) and :data:`MIN_PASS_S`, or :data:`MAX_ROUNDS`. The
+    trainers' passes and the simulators' models of them end alike."""
+    return rounds >= MAX_ROUNDS or (rounds >= at_least and elapsed_s >= MIN_PASS_S)
+
+
 @dataclass
 class ProbeRounds:
     """The rounds of one worker's start-up pass, timed: each round's wall seconds and, on a CPU
@@ -70,6 +86,13 @@ class ProbeRounds:
         self.sync()
         self.wall.setdefault(batch, []).append(time.perf_counter() - t0)
         self.cpu_s.setdefault(batch, []).append(time.process_time() - c0)
+
+    def run(self, step: Callable[[int], None], sizes: Sequence[int], at_least: int) -> None:
+        """Rounds of ``step`` at ``sizes`` in turn, timed, until :func:`pass_done` (rounds already
+        timed, the memory probe's, count)."""
+        while not pass_done(min(len(self.wall.get(b, [])) for b in sizes), time.perf_counter() - self._t0, at_least):
+            for b in sizes:
+                self.time(step, b)
 
     def own(self, small: int, large: int) -> list[float]:
         """This worker's probe times at ``small`` and ``large`` (seconds), and the pass's own seconds so far."""

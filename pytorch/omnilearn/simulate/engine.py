@@ -27,7 +27,7 @@ from typing import Any
 from omnilearn.config import ControlConfig, JobConfig
 from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
-from omnilearn.control.loop import ControlLoop, probe_time
+from omnilearn.control.loop import ControlLoop, pass_done, probe_time
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.spec.plan import EmulationPlan
 from omnilearn.metrics import METRICS_DIR, metrics_path
@@ -160,10 +160,21 @@ def start_up(loop: ControlLoop, c: ControlConfig, global_batch: int, n: int, tim
         return
     small, large = policies.probe_sizes(global_batch, n, loop.controller.bounds)
     rounds = max(c.probe_steps, 2) if wanted else 2
-    probe = [([timed(r, small) for _ in range(rounds)], [timed(r, large) for _ in range(rounds)]) for r in range(n)]
+    probe = [_pass(lambda b, r=r: timed(r, b), small, large, rounds) for r in range(n)]
     if wanted:
         loop.probe(small, large, [probe_time(a) for a, _ in probe], [probe_time(b) for _, b in probe],
                    max(sum(a) + sum(b) for a, b in probe), step=0, time=0.0)
+
+
+def _pass(timed: Callable[[int], float], small: int, large: int, rounds: int) -> tuple[list[float], list[float]]:
+    """One worker's start-up pass as the trainers run it (:func:`~omnilearn.control.loop.pass_done`):
+    its round times at each size."""
+    a: list[float] = []
+    b: list[float] = []
+    while not pass_done(len(a), sum(a) + sum(b), rounds):
+        a.append(timed(small))
+        b.append(timed(large))
+    return a, b
 
 
 def write_steps(rec: Recorder, fields: list[tuple[str, int]], level: str, epoch: int, step: int, sizes: list[int],

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omnilearn.control.loop import probe_time
+from omnilearn.control.loop import pass_done, probe_time
 from omnilearn.emulator.spec.levels import LevelTable, load_tables, parse_cpuset
 from omnilearn.emulator.spec.schedule import load_schedule
 from omnilearn.emulator.spec.trace import load_trace
@@ -288,21 +288,29 @@ class World:
         return t
 
     def probe(self, small: int, large: int, rounds: int) -> tuple[list[float], list[float], float]:
-        """The start-up pass on the first shares (BSPTrainer.start_up: ``rounds`` steps at each size):
-        every worker's time at each size as the trainers take it from its rounds
+        """The start-up pass on the first shares (BSPTrainer.start_up: ``rounds`` steps at each size, and
+        more until the worker's pass is over, :func:`~omnilearn.control.loop.pass_done`): every worker's
+        time at each size as the trainers take it from its rounds
         (:func:`~omnilearn.control.loop.probe_time`), and its wall cost (the slowest worker's)."""
         n, shares = self.sc.workers, self.line.shares[0]
-        sizes = [small, large] * rounds
         rows, cpu = [], []
-        for j, b in enumerate(sizes):
-            r = j % len(self.probe_noise)
-            cpu.append(self.work(np.full(n, b)) * self.probe_noise[r])  # core-seconds: a round's CPU time
-            rows.append(self._time(shares, cpu[-1], self.probe_phase[r]))
+        count, elapsed, done = np.zeros(n, int), np.zeros(n), np.zeros(n, bool)
+        while not done.all():
+            for b in (small, large):
+                r = len(rows) % len(self.probe_noise)
+                cpu.append(self.work(np.full(n, b)) * self.probe_noise[r])  # core-seconds: a round's CPU time
+                rows.append(self._time(shares, cpu[-1], self.probe_phase[r]))
+            elapsed += np.where(done, 0.0, rows[-2] + rows[-1])
+            count += ~done
+            done = np.array([pass_done(int(k), float(e), rounds) for k, e in zip(count, elapsed, strict=True)])
         t, c = np.asarray(rows), np.asarray(cpu)
-        rate = c.sum(axis=0) / t.sum(axis=0)  # CPU seconds per second of the pass, which runs without pause
-        t_small = [probe_time(c[0::2, i].tolist(), float(rate[i])) for i in range(n)]
-        t_large = [probe_time(c[1::2, i].tolist(), float(rate[i])) for i in range(n)]
-        return t_small, t_large, float(t.sum(axis=0).max())
+        t_small, t_large = [], []
+        for i, m in enumerate(count):
+            ti, ci = t[:2 * m, i], c[:2 * m, i]
+            rate = ci.sum() / ti.sum()  # CPU seconds per second of the pass, which runs without pause
+            t_small.append(probe_time(ci[0::2].tolist(), float(rate)))
+            t_large.append(probe_time(ci[1::2].tolist(), float(rate)))
+        return t_small, t_large, float(elapsed.max())
 
 
 def cfs_time(work: np.ndarray, shares: np.ndarray, period: float, phase: np.ndarray) -> np.ndarray:

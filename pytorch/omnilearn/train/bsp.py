@@ -228,9 +228,10 @@ class BSPTrainer:
         starts (set-up, like building the model; ``dynamic`` reports its seconds), the same for every
         policy: steps (forward, backward and update, each worker on its own) at
         the two sizes of :func:`~omnilearn.control.policies.probe_sizes`, twice each (more with
-        ``control.probe_steps``). Their peak memory gives this worker's memory bound
+        ``control.probe_steps``, and where steps are short, until the pass has lasted
+        :data:`~omnilearn.control.loop.MIN_PASS_S`). Their peak memory gives this worker's memory bound
         (``control.memory_bounds``); their times give ``dynamic`` its k and every speed (one gather,
-        the least of each size's runs: the first also carries the new allocation, threads and shapes;
+        the least of each size's two runs, the median of more: the first also carries the new allocation, threads and shapes;
         on a CPU in CPU seconds, at the rate the whole pass got CPU: :func:`~omnilearn.control.loop.probe_time`),
         so its first split is balanced before step 1. The model and optimizer are restored after."""
         sizes = policies.probe_sizes(self.cfg.train.global_batch, self.world, self.configured_bounds)
@@ -256,9 +257,7 @@ class BSPTrainer:
             self.memory = memory.probe(timed, self.env.device, min(available, self.cfg.train.global_batch),
                                        self.cfg.control.memory_margin, sizes=sizes)
         if probe:
-            for _ in range(max(self.cfg.control.probe_steps - len(rounds.wall.get(sizes[0], [])), 0)):
-                timed(sizes[0])
-                timed(sizes[1])
+            rounds.run(local_step, sizes, self.cfg.control.probe_steps)
         # before the bounds' collective: a worker waiting there for a slower one gets no CPU, and its
         # rate would read lower than its rounds ran at
         own = rounds.own(*sizes) if probe else []
