@@ -84,9 +84,9 @@ def test_a_probe_under_a_quota_counts_the_rate_it_ran_at() -> None:
 
 def test_a_pass_of_short_steps_lasts_long_enough_that_one_preemption_does_not_set_its_rate(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker's rounds of 1 and 2 ms (a whole core), one of them preempted for 50 ms: control.probe_steps'
-    two rounds a size would read a rate of about a tenth (probe times ten times too long, the worker
-    taken for the slowest); the pass runs on until MIN_PASS_S, and the rate reads within 20%."""
+    """A worker's rounds of 1 and 2 ms (a whole core), one of them preempted for 10 ms: control.probe_steps'
+    two rounds a size would read a rate of about a third (probe times three times too long); the pass
+    runs on until MIN_PASS_S, and the rate reads within 20%."""
     wall, cpu = FakeClock(), FakeClock(0.0)
     monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
     rounds = ProbeRounds(cpu=True)
@@ -95,7 +95,7 @@ def test_a_pass_of_short_steps_lasts_long_enough_that_one_preemption_does_not_se
     def step(b: int) -> None:
         ran.append(b)
         cpu.advance(1e-3 * b)
-        wall.advance(1e-3 * b + (0.05 if len(ran) == 2 else 0.0))
+        wall.advance(1e-3 * b + (0.01 if len(ran) == 2 else 0.0))
 
     rounds.run(step, (1, 2), 2)
     small, large, seconds = rounds.own(1, 2)  # on the fake clocks

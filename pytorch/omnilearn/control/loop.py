@@ -47,11 +47,12 @@ def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
     return best / max(rate, MIN_RATE)
 
 
-MIN_PASS_S = 0.3
+MIN_PASS_S = 0.1
 """The start-up pass lasts at least this long (wall seconds; more rounds where steps are short): its
-CPU rate is read over several CFS periods (100 ms by default) and scheduler slices, not inside one,
-where a single wait for the quota or a single preemption would set it (a 10-ms pass preempted once
-reads a rate of a few percent)."""
+CPU rate is read over ten of the emulator's CFS periods (``emulation.cpu_period_us``, 10 ms) and a
+kernel default one (100 ms), not inside one, where a single wait for the quota or a single preemption
+would set it (a 10-ms pass preempted once for 10 ms reads half its rate, for 50 ms a sixth). Its cost
+is set-up, paid once."""
 MAX_ROUNDS = 256
 """The most rounds a size gets in the start-up pass, however short its steps."""
 

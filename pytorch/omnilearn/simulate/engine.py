@@ -160,18 +160,19 @@ def start_up(loop: ControlLoop, c: ControlConfig, global_batch: int, n: int, tim
         return
     small, large = policies.probe_sizes(global_batch, n, loop.controller.bounds)
     rounds = max(c.probe_steps, 2) if wanted else 2
-    probe = [_pass(lambda b, r=r: timed(r, b), small, large, rounds) for r in range(n)]
+    probe = [_pass(lambda b, r=r: timed(r, b), small, large, rounds, wanted) for r in range(n)]
     if wanted:
         loop.probe(small, large, [probe_time(a) for a, _ in probe], [probe_time(b) for _, b in probe],
                    max(sum(a) + sum(b) for a, b in probe), step=0, time=0.0)
 
 
-def _pass(timed: Callable[[int], float], small: int, large: int, rounds: int) -> tuple[list[float], list[float]]:
-    """One worker's start-up pass as the trainers run it (:func:`~omnilearn.control.loop.pass_done`):
-    its round times at each size."""
+def _pass(timed: Callable[[int], float], small: int, large: int, rounds: int, probe: bool
+          ) -> tuple[list[float], list[float]]:
+    """One worker's start-up pass as the trainers run it: ``rounds`` at each size and, where ``dynamic``
+    times it (``probe``), more until :func:`~omnilearn.control.loop.pass_done`; its round times."""
     a: list[float] = []
     b: list[float] = []
-    while not pass_done(len(a), sum(a) + sum(b), rounds):
+    while len(a) < rounds or (probe and not pass_done(len(a), sum(a) + sum(b), rounds)):
         a.append(timed(small))
         b.append(timed(large))
     return a, b

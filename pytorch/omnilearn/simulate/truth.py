@@ -287,9 +287,10 @@ class World:
             t[worker] += share * self.sc.steps * fluid_step_s
         return t
 
-    def probe(self, small: int, large: int, rounds: int) -> tuple[list[float], list[float], float]:
-        """The start-up pass on the first shares (BSPTrainer.start_up: ``rounds`` steps at each size, and
-        more until the worker's pass is over, :func:`~omnilearn.control.loop.pass_done`): every worker's
+    def probe(self, small: int, large: int, rounds: int, timed: bool) -> tuple[list[float], list[float], float]:
+        """The start-up pass on the first shares (BSPTrainer.start_up: ``rounds`` steps at each size and,
+        where ``dynamic`` times it (``timed``), more until the worker's pass is over,
+        :func:`~omnilearn.control.loop.pass_done`): every worker's
         time at each size as the trainers take it from its rounds
         (:func:`~omnilearn.control.loop.probe_time`), and its wall cost (the slowest worker's)."""
         n, shares = self.sc.workers, self.line.shares[0]
@@ -302,7 +303,8 @@ class World:
                 rows.append(self._time(shares, cpu[-1], self.probe_phase[r]))
             elapsed += np.where(done, 0.0, rows[-2] + rows[-1])
             count += ~done
-            done = np.array([pass_done(int(k), float(e), rounds) for k, e in zip(count, elapsed, strict=True)])
+            done = np.array([pass_done(int(k), float(e), rounds) if timed else k >= rounds
+                             for k, e in zip(count, elapsed, strict=True)])
         t, c = np.asarray(rows), np.asarray(cpu)
         t_small, t_large = [], []
         for i, m in enumerate(count):
