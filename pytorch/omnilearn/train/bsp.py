@@ -230,10 +230,11 @@ class BSPTrainer:
         the two sizes of :func:`~omnilearn.control.policies.probe_sizes`, twice each (more with
         ``control.probe_steps``, and where steps are short, until the pass has lasted
         :data:`~omnilearn.control.loop.MIN_PASS_S`). Their peak memory gives this worker's memory bound
-        (``control.memory_bounds``); their times give ``dynamic`` its k and every speed (one gather,
-        the least of each size's two runs, the median of more: the first also carries the new allocation, threads and shapes;
-        on a CPU in CPU seconds, at the rate the whole pass got CPU: :func:`~omnilearn.control.loop.probe_time`),
-        so its first split is balanced before step 1. The model and optimizer are restored after."""
+        (``control.memory_bounds``); their times give ``dynamic`` its k and every speed (one gather;
+        the least of each size's two runs, of more the median of each pair's least: the first also
+        carries the new allocation, threads and shapes; on a CPU in CPU seconds, at the rate the whole
+        pass got CPU: :func:`~omnilearn.control.loop.probe_time`), so its first split is balanced
+        before step 1. The model and optimizer are restored after."""
         sizes = policies.probe_sizes(self.cfg.train.global_batch, self.world, self.configured_bounds)
         probe = not resumed and self.controller.probe_sizes() is not None
         if not self.cfg.control.memory_bounds and not probe:
