@@ -128,6 +128,7 @@ def training_function(config, args):
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
         model, optimizer, accelerator.share_batches(train_dataloader), eval_dataloader, lr_scheduler
     )
+    accelerator.start_up(lambda batch: accelerator.backward(model(**batch).loss))
 
     for epoch in range(num_epochs):
         model.train()

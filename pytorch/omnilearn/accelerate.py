@@ -3,6 +3,8 @@
     from omnilearn.accelerate import HeteroAccelerator
     accelerator = HeteroAccelerator(policy="dynamic")           # instead of Accelerator()
     train_dataloader = accelerator.share_batches(train_dataloader)  # before accelerator.prepare
+    ...                                                             # accelerator.prepare(...)
+    accelerator.start_up(lambda batch: accelerator.backward(model(**batch).loss))  # optional: the probe
 
 :class:`HeteroAccelerator` is Accelerate's ``Accelerator`` with two additions:
 
@@ -12,6 +14,14 @@
   each iteration of the loop is one step (it opens when its batch is yielded and closes when the
   loop asks for the next one, after the optimizer step). ``prepare`` passes it through unchanged:
   Accelerate's own sharding (``BatchSamplerShard``, ``even_batches``) would split the shares again.
+- :meth:`HeteroAccelerator.start_up` (optional, once, after ``prepare`` and before the loop) runs
+  the start-up probe on the loop's own step: ``forward_backward(batch)`` (the loop's loss on
+  ``batch`` and ``accelerator.backward``), then every prepared optimizer's step, at two small batch
+  sizes on this rank alone (DDP's ``no_sync``: no collective), timed as ``omnilearn run``'s workers
+  time theirs (:meth:`~omnilearn.torch.session.StepSession.start_up`), so the first split is
+  balanced before step 1. The weights, optimizer and scheduler state, random state and gradients
+  are put back after it. Without it the controller starts from the equal split and learns from
+  the steps.
 - ``prepare`` gives the DistributedDataParallel model it builds omnilearn's communication hook
   (:func:`~omnilearn.torch.ddp_hook.weighted_sum_hook`): each rank's gradient weighted by
   ``b_i / B`` and summed, the last bucket carrying the step's measurements; and no buffer sync at
@@ -23,7 +33,8 @@ One backward and one optimizer step per batch: ``gradient_accumulation_steps`` a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import copy
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,7 +45,7 @@ from torch.utils.data import DataLoader
 
 from omnilearn.errors import UserError
 from omnilearn.torch.ddp_hook import register_weighted_sum
-from omnilearn.torch.session import StepSession, check_launched, refuse_accumulation
+from omnilearn.torch.session import StepSession, check_launched, leaves_no_trace, refuse_accumulation
 from omnilearn.torch.shares import ShareBatchSampler, share_loader
 
 LIBRARY = "omnilearn.accelerate"
@@ -93,13 +104,40 @@ class HeteroAccelerator(Accelerator):
                                    tensorboard=tensorboard)
         self.session.epochs = epochs
         self.global_batch, self.seed = global_batch, seed
+        self.shares: ShareLoader | None = None
+        self.trained: DistributedDataParallel | None = None
 
     def share_batches(self, dataloader: DataLoader) -> ShareLoader:
         """The training loader: ``dataloader``'s dataset and settings, each rank drawing its share of each step."""
         if not isinstance(dataloader, DataLoader):
             raise UserError(f"{LIBRARY}: share_batches takes the training DataLoader, before accelerator.prepare; "
                             f"got {type(dataloader).__name__}")
-        return ShareLoader(share_loader(dataloader, self.session, self.global_batch, self.seed, LIBRARY), self.device)
+        self.shares = ShareLoader(share_loader(dataloader, self.session, self.global_batch, self.seed, LIBRARY),
+                                  self.device)
+        return self.shares
+
+    def start_up(self, forward_backward: Callable[[Any], Any]) -> None:
+        """The start-up probe (see the module): once, after ``prepare``, before the loop's first step."""
+        if self.num_processes == 1:
+            return  # one worker: nothing to split
+        if self.shares is None or self.trained is None:
+            raise UserError(f"{LIBRARY}: start_up comes after share_batches and prepare (of the model and the "
+                            "training loader), before the loop's first step")
+        model, shares = self.trained, self.shares.shares
+        optimizers = [getattr(o, "optimizer", o) for o in self._optimizers]  # Accelerate's wrapper steps by its rules
+        schedulers = [copy.deepcopy(s.state_dict()) for s in self._schedulers]
+
+        def step(batch: Any) -> None:
+            with model.no_sync():  # this rank alone: no all-reduce in the backward
+                forward_backward(batch)
+            for optimizer in optimizers:
+                optimizer.step()
+
+        shares.attach()
+        with leaves_no_trace(model.module, optimizers, self.device):
+            self.session.start_up(lambda size: send_to_device(shares.first(size), self.device), step)
+        for scheduler, state in zip(self._schedulers, schedulers, strict=True):
+            scheduler.load_state_dict(state)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
@@ -112,6 +150,7 @@ class HeteroAccelerator(Accelerator):
             self.session.params = sum(p.numel() for p in model.parameters() if p.requires_grad)
             self.session.model_name = type(model).__name__
             register_weighted_sum(prepared, self.session)
+            self.trained = prepared
         elif self.num_processes > 1:
             raise UserError(f"{LIBRARY}: Accelerate did not wrap the model in DistributedDataParallel "
                             f"({self.distributed_type}); omnilearn supports DDP only")
