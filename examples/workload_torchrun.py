@@ -19,6 +19,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("workload", help="FILE.py:FUNCTION")
     p.add_argument("--policy", default="dynamic")
+    p.add_argument("--no-probe", dest="probe", action="store_false", help="no start-up probe: the equal split first")
     p.add_argument("--epochs", type=int, default=None, help="default: the job config's")
     p.add_argument("--global-batch", type=int, default=None, help="default: the job config's")
     args = p.parse_args()
@@ -32,11 +33,18 @@ def main() -> None:
     model = HeteroDataParallel(work.model(), policy=args.policy)
     loader = HeteroDataLoader(work.train, global_batch=cfg.train.global_batch, seed=cfg.train.seed)
     optimizer = make_optimizer(cfg, list(model.parameters()))
+
+    def step(batch: tuple) -> None:
+        x, y = batch
+        optimizer.zero_grad()
+        work.loss(model(x), y).mean().backward()
+        optimizer.step()
+
+    if args.probe:
+        loader.start_up(step, optimizer)  # the start-up probe: the first split balanced before step 1
     for _ in range(cfg.train.epochs):
-        for x, y in loader:
-            optimizer.zero_grad()
-            work.loss(model(x), y).mean().backward()
-            optimizer.step()
+        for batch in loader:
+            step(batch)
     dist.destroy_process_group()
 
 

@@ -161,6 +161,38 @@ def _get_batch_loop(out: Path, rank: int) -> dict:
     return {"grad_error": _worst_error(record, data), "step_totals": totals}
 
 
+def _probe(out: Path, rank: int) -> dict:
+    """The start-up probe on the loop's own step (loader.start_up); rank 1 burns 5 ms of CPU a sample."""
+    import time
+
+    from omnilearn.torch import HeteroDataLoader, HeteroDataParallel
+
+    torch.manual_seed(rank)
+    data = Indexed(64)
+    model = HeteroDataParallel(net(), out=str(out))
+    loader = HeteroDataLoader(data, 16, seed=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(batch) -> None:  # noqa: ANN001
+        x, y, _ = batch
+        end = time.process_time() + (0.005 * len(y) if rank == 1 else 0.0)
+        while time.process_time() < end:  # burnt, not slept: the probe counts CPU seconds
+            pass
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    started = {n: v.clone() for n, v in model.module.state_dict().items()}
+    loader.start_up(step, opt)
+    after = model.module.state_dict()
+    result = {"left_no_trace": all(torch.equal(v, after[n]) for n, v in started.items()) and not opt.state}
+    steps = 0
+    for batch in loader:
+        step(batch)
+        steps += 1
+    return {**result, "steps": steps}
+
+
 def _misuse(out: Path, rank: int) -> str:
     """no_sync around a step's only backward, the loader told of no accumulation: an error at the next step."""
     from omnilearn.errors import UserError
@@ -184,7 +216,7 @@ def _loops_rank(rank: int, world: int, out: Path) -> None:
     results = {"accumulation": _accumulation(out / "accumulation", rank),
                "amp": _amp_clip_peek_eval(out / "amp", rank),
                "get_batch": _get_batch_loop(out / "get_batch", rank),
-               "misuse": _misuse(out / "misuse", rank)}
+               "misuse": _misuse(out / "misuse", rank), "probe": _probe(out / "probe", rank)}
     if rank == 0:
         (out / "results.json").write_text(json.dumps(results))
     import torch.distributed as dist
@@ -257,3 +289,13 @@ def test_tensorboard_shows_each_ranks_straggler_scores(loops: Path) -> None:
 def test_a_step_left_without_its_all_reduce_is_named(loops: Path) -> None:
     got = json.loads((loops / "results.json").read_text())["misuse"]
     assert "no all-reduce" in got and "accumulate=" in got, got
+
+
+def test_the_start_up_probe_runs_the_loops_step_before_step_one_and_leaves_no_trace(loops: Path) -> None:
+    got = json.loads((loops / "results.json").read_text())["probe"]
+    assert got["left_no_trace"] and got["steps"] == 4, got  # weights and momentum as before; 64 / 16 steps
+    changes = [r for r in read_rank(loops / "probe", 0) if r["kind"] == "batch_change"]
+    assert [r["reason"] for r in changes][:2] == ["initial", "probe"], changes
+    probe = changes[1]
+    assert probe["step"] == 0 and probe["warm"] is False
+    assert probe["batch"][1] < probe["batch"][0], probe  # the slower rank 1 gets less before step 1

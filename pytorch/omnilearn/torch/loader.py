@@ -23,6 +23,7 @@ from torch.utils.data import Dataset, default_collate
 
 from omnilearn.errors import UserError
 from omnilearn.torch import parallel
+from omnilearn.torch.session import leaves_no_trace
 from omnilearn.train.sampler import GlobalBatchSampler, eval_indices, micro_sizes, proportional_split
 
 
@@ -59,6 +60,27 @@ class _Steps:
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def start_up(self, step: Callable[[Any], Any], *optimizers: torch.optim.Optimizer) -> None:
+        """The start-up probe (optional; once, before the first iteration): ``step(batch)``, the loop's own
+        step on one batch (forward, loss, backward, optimizer step), run on this rank alone (no step is
+        open, so no all-reduce) at the controller's two probe sizes and timed as ``omnilearn run``'s
+        workers time theirs (:meth:`~omnilearn.torch.session.StepSession.start_up`): the first split is
+        balanced before step 1. ``optimizers``: those ``step`` steps; their state, the model's weights
+        and buffers, the random state and the gradients are put back after it. Without a
+        :class:`~omnilearn.torch.HeteroDataParallel` in the process, or on one rank, nothing runs."""
+        model = parallel.active()
+        if model is None or self.world == 1:
+            return
+        self._attach(model)
+        with leaves_no_trace(model.module, list(optimizers), model.device):
+            model.session.start_up(self._probe_batch, step)
+
+    def _attach(self, model: parallel.HeteroDataParallel) -> GlobalBatchSampler:
+        raise NotImplementedError
+
+    def _probe_batch(self, size: int) -> Any:
+        raise NotImplementedError
 
     def _steps(self, sampler: GlobalBatchSampler, model: parallel.HeteroDataParallel | None
                ) -> Iterator[tuple[int, int]]:
@@ -118,13 +140,18 @@ class HeteroDataLoader(_Steps):
         if not self.train:
             yield from self._evaluation()
             return
-        sampler, model = self._plain, parallel.active()
-        if model is not None:
-            sampler = model.attach(len(self.dataset), self.global_batch, self.seed, self.drop_last,
-                                   ("", type(self.dataset).__name__), self.accumulate)
+        model = parallel.active()
+        sampler = self._plain if model is None else self._attach(model)
         for start, size in self._steps(sampler, model):
             self.last_indices = sampler.permutation[start:start + size].tolist()
             yield self._batch(self.last_indices)
+
+    def _attach(self, model: parallel.HeteroDataParallel) -> GlobalBatchSampler:
+        return model.attach(len(self.dataset), self.global_batch, self.seed, self.drop_last,
+                            ("", type(self.dataset).__name__), self.accumulate)
+
+    def _probe_batch(self, size: int) -> Any:
+        return self._batch([i % len(self.dataset) for i in range(size)])  # the first samples
 
     def _batch(self, indices: list[int]) -> Any:
         if indices:
@@ -173,12 +200,17 @@ class HeteroBatches(_Steps):
         return self.steps * self.accumulate
 
     def __iter__(self) -> Iterator[Any]:
-        sampler, model = self._plain, parallel.active()
-        if model is not None:
-            name = getattr(self.get_batch, "__name__", "get_batch")
-            sampler = model.attach(sampler.dataset_size, self.global_batch, 0, True, ("", name), self.accumulate)
+        model = parallel.active()
+        sampler = self._plain if model is None else self._attach(model)
         for _, size in self._steps(sampler, model):
             yield self.get_batch(size)
+
+    def _attach(self, model: parallel.HeteroDataParallel) -> GlobalBatchSampler:
+        name = getattr(self.get_batch, "__name__", "get_batch")
+        return model.attach(self._plain.dataset_size, self.global_batch, 0, True, ("", name), self.accumulate)
+
+    def _probe_batch(self, size: int) -> Any:
+        return self.get_batch(size)
 
 
 def _empty(batch: Any) -> Any:
