@@ -38,13 +38,15 @@ costs (the controller's ``at_stake``): there the evidence is worth its price."""
 
 def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
     """One worker's probe time at one size from its rounds: the least of two (an interruption only adds
-    time); of more, the median of each successive pair's least. Workers whose passes ran different
-    numbers of rounds (:data:`MIN_PASS_S`) are so measured by the same statistic: a least of two reads
-    lower than a median, by more the noisier the rounds, and mixing the two would bias the speeds. ``rate``: when ``times`` are CPU seconds, the CPU seconds the
-    worker got per second of the start-up pass, which ran without pause: under a CPU quota a round
-    shorter than what is left of a CFS period runs at a core's speed and leaves the wait to a later
-    one, so a round's wall time may or may not show the quota; the pass's rate always does (a quota,
-    a crowded core, threads)."""
+    time); of more, the median of each successive pair's least (an odd last round left out). Workers
+    whose passes ran different numbers of rounds (:data:`MIN_PASS_S`) are so measured by the same
+    statistic: a least of two reads lower than a median, by more the noisier the rounds, and mixing
+    the two would bias the speeds.
+
+    ``rate``: when ``times`` are CPU seconds, the CPU seconds the worker got per second of the
+    start-up pass, which ran without pause: under a CPU quota a round shorter than what is left of a
+    CFS period runs at a core's speed and leaves the wait to a later one, so a round's wall time may
+    or may not show the quota; the pass's rate always does (a quota, a crowded core, threads)."""
     least = [min(times[i:i + 2]) for i in range(0, max(len(times) - 1, 1), 2)]
     return statistics.median(least) / max(rate, MIN_RATE)
 

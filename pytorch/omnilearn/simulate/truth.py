@@ -290,9 +290,9 @@ class World:
     def probe(self, small: int, large: int, rounds: int, timed: bool) -> tuple[list[float], list[float], float]:
         """The start-up pass on the first shares (BSPTrainer.start_up: ``rounds`` steps at each size and,
         where ``dynamic`` times it (``timed``), more until the worker's pass is over,
-        :func:`~omnilearn.control.loop.pass_done`): every worker's
-        time at each size as the trainers take it from its rounds
-        (:func:`~omnilearn.control.loop.probe_time`), and its wall cost (the slowest worker's)."""
+        :func:`~omnilearn.control.loop.pass_done`): every worker's time at each size as the trainers
+        take it from its rounds (:func:`~omnilearn.control.loop.probe_time`), and its wall cost (the
+        slowest worker's)."""
         n, shares = self.sc.workers, self.line.shares[0]
         rows, cpu = [], []
         count, elapsed, done = np.zeros(n, int), np.zeros(n), np.zeros(n, bool)
