@@ -14,6 +14,7 @@ batch itself.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -45,7 +46,7 @@ def global_batch_of(global_batch: int | None, batch_size: int | None, world: int
     return implied
 
 
-class _Steps:
+class _Steps(ABC):
     """What the two iterables share: the global batch, the session's steps, the micro-batches."""
 
     def __init__(self, global_batch: int | None, batch_size: int | None, accumulate: int, what: str) -> None:
@@ -76,11 +77,13 @@ class _Steps:
         with leaves_no_trace(model.module, list(optimizers), model.device):
             model.session.start_up(self._probe_batch, step)
 
+    @abstractmethod
     def _attach(self, model: parallel.HeteroDataParallel) -> GlobalBatchSampler:
-        raise NotImplementedError
+        """The session's sampler for this loader's samples (built on the first call)."""
 
+    @abstractmethod
     def _probe_batch(self, size: int) -> Any:
-        raise NotImplementedError
+        """A batch of ``size`` samples for the start-up probe."""
 
     def _steps(self, sampler: GlobalBatchSampler, model: parallel.HeteroDataParallel | None
                ) -> Iterator[tuple[int, int]]:
