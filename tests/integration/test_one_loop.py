@@ -27,9 +27,15 @@ def _bsp_rank(rank: int, world: int, out: Path) -> None:
 
     import torch.distributed as dist
 
+    from omnilearn.emulator.spec.levels import Allocation
     from omnilearn.emulator.spec.plan import build_plan
     from omnilearn.train import bsp
 
+    # One torch thread a rank, as an emulated level gives a one-CPU worker. Left at the host's two CPUs,
+    # each rank's parallel regions wait for a thread queued behind the other rank's burner: rounds of a
+    # few milliseconds of CPU then last a third of a second, on both ranks alike, and the probe cannot
+    # tell them apart.
+    Allocation.threads = lambda self, default=None: 1  # type: ignore[method-assign]
     cfg = config.from_dict(json.loads(json.dumps(JOB)), "test job").validate()
     job = JobSpec(job_id="oneloop", config=cfg, plan=build_plan(cfg), out_dir=out, backend="none")
     job.log_dir.mkdir(parents=True, exist_ok=True)
