@@ -125,9 +125,17 @@ def _assert_cleaned_up(out: Path) -> None:
     job_id = json.loads((out / "job.json").read_text())["job_id"]
     for ctrl in ("cpu", "cpuset"):
         assert not Path(f"/sys/fs/cgroup/{ctrl}/omnilearn/{job_id}").exists()
-    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit()
-                and str(out / "job.json") in Path(p, "cmdline").read_bytes().decode(errors="replace")
-                and "zombie" not in Path(p, "status").read_text()]
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _runs_job(p, out / "job.json")]
+
+
+def _runs_job(proc_dir: Path, job_file: Path) -> bool:
+    """Whether the process is a live (not zombie) one whose command line names the job; one that exits
+    while it is read is not."""
+    try:
+        return (str(job_file) in Path(proc_dir, "cmdline").read_bytes().decode(errors="replace")
+                and "zombie" not in Path(proc_dir, "status").read_text())
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def test_a_killed_asp_worker_stops_the_job_with_its_rank_and_a_checkpoint(tmp_path: Path) -> None:

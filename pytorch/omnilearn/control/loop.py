@@ -33,7 +33,11 @@ the last one it measured took ``cost / BUDGET`` (``cost``: the largest rank's, s
 all-reduce): steps of seconds are all measured, steps of milliseconds every few, and a decision point
 in between waits for the next step measured. The first two steps at a new split are always measured,
 and so is every step while a move held for want of evidence would save more a step than a measurement
-costs (the controller's ``at_stake``): there the evidence is worth its price."""
+costs (the controller's ``at_stake``): there the evidence is worth its price. A measurement's cost is
+the median of the last :data:`COSTS_KEPT` read: one reading inflated by a pause of the rank's process (a
+garbage collection, a preemption) would otherwise stop the measurements that would replace it."""
+COSTS_KEPT = 5
+"""The controller's costs of the last steps measured behind its cost of a measurement (their median)."""
 
 
 def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
@@ -135,6 +139,8 @@ class ControlLoop:
     _gap: int = 0  # steps since the last one measured, this one included
     _since_s: float = 0.0  # their times (the slowest worker's), seconds
     _due: bool = False  # a decision point among the steps left out
+    _costs: list[float] = field(default_factory=list)  # the costs read after the last steps measured
+    _cost_pending: bool = False  # a step was measured: the next call's cost_s is its cost
 
     @property
     def batch(self) -> list[int]:
@@ -191,6 +197,10 @@ class ControlLoop:
         t0, c0 = time.perf_counter(), time.process_time()
         ctl = self.controller
         measured = times is not None and ctl.measures
+        if self._cost_pending:
+            self._costs = [*self._costs, float(cost_s)][-COSTS_KEPT:]
+            self._cost_pending = False
+        cost_s = statistics.median(self._costs) if self._costs else cost_s
         if measured and ctl.skips_steps:
             self._gap += 1
             self._since_s += max(times)
@@ -208,6 +218,7 @@ class ControlLoop:
             self.measured += 1
             if ctl.skips_steps:
                 self.cost_s = (time.process_time() - c0) / max(self.rate(), MIN_RATE)
+                self._cost_pending = True
         if changed:
             self.write("speed_change", **where, workers=changed, regimes=ctl.regimes())
         return self._record(decision, where)
