@@ -86,12 +86,12 @@ def test_a_probe_under_a_quota_counts_the_rate_it_ran_at() -> None:
 
 def test_a_pass_of_short_steps_lasts_long_enough_that_one_preemption_does_not_set_its_rate(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker's rounds of 1 and 2 ms (a whole core), one of them preempted for 10 ms: control.probe_steps'
-    two rounds a size would read a rate of about a third (probe times three times too long); the pass
-    runs on until MIN_PASS_S, and the rate reads within 20%."""
+    """A worker under a CPU quota, its rounds of 1 and 2 ms at a core's speed, one of them preempted for
+    10 ms: control.probe_steps' two rounds a size would read a rate of about a third (probe times three
+    times too long); the pass runs on until MIN_PASS_S, and the rate reads within 20%."""
     wall, cpu = FakeClock(), FakeClock(0.0)
     monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
-    rounds = ProbeRounds(cpu=True)
+    rounds = ProbeRounds(quota=True)
     ran: list[int] = []
 
     def step(b: int) -> None:
@@ -101,8 +101,29 @@ def test_a_pass_of_short_steps_lasts_long_enough_that_one_preemption_does_not_se
 
     rounds.run(step, (1, 2), 2)
     small, large, seconds = rounds.own(1, 2)  # on the fake clocks
-    assert seconds >= MIN_PASS_S and len(ran) > 4 and not pass_done(1, 10.0, 2) and pass_done(MAX_ROUNDS, 0.0, 2)
+    assert seconds >= MIN_PASS_S and len(ran) > 4 and not pass_done(1, 10.0, 2, True)
+    assert pass_done(MAX_ROUNDS, 0.0, 2, True)
     assert small == pytest.approx(1e-3, rel=0.2) and large == pytest.approx(2e-3, rel=0.2)
+
+
+def test_a_pass_without_a_quota_keeps_its_rounds_and_reads_wall_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker without a CPU quota (a slower core, a cpuset): its two rounds a size are its pass, however
+    short, and its probe times are wall times, the least of each pair (a preempted round left out); its
+    CPU seconds (a third of the wall: a core shared three ways) do not enter."""
+    wall, cpu = FakeClock(), FakeClock(0.0)
+    monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
+    rounds = ProbeRounds(quota=False)
+    ran: list[int] = []
+
+    def step(b: int) -> None:
+        ran.append(b)
+        cpu.advance(1e-3 * b)
+        wall.advance(3e-3 * b + (0.05 if len(ran) == 2 else 0.0))
+
+    rounds.run(step, (1, 2), 2)
+    small, large, seconds = rounds.own(1, 2)
+    assert ran == [1, 2, 1, 2] and seconds < MIN_PASS_S and not pass_done(1, 0.0, 2, False)
+    assert small == pytest.approx(3e-3) and large == pytest.approx(6e-3)
 
 
 def test_steps_recover_the_speeds_through_a_busy_host() -> None:

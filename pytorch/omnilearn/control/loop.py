@@ -56,31 +56,34 @@ def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
 
 
 MIN_PASS_S = 0.1
-"""The start-up pass lasts at least this long (wall seconds; more rounds where steps are short): its
-CPU rate is read over ten of the emulator's CFS periods (``emulation.cpu_period_us``, 10 ms) and a
-kernel default one (100 ms), not inside one, where a single wait for the quota or a single preemption
-would set it (a 10-ms pass preempted once for 10 ms reads half its rate, for 50 ms a sixth). Its cost
-is set-up, paid once."""
+"""Under a CPU quota the start-up pass lasts at least this long (wall seconds; more rounds where steps
+are short): its CPU rate is read over ten of the emulator's CFS periods (``emulation.cpu_period_us``,
+10 ms) and a kernel default one (100 ms), not inside one, where a single wait for the quota or a
+single preemption would set it (a 10-ms pass preempted once for 10 ms reads half its rate, for 50 ms a
+sixth). Its cost is set-up, paid once. Without a quota a round's wall time is its cost and needs no
+rate (an interruption only adds time, and the least of two leaves it out): the pass keeps its
+rounds."""
 MAX_ROUNDS = 256
 """The most rounds a size gets in the start-up pass, however short its steps."""
 
 
-def pass_done(rounds: int, elapsed_s: float, at_least: int) -> bool:
+def pass_done(rounds: int, elapsed_s: float, at_least: int, quota: bool) -> bool:
     """Whether a start-up pass of ``rounds`` at each size that has run ``elapsed_s`` seconds is over:
-    ``at_least`` rounds (``control.probe_steps``) and :data:`MIN_PASS_S`, or :data:`MAX_ROUNDS`. The
-    trainers' passes and the simulators' models of them end alike."""
-    return rounds >= MAX_ROUNDS or (rounds >= at_least and elapsed_s >= MIN_PASS_S)
+    ``at_least`` rounds (``control.probe_steps``) and, for a worker under a CPU quota (``quota``),
+    :data:`MIN_PASS_S`; or :data:`MAX_ROUNDS`. The trainers' passes and the simulators' models of them
+    end alike."""
+    return rounds >= MAX_ROUNDS or (rounds >= at_least and (not quota or elapsed_s >= MIN_PASS_S))
 
 
 @dataclass
 class ProbeRounds:
-    """The rounds of one worker's start-up pass, timed: each round's wall seconds and, on a CPU
-    (``cpu``), its CPU seconds, from which :meth:`own` gives the worker's probe times (see
-    :func:`probe_time`). ``sync``: what makes a round's work done before its clock stops (a GPU's
+    """The rounds of one worker's start-up pass, timed: each round's wall seconds and, on a CPU under
+    a CFS quota (``quota``), its CPU seconds, from which :meth:`own` gives the worker's probe times
+    (see :func:`probe_time`). ``sync``: what makes a round's work done before its clock stops (a GPU's
     synchronize; nothing on a CPU). The trainer's pass and a framework's (``omnilearn.torch``'s
     session) time their rounds through it, so both measure alike."""
 
-    cpu: bool
+    quota: bool
     sync: Callable[[], None] = lambda: None
     wall: dict[int, list[float]] = field(default_factory=dict)
     cpu_s: dict[int, list[float]] = field(default_factory=dict)
@@ -99,14 +102,15 @@ class ProbeRounds:
     def run(self, step: Callable[[int], None], sizes: Sequence[int], at_least: int) -> None:
         """Rounds of ``step`` at ``sizes`` in turn, timed, until :func:`pass_done` (rounds already
         timed, the memory probe's, count)."""
-        while not pass_done(min(len(self.wall.get(b, [])) for b in sizes), time.perf_counter() - self._t0, at_least):
+        while not pass_done(min(len(self.wall.get(b, [])) for b in sizes), time.perf_counter() - self._t0, at_least,
+                             self.quota):
             for b in sizes:
                 self.time(step, b)
 
     def own(self, small: int, large: int) -> list[float]:
         """This worker's probe times at ``small`` and ``large`` (seconds), and the pass's own seconds so far."""
         elapsed = time.perf_counter() - self._t0
-        if self.cpu:  # CPU seconds at the rate the whole pass got them
+        if self.quota:  # CPU seconds at the rate the whole pass got them
             ran = (time.process_time() - self._c0) / max(elapsed, 1e-9)
             return [probe_time(self.cpu_s[small], ran), probe_time(self.cpu_s[large], ran), elapsed]
         return [probe_time(self.wall[small]), probe_time(self.wall[large]), elapsed]

@@ -294,6 +294,7 @@ class World:
         take it from its rounds (:func:`~omnilearn.control.loop.probe_time`), and its wall cost (the
         slowest worker's)."""
         n, shares = self.sc.workers, self.line.shares[0]
+        quota = self.sc.cfs_period_ms is not None  # the workers' shares are CFS quotas, not slower cores
         rows, cpu = [], []
         count, elapsed, done = np.zeros(n, int), np.zeros(n), np.zeros(n, bool)
         while not done.all():
@@ -303,15 +304,18 @@ class World:
                 rows.append(self._time(shares, cpu[-1], self.probe_phase[r]))
             elapsed += np.where(done, 0.0, rows[-2] + rows[-1])
             count += ~done
-            done = np.array([pass_done(int(k), float(e), rounds) if timed else k >= rounds
+            done = np.array([pass_done(int(k), float(e), rounds, quota) if timed else k >= rounds
                              for k, e in zip(count, elapsed, strict=True)])
         t, c = np.asarray(rows), np.asarray(cpu)
         t_small, t_large = [], []
         for i, m in enumerate(count):
             ti, ci = t[:2 * m, i], c[:2 * m, i]
-            rate = ci.sum() / ti.sum()  # CPU seconds per second of the pass, which runs without pause
-            t_small.append(probe_time(ci[0::2].tolist(), float(rate)))
-            t_large.append(probe_time(ci[1::2].tolist(), float(rate)))
+            if quota:  # CPU seconds at the rate the pass got them, which runs without pause
+                ti, rate = ci, float(ci.sum() / ti.sum())
+            else:  # wall seconds: a slower core shows in every round
+                rate = 1.0
+            t_small.append(probe_time(ti[0::2].tolist(), rate))
+            t_large.append(probe_time(ti[1::2].tolist(), rate))
         return t_small, t_large, float(elapsed.max())
 
 

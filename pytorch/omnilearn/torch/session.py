@@ -312,8 +312,8 @@ class StepSession:
         """The start-up probe, once, before the first step (after :meth:`attach`), where the loop can
         run a step of its own: the first level put in force, then ``local_step(batch(b))`` (forward,
         backward and optimizer step on ``b`` samples of this rank's, with no collective) timed at the
-        two sizes of the controller's probe, ``control.probe_steps`` times each (more where steps are
-        short, see :data:`~omnilearn.control.loop.MIN_PASS_S`), as ``omnilearn run``'s workers do
+        two sizes of the controller's probe, ``control.probe_steps`` times each (more under a CPU quota
+        where steps are short, see :data:`~omnilearn.control.loop.MIN_PASS_S`), as ``omnilearn run``'s workers do
         (:class:`~omnilearn.control.loop.ProbeRounds`); one gather gives every rank every
         time and the controller its first split. ``batch(b)`` (the samples collated and on the device)
         runs before the clock, once a size: a step's time starts with its batch in hand. The caller
@@ -330,7 +330,7 @@ class StepSession:
         data = {b: batch(b) for b in sizes}
         device = torch.device(self.device)
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-        rounds = ProbeRounds(cpu=device.type == "cpu", sync=sync)
+        rounds = ProbeRounds(quota=device.type == "cpu" and self.quota.limited(), sync=sync)
         rounds.run(lambda size: local_step(data[size]), sizes, self.job.config.control.probe_steps)
         every = all_gather_floats(rounds.own(*sizes), device)
         # the loop's first step still carries its one-off costs (a framework's hooks, DDP's first pass)

@@ -228,21 +228,21 @@ class BSPTrainer:
         starts (set-up, like building the model; ``dynamic`` reports its seconds), the same for every
         policy: steps (forward, backward and update, each worker on its own) at
         the two sizes of :func:`~omnilearn.control.policies.probe_sizes`, twice each (more with
-        ``control.probe_steps``, and where steps are short, until the pass has lasted
+        ``control.probe_steps``, and under a CPU quota where steps are short, until the pass has lasted
         :data:`~omnilearn.control.loop.MIN_PASS_S`). Their peak memory gives this worker's memory bound
         (``control.memory_bounds``); their times give ``dynamic`` its k and every speed (one gather;
         the least of each size's two runs, of more the median of each pair's least: the first also
-        carries the new allocation, threads and shapes; on a CPU in CPU seconds, at the rate the whole
-        pass got CPU: :func:`~omnilearn.control.loop.probe_time`), so its first split is balanced
+        carries the new allocation, threads and shapes; on a CPU under a quota in CPU seconds, at the
+        rate the whole pass got CPU: :func:`~omnilearn.control.loop.probe_time`), so its first split is balanced
         before step 1. The model and optimizer are restored after."""
         sizes = policies.probe_sizes(self.cfg.train.global_batch, self.world, self.configured_bounds)
         probe = not resumed and self.controller.probe_sizes() is not None
         if not self.cfg.control.memory_bounds and not probe:
             return
         saved = copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
-        # each round's wall time, and on a CPU its CPU time: a round shorter than what is left of a CFS
-        # period runs at a core's speed and leaves the quota's wait to a later one
-        rounds = ProbeRounds(cpu=self.env.device.type == "cpu", sync=self._sync_cuda)
+        # each round's wall time, and on a CPU under a quota its CPU time: a round shorter than what is
+        # left of a CFS period runs at a core's speed and leaves the quota's wait to a later one
+        rounds = ProbeRounds(quota=self.env.device.type == "cpu" and self.quota.limited(), sync=self._sync_cuda)
         available = len(self.work.train)
 
         def local_step(b: int) -> None:

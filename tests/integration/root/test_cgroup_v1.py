@@ -222,7 +222,8 @@ while time.process_time() - cpu0 < 0.05:
     pass
 after = clock.read()
 print(json.dumps({"held": QuotaClock.since(before, after), "where": str(after[0]) if after else None,
-                  "outside": QuotaClock.since(before, (after[0].parent, after[1])) if after else None}))
+                  "outside": QuotaClock.since(before, (after[0].parent, after[1])) if after else None,
+                  "limited": clock.limited()}))
 """
 
 
@@ -238,6 +239,19 @@ def test_quota_clock_reads_the_processs_own_throttling(v1: CgroupV1Backend, job:
     assert got["where"] == str(CGROUP_ROOT / "cpu/omnilearn" / job / "w0")
     assert got["held"] >= 0.02, got  # 50 periods' worth of work; a loaded host only adds throttled periods
     assert got["outside"] == 0.0  # readings of two cgroups are never subtracted
+    assert got["limited"] is True
+
+
+@needs_v1
+def test_quota_clock_tells_a_core_set_from_a_quota(v1: CgroupV1Backend, job: str, spawn) -> None:
+    """A process given cores and no quota reads no quota (its start-up pass then keeps wall times)."""
+    child = spawn(QUOTA_CLOCK_CHILD, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    v1.add_process("w0", child.pid)
+    v1.apply("w0", Allocation(cpuset="0"))
+    out, _ = child.communicate("go\n", timeout=60)
+    got = json.loads(out)
+    assert got["where"] == str(CGROUP_ROOT / "cpu/omnilearn" / job / "w0")
+    assert got["limited"] is False and got["held"] == 0.0
 
 
 @needs_v1

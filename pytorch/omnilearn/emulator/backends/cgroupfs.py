@@ -293,6 +293,12 @@ class QuotaClock:
         cpus = None if reading is None else dir_quota(reading[0])
         return 1.0 if cpus is None else min(cpus, 1.0)
 
+    def limited(self) -> bool:
+        """Whether this process's CPU cgroup has a quota now (a worker whose quota may hold it in the
+        middle of a step, where a round's wall time need not show it)."""
+        reading = self.read()
+        return reading is not None and dir_quota(reading[0]) is not None
+
     def held_since(self, before: tuple[Path, float] | None) -> float:
         """Seconds held back since the reading ``before`` (0.0, and no reading, when it is None)."""
         return 0.0 if before is None else self.since(before, self.read())
