@@ -355,6 +355,28 @@ def test_without_the_probe_the_first_step_is_left_out_and_the_first_move_waits_f
     assert t.max() / t.min() - 1 < 0.3  # balanced but for k, which nothing has measured yet (prior: 16)
 
 
+def test_one_odd_step_reads_as_one_outlier_to_the_noise_not_two() -> None:
+    """A step ten times as long as the others, early on (three steps behind the noise), leaves the
+    noise learned after it near what the same steps without it give: the change into the odd step
+    and the change out of it are not two samples of the noise. (Read as two, the noise after it was
+    16 times as large on the median seed, and a change of speed right after it went unseen.)"""
+
+    def noise_after(seed: int, odd: bool) -> float:
+        rng = np.random.default_rng(seed)
+        model, speed = SpeedModel(N, B), np.array([1.0, 1.0, 0.5, 2.0])
+        model.speeds_from_probe(64, (64 / speed * 1e-3).tolist(), 32, 64)
+        learned = []
+        for step in range(8):
+            t = 64 / speed * 1e-3 * np.exp(rng.normal(0, 0.05, N))
+            t[1] *= 10 if odd and step == 3 else 1
+            model.update([64] * N, t.tolist())
+            learned.append(math.sqrt(model.noise2[1]))
+        return max(learned[4:])
+
+    ratios = [noise_after(seed, True) / noise_after(seed, False) for seed in range(20)]
+    assert float(np.median(ratios)) < 2.5 and max(ratios) < 5, np.round(ratios, 2)
+
+
 def test_a_shift_is_never_believed_more_precise_than_the_noise_learned_since() -> None:
     """The innovations a shift is fitted on keep their variance up to date: a noise learned after they
     were kept widens them, so a worker whose speed shifted under a noise of 30% (the first steps
@@ -367,12 +389,11 @@ def test_a_shift_is_never_believed_more_precise_than_the_noise_learned_since() -
         speed = np.ones(N)
         for i in range(12):
             speed[i % N] *= math.exp(0.3 * rng.standard_normal())  # each worker drifting, in turn
-            noise2 = model.noise2.copy()
             changed, _ = model.update([64] * N, _times(speed, 0.0, 64, rng, 0.3))
-            for w in changed:
+            for w in changed:  # against the noise as known after the step, which the variance follows
                 shifts += 1
                 share = 1 - 1 / N
-                assert model.var[w] >= noise2[w] * share / SHIFT_STEPS, (seed, i, w)
+                assert model.var[w] >= model.noise2[w] * share / SHIFT_STEPS * (1 - 1e-9), (seed, i, w)
     assert shifts >= 10, shifts
 
 

@@ -27,7 +27,8 @@ def test_the_first_steps_one_off_costs_do_not_ride_into_the_second_steps_time(tm
     monkeypatch.setattr(session_module, "dist", types.SimpleNamespace(
         broadcast_object_list=lambda box, src: None, barrier=lambda: None, get_backend=lambda: "gloo"))
     session = StepSession(1, 0, policy="dynamic", out=str(tmp_path / "run"))
-    session.quota = types.SimpleNamespace(read=lambda: None, held_since=lambda before: 0.0, rate=lambda r: 1.0)
+    session.quota = types.SimpleNamespace(read=lambda: None, held_since=lambda before: 0.0, rate=lambda r: 1.0,
+                                          limited=lambda: False)
     sampler = session.attach(64, 8, 0, True, ("model", "data"))
     shared = []
     for step in range(3):
@@ -44,8 +45,9 @@ def test_the_first_steps_one_off_costs_do_not_ride_into_the_second_steps_time(tm
     assert shared == pytest.approx([COMPUTE_S, COMPUTE_S, COMPUTE_S + AFTER_S])
 
 
+@pytest.mark.parametrize("quota", [True, False])
 def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_first_step_out(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        quota: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     wall, cpu = FakeClock(), FakeClock(0.0)
     monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=wall, time=wall))
     monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
@@ -56,7 +58,8 @@ def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_
                         lambda own, device: [own, [3 * own[0], 3 * own[1], own[2]]])
     monkeypatch.setattr(session_module, "summarize", lambda out: None)  # rank 1 writes no records here
     session = StepSession(2, 0, policy="dynamic", out=str(tmp_path / "run"))
-    session.quota = types.SimpleNamespace(read=lambda: None, held_since=lambda before: 0.0, rate=lambda r: 1.0)
+    session.quota = types.SimpleNamespace(read=lambda: None, held_since=lambda before: 0.0, rate=lambda r: 1.0,
+                                          limited=lambda: quota)
     sampler = session.attach(256, 64, 0, True, ("model", "data"))
     ran: list[int] = []
 
@@ -72,10 +75,14 @@ def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_
 
     session.start_up(batch, local_step)
     session.start_up(batch, local_step)  # once only
-    # B/(8n) and B/(4n) in turn, control.probe_steps rounds each and more: 20-ms pairs until the pass has
-    # lasted MIN_PASS_S, so its CPU rate is read over scheduler periods
+    # B/(8n) and B/(4n) in turn, control.probe_steps rounds each; under a CPU quota more: 20-ms pairs
+    # until the pass has lasted MIN_PASS_S, so its CPU rate is read over scheduler periods
     pairs = len(ran) // 2
-    assert ran == [4, 8] * pairs and (pairs - 1) * 0.020 < MIN_PASS_S + 1e-9 <= pairs * 0.020 + 2e-9
+    assert ran == [4, 8] * pairs
+    if quota:
+        assert (pairs - 1) * 0.020 < MIN_PASS_S + 1e-9 <= pairs * 0.020 + 2e-9
+    else:
+        assert pairs == session.job.config.control.probe_steps
     assert session.batch_sizes[0] > 40  # balanced before step 1: the slower rank 1 gets less
     for step in range(sampler.steps_per_epoch):
         session.begin_step(0, step, sampler.steps_per_epoch)

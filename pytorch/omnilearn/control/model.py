@@ -50,6 +50,9 @@ NOISE_DOF = 2
 measured steps plus these): an unmeasured noise makes every gain uncertain."""
 NOISE_MEMORY = 32
 """Steps of each worker's innovations behind its measurement noise."""
+PAIR_SCALE = 2.5813
+"""A normal noise's sd over the median of its :meth:`SpeedModel._learn_noise` samples (the lesser of a
+step's two differences, over sqrt 2)."""
 PRIOR_WEIGHT = 4.0
 """The prior noise counts as this many steps of evidence."""
 JUMP = 1.0
@@ -148,6 +151,8 @@ class SpeedModel:
         self.noise_count = np.zeros(n, int)
         self.last_nu = np.full(n, np.nan)  # each worker's innovation at its last steady step
         self.last_b = np.zeros(n)  # and the batch it was at
+        self.prev_nu = np.full(n, np.nan)  # and at the one before
+        self.prev_b = np.zeros(n)
 
     # ------------------------------------------------------------------ k's posterior
 
@@ -339,20 +344,29 @@ class SpeedModel:
 
     def _learn_noise(self, nu: np.ndarray, moved: np.ndarray, live: np.ndarray, batch: np.ndarray) -> None:
         """Each worker's measurement noise from how its innovation (``nu``, scaled back to one worker's,
-        before this step's update) changes from one step to the next at the same batch: a bias of the
-        estimate (a speed that moved a little, a k slightly off) is the same in both and drops out, the
-        noise does not. The step's own update (``moved``: how far each estimate moved on it, scaled
-        alike) is taken out of the innovation kept for the next pair: a jump taken in full leaves the
-        next step's innovation near zero, and only the step that jumped reads as one outlier; a worker's
-        first step (its estimate is that step) gives the next one its pair. The median
-        of the last :data:`NOISE_MEMORY` changes, as a normal sd (1.4826 MAD / sqrt(2): robust to the
-        heavy tails it is the scale of), shrunk towards the pool of every worker's (a worker with few
-        steps borrows the others' scale; :data:`PRIOR_WEIGHT` steps of :data:`NOISE_PRIOR` before any)."""
+        before this step's update) changes from the steps before at the same batch: a bias of the
+        estimate (a speed that moved a little, a k slightly off) is the same in each and drops out, the
+        noise does not. A step's sample is the lesser of its changes from the last two steps: one odd
+        step then reads as one outlier, not two (the change into it and the change out of it), and so
+        does a change of speed the estimate has not followed yet; with few steps behind the median, two
+        outliers for one would set it. The step's own update (``moved``: how far each estimate moved
+        on it, scaled alike) is taken out of the innovations kept for the next samples: a jump taken in
+        full leaves the next step's innovation near zero; a worker's first two steps at a batch (its
+        estimate is the first) give the third its pair. The median of the last :data:`NOISE_MEMORY` samples, as a
+        normal sd (:data:`PAIR_SCALE`: robust to the heavy tails it is the scale of), shrunk towards
+        the pool of every worker's (a worker with few steps borrows the others' scale;
+        :data:`PRIOR_WEIGHT` steps of :data:`NOISE_PRIOR` before any)."""
         b = np.asarray(batch, float)
         pair = live & ~np.isnan(self.last_nu) & (b == self.last_b)
+        both = pair & ~np.isnan(self.prev_nu) & (b == self.prev_b)
+        one = np.abs(nu - np.where(pair, self.last_nu, 0.0))
+        two = np.abs(nu - np.where(both, self.prev_nu, 0.0))
+        sample = np.where(both, np.minimum(one, two), one * 1.4826 / PAIR_SCALE) / math.sqrt(2)
         self.noise_abs[:-1, pair] = self.noise_abs[1:, pair]
-        self.noise_abs[-1, pair] = np.abs(nu[pair] - self.last_nu[pair]) / math.sqrt(2)
+        self.noise_abs[-1, pair] = sample[pair]
         self.noise_count[pair] = np.minimum(self.noise_count[pair] + 1, NOISE_MEMORY)
+        self.prev_nu = np.where(live, self.last_nu - moved, self.prev_nu)
+        self.prev_b = np.where(live, self.last_b, self.prev_b)
         self.last_nu = np.where(live, nu - moved, self.last_nu)
         self.last_b = np.where(live, b, self.last_b)
         n = self.noise_count
@@ -364,7 +378,7 @@ class SpeedModel:
             ordered = np.sort(np.where(recent, self.noise_abs[:, some], np.inf), axis=0)  # the unused last
             cols = np.arange(c.size)
             med = 0.5 * (ordered[(c - 1) // 2, cols] + ordered[c // 2, cols])
-            own[some] = np.maximum((1.4826 * med) ** 2, NOISE_FLOOR ** 2)
+            own[some] = np.maximum((PAIR_SCALE * med) ** 2, NOISE_FLOOR ** 2)
         pool_n = float(n.sum())
         pool = float(np.median(own[n > 0])) if pool_n else NOISE_PRIOR ** 2
         pool = (pool * pool_n + NOISE_PRIOR ** 2 * PRIOR_WEIGHT) / (pool_n + PRIOR_WEIGHT)
@@ -432,6 +446,7 @@ class SpeedModel:
         self.hist_share = self.hist_share[:, idx]
         self.noise_abs, self.noise_count = self.noise_abs[:, idx], self.noise_count[idx]
         self.last_nu, self.last_b = self.last_nu[idx], self.last_b[idx]
+        self.prev_nu, self.prev_b = self.prev_nu[idx], self.prev_b[idx]
         self.regimes = [self.regimes[i] for i in workers]
         if self.relative:
             self.u -= self.u.mean()
@@ -443,7 +458,8 @@ class SpeedModel:
                 "hist_est": self.hist_est.tolist(), "hist_share": self.hist_share.tolist(),
                 "hist_count": self.hist_count.tolist(),
                 "noise_abs": self.noise_abs.tolist(), "noise_count": self.noise_count.tolist(),
-                "last_nu": [None if math.isnan(x) else x for x in self.last_nu], "last_b": self.last_b.tolist()}
+                "last_nu": [None if math.isnan(x) else x for x in self.last_nu], "last_b": self.last_b.tolist(),
+                "prev_nu": [None if math.isnan(x) else x for x in self.prev_nu], "prev_b": self.prev_b.tolist()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         for key in ("u", "count", "noise2", "k_log", "lo", "hi", "hist_nu", "hist_est", "hist_share", "noise_abs"):
@@ -452,4 +468,7 @@ class SpeedModel:
         self.noise_count = np.asarray(d["noise_count"], int)
         self.last_nu = np.asarray([np.nan if x is None else x for x in d["last_nu"]], float)
         self.last_b = np.asarray(d["last_b"], float)
+        n = len(self.last_b)  # a state without the innovations before the last: none kept
+        self.prev_nu = np.asarray([np.nan if x is None else x for x in d.get("prev_nu", [None] * n)], float)
+        self.prev_b = np.asarray(d.get("prev_b", [0.0] * n), float)
         self.scale, self.measured, self.regimes = d["scale"], int(d["measured"]), list(d["regimes"])
