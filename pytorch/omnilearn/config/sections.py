@@ -182,7 +182,7 @@ class ControlConfig:
     probe_steps: int = 2
     """dynamic: rounds of the start-up probe (each worker times one step at B/(8n) and one at B/(4n) a
     round, once its first allocation is in force; the least of two rounds counts, of more the median of
-    each pair's least; more rounds where steps are short, until the pass has lasted 0.1 s); 0: no
+    each pair's least; under a CPU quota more rounds where steps are short, until the pass has lasted 0.1 s); 0: no
     probe, the equal split until steps are measured."""
     window: int = 16
     """dynamic-v1, paper: compute-time measurements kept per worker (median)."""
