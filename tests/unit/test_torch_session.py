@@ -45,6 +45,42 @@ def test_the_first_steps_one_off_costs_do_not_ride_into_the_second_steps_time(tm
     assert shared == pytest.approx([COMPUTE_S, COMPUTE_S, COMPUTE_S + AFTER_S])
 
 
+def test_what_a_loop_does_between_closing_a_step_and_opening_the_next_rides_with_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A framework closes a step at its step-end hook and opens the next at its step-begin hook; in
+    between it draws and collates the next batch and keeps its books, work of this rank's that grows
+    with its share. That time rides with the next step's, as the update after the all-reduce does;
+    the first step's (one-off costs) and an epoch's end (evaluation) do not."""
+    clock = FakeClock()
+    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=clock, time=clock))
+    monkeypatch.setattr(session_module, "dist", types.SimpleNamespace(
+        broadcast_object_list=lambda box, src: None, barrier=lambda: None, get_backend=lambda: "gloo"))
+    monkeypatch.setattr(session_module, "summarize", lambda out: None)
+    session = StepSession(1, 0, policy="dynamic", out=str(tmp_path / "run"))
+    session.quota = types.SimpleNamespace(read=lambda: None, held_since=lambda before: 0.0, rate=lambda r: 1.0,
+                                          limited=lambda: False)
+    sampler = session.attach(32, 8, 0, True, ("model", "data"))  # 4 steps an epoch
+    gap_s, shared = 0.03, []
+    for epoch in range(2):
+        for step in range(sampler.steps_per_epoch):
+            session.begin_step(epoch, step, sampler.steps_per_epoch)
+            clock.advance(COMPUTE_S)
+            extra = torch.zeros(session.extra_slots)
+            session.fill_slots(extra)
+            shared.append(float(extra[1]))
+            session.read_slots(extra)
+            clock.advance(AFTER_S)
+            if step == sampler.steps_per_epoch - 1:
+                session.end_epoch(epoch)
+                clock.advance(5.0)  # the loop's evaluation
+            else:
+                session.finish_step()  # the step-end hook
+                clock.advance(gap_s)  # the next batch drawn, the books kept
+    late = COMPUTE_S + AFTER_S
+    assert shared == pytest.approx([COMPUTE_S, COMPUTE_S, late + gap_s, late + gap_s,
+                                    late, late + gap_s, late + gap_s, late + gap_s])
+
+
 @pytest.mark.parametrize("quota", [True, False])
 def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_first_step_out(
         quota: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

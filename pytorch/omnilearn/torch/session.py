@@ -253,6 +253,7 @@ class StepSession:
         self.values: list[float] | None = None
         self.between_s = 0.0  # time between an epoch's end and the next step (evaluation): not training time
         self.epoch_ended_at: float | None = None
+        self.closed_at: float | None = None  # when the last step closed (perf_counter), within an epoch
 
     # ------------------------------------------------------------------------ set-up
     def attach(self, dataset_size: int, global_batch: int, seed: int, drop_last: bool, names: tuple[str, str],
@@ -349,6 +350,12 @@ class StepSession:
         if self.epoch_ended_at is not None:
             self.between_s += time.time() - self.epoch_ended_at
             self.epoch_ended_at = None
+        elif self.closed_at is not None:
+            # What the loop did between closing the last step and opening this one (a framework's
+            # bookkeeping after its step-end hook, drawing and collating this batch) is this rank's work
+            # as much as its forward: it rides with this step's time, as the update after the all-reduce does.
+            self.after_s += time.perf_counter() - self.closed_at
+        self.closed_at = None
         position = epoch + step / steps
         self._follow(position)
         late = self.levels.outcome(position)  # a retried change's outcome: this rank's threads only
@@ -423,6 +430,7 @@ class StepSession:
         steps_left = t.steps_per_epoch * self.epochs - self.steps_done if self.epochs else None
         self.loop.step(times, ctl.due(self.steps_done, p["last"]), steps_left, self.levels.shares,
                        max(values[1 + self.world:1 + 2 * self.world]), step=self.steps_done)
+        self.closed_at = time.perf_counter() if self.steps_done > 1 else None  # the first's gap: one-off too
 
     def _held_ms(self) -> float | None:
         """The last step's quota hold for its record, where the controller times it (None: not read)."""
