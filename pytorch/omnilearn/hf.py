@@ -33,8 +33,12 @@ one optimizer step per batch: ``gradient_accumulation_steps`` above 1, ``compute
 
 from __future__ import annotations
 
+import atexit
+import gc
+import weakref
 from typing import Any
 
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
@@ -75,6 +79,7 @@ class HeteroTrainer(Trainer):
         self.shares: ShareBatchSampler | None = None
         self._hooked: nn.Module | None = None
         self.add_callback(_Steps(self))
+        atexit.register(_release_at_exit, weakref.ref(self))
 
     def get_train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
@@ -157,6 +162,23 @@ class _Steps(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.trainer.shares is not None:
             self.trainer.shares.close()
+
+
+def _release_at_exit(ref: weakref.ref) -> None:
+    """At the interpreter's exit, the process group a Trainer script leaves alive is destroyed, once the
+    DistributedDataParallel model that holds it is gone: left to the interpreter's finalization, its
+    gloo threads can abort the process (SIGABRT) after a clean run. A script that destroyed the group
+    itself is left alone."""
+    trainer = ref()
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    if trainer is not None:
+        trainer.model_wrapped = trainer.model
+        trainer.accelerator.free_memory()
+        trainer._hooked = None
+    del trainer
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def _check_args(trainer: HeteroTrainer) -> None:

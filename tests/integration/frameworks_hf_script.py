@@ -5,7 +5,6 @@ whose steps are checked by framework_checks.report (and the weights at the first
 with those before the start-up probe).
 """
 
-import gc
 import os
 import sys
 
@@ -88,9 +87,8 @@ def main() -> None:
             # the start-up probe's steps left the weights as they were
             "probe_left_no_trace": all(torch.equal(v, model.recorder.steps[0][0][k])
                                        for k, v in model.started_with.items())})
-    del trainer, record  # the DDP model holds the process group: gone before the group, its threads end with it
-    gc.collect()
-    torch.distributed.destroy_process_group()
+    # the process group is left alive, as a Trainer script leaves it: omnilearn.hf ends it at exit (the
+    # test asserts a clean exit status)
 
 
 if __name__ == "__main__":
