@@ -79,7 +79,9 @@ class HeteroTrainer(Trainer):
         self.shares: ShareBatchSampler | None = None
         self._hooked: nn.Module | None = None
         self.add_callback(_Steps(self))
-        atexit.register(_release_at_exit, weakref.ref(self))
+        if not _TRAINERS:
+            atexit.register(_release_at_exit)
+        _TRAINERS.add(self)
 
     def get_train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
@@ -164,19 +166,21 @@ class _Steps(TrainerCallback):
             self.trainer.shares.close()
 
 
-def _release_at_exit(ref: weakref.ref) -> None:
+_TRAINERS: weakref.WeakSet[HeteroTrainer] = weakref.WeakSet()
+"""The process's live HeteroTrainers, for :func:`_release_at_exit` (registered with the first)."""
+
+
+def _release_at_exit() -> None:
     """At the interpreter's exit, the process group a Trainer script leaves alive is destroyed, once the
-    DistributedDataParallel model that holds it is gone: left to the interpreter's finalization, its
+    DistributedDataParallel models that hold it are gone: left to the interpreter's finalization, its
     gloo threads can abort the process (SIGABRT) after a clean run. A script that destroyed the group
     itself is left alone."""
-    trainer = ref()
     if not dist.is_available() or not dist.is_initialized():
         return
-    if trainer is not None:
+    for trainer in list(_TRAINERS):
         trainer.model_wrapped = trainer.model
         trainer.accelerator.free_memory()
         trainer._hooked = None
-    del trainer
     gc.collect()
     dist.destroy_process_group()
 
