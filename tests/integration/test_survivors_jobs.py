@@ -53,6 +53,7 @@ def test_a_worker_lost_twice_in_a_row_is_left_behind_and_the_survivors_see_the_s
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
     said = " ".join(output.split())  # the console wraps long lines
+    assert said.count("restarting from its checkpoint") == 2, said
     assert "without worker2 (lost 2 times in a row), with the 2 survivors worker1, worker3" in said, said
     s, w = json.loads((out / "summary.json").read_text()), json.loads((whole / "summary.json").read_text())
     assert [(x["cause"], x["dropped"], x["workers"]) for x in s["restarts"]] == [
@@ -64,6 +65,7 @@ def test_a_worker_lost_twice_in_a_row_is_left_behind_and_the_survivors_see_the_s
     assert s["final_accuracy"] == pytest.approx(w["final_accuracy"], abs=0.03)
     assert _step_sums(out, 3) == _step_sums(whole, 3)  # the same samples at every step, none twice
     resumed = [r for r in read_records(out / "metrics" / "rank-2.jsonl") if r["kind"] == "resume"]
+    assert resumed[0]["epoch"] >= 1 and resumed[0]["step_in_epoch"] == 0, resumed  # at a checkpoint's epoch end
     assert resumed[-1]["workers"] == ["worker1", "worker3"] and resumed[-1]["batch"] == [48, 48]
     job = JobSpec.load(out / "job.json")
     assert job.members == [0, 2] and resumed_members(out, job.config) == [0, 2]  # what --resume goes on with
