@@ -183,6 +183,29 @@ def test_k_from_re_splits_when_nothing_was_probed() -> None:
     assert t.max() / t.min() - 1 < 0.08
 
 
+def test_asp_moves_tell_k_and_the_split_settles_without_a_false_speed_change() -> None:
+    """ASP has no probe and no common factor: a worker's second step at a new batch tells k, against the
+    time predicted where it left. Times proportional to the batch (k = 0, the prior's mean is B/(4n) = 16)
+    must not read as speed changes when a worker moves, and the update rates end within 10%."""
+    rng = np.random.default_rng(5)
+    n, batch = 3, 192
+    ctl = make_controller(ControlConfig(policy="dynamic"), batch, Bounds.make(n, 1, None, batch),
+                          synchronous=False)
+    speed, k = np.array([0.15, 0.3, 1.2]), 0.0
+    clock = np.zeros(n)  # each worker's next push, in seconds: the fastest pushes most often
+    for _ in range(240):
+        w = int(clock.argmin())
+        b = ctl.batch[w]
+        t = (b + k) / speed[w] * 1e-2 * math.exp(rng.normal(0, 0.03))
+        clock[w] += t
+        ctl.observe(w, b, t)
+        ctl.decide()
+    assert ctl.overhead < 4.0
+    assert ctl.regimes() == [0, 0, 0]
+    rates = speed / np.asarray(ctl.batch, float)
+    assert rates.max() / rates.min() - 1 < 0.1
+
+
 def test_no_move_when_the_gain_is_below_the_cost() -> None:
     """One worker 6% faster: the balanced split would save about 1.5% of a step, which three steps
     left cannot pay at a re-split cost of 10% of a step; with a thousand steps left the same evidence

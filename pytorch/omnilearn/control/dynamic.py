@@ -95,6 +95,7 @@ class DynamicController:
         self._first: list[float] | None = None  # the first step's times at a new split (BSP)
         self._moved: tuple[list[int], np.ndarray] | None = None  # the old split and its predicted log times
         self._fresh: dict[int, float] = {}  # ASP: a worker's first time at its new batch
+        self._from: dict[int, tuple[int, float]] = {}  # ASP: its batch before, and its log time predicted there
 
     # ------------------------------------------------------------------ what the policy is
     policy = property(lambda self: "dynamic")
@@ -202,14 +203,24 @@ class DynamicController:
         return changed
 
     def observe(self, worker: int, batch: int, seconds: float) -> bool:
-        """ASP: one worker's compute time of a step at ``batch`` (ignored unless its current batch)."""
+        """ASP: one worker's compute time of a step at ``batch`` (ignored unless its current batch).
+
+        A worker's second step at a new batch tells k as a BSP re-split does: its time there against
+        the time its estimate predicted at the batch it left (the first step also carries the new
+        shapes' one-off cost, which the second measures; without a common factor to profile out, a
+        step of one worker's own is the evidence)."""
         if batch != self.batch[worker]:
             return False
         first = self._fresh.pop(worker, None)
         if first is not None and math.isinf(first):  # its first step at the new batch
             self._fresh[worker] = seconds
-        elif first is not None:  # its second: what the first one cost more
+        elif first is not None:  # its second: what the first one cost more, and what the move says of k
             self.costs = [*self.costs, first - seconds][-COSTS_KEPT:]
+            before = self._from.pop(worker, None)
+            if before is not None:
+                m = self.model
+                sd = np.sqrt(m.var[worker:worker + 1] + 2 * m.noise2[worker:worker + 1])
+                m.k_from_move([before[0]], [batch], np.array([before[1]]), np.log([max(seconds, 1e-9)]), sd)
         return self.model.update_one(worker, batch, seconds)
 
     def estimates(self) -> tuple[list[float] | None, list[int]]:
@@ -311,7 +322,12 @@ class DynamicController:
         self._moved = (list(self.batch), self.model.predict_log(self.batch))
         self._first = None
         if not self.synchronous:
-            self._fresh.update({i: math.inf for i, (a, b) in enumerate(zip(self.batch, new, strict=True)) if a != b})
+            predicted = self.model.predict_log(self.batch)
+            for i, (a, b) in enumerate(zip(self.batch, new, strict=True)):
+                if a != b:
+                    self._fresh[i] = math.inf
+                    if self.model.lo[i] > 0:  # k is told against a batch it was measured at
+                        self._from.setdefault(i, (a, float(predicted[i])))
         self.batch = list(new)
         return list(new)
 
@@ -331,7 +347,8 @@ class DynamicController:
                 "first": self._first,
                 "watch": self.watch, "probed": self.probed, "warmed": self.warmed,
                 "moved": None if self._moved is None else [self._moved[0], self._moved[1].tolist()],
-                "fresh": {str(i): t for i, t in self._fresh.items()}}
+                "fresh": {str(i): t for i, t in self._fresh.items()},
+                "fresh_from": {str(i): [b, t] for i, (b, t) in self._from.items()}}
 
     def load_state_dict(self, d: dict[str, Any], keep: list[int] | None = None) -> None:
         """Load ``d``; with ``keep`` (the saved workers that still run, in rank order) only theirs: the
@@ -350,8 +367,9 @@ class DynamicController:
         self._first = d.get("first")
         self._moved = None if moved is None else (list(moved[0]), np.asarray(moved[1], float))
         self._fresh = {int(i): float(t) for i, t in (d.get("fresh") or {}).items()}
+        self._from = {int(i): (int(b), float(t)) for i, (b, t) in (d.get("fresh_from") or {}).items()}
         if keep is not None and keep != list(range(len(d["batch"]))):
             self.bounds = dataclasses.replace(self.bounds, max_batch=tuple(self.bounds.max_batch[i] for i in keep))
             self.model.keep(keep)
             self.batch = policies.split([float(self.batch[i]) for i in keep], self.global_batch, self.bounds)
-            self._first, self._moved, self._fresh = None, None, {}
+            self._first, self._moved, self._fresh, self._from = None, None, {}, {}

@@ -23,8 +23,9 @@ common factor (a Student-t weighted mean over the workers, removed: BSP) and the
   reopens. A shift too small for one step shows in a windowed test over the last few innovations.
 - *k.* A log-posterior on a grid over ``[0, K_MAX_FACTOR * B / n]`` (prior: :data:`K_PRIOR`): the
   start-up probe (every worker timed at two batch sizes) and every re-split (each worker's time
-  before and after, the step's common factor profiled out) add their Student-t log-likelihood. Only
-  moves of a worker's batch tell ``k``; steps at one split never do.
+  before and after; BSP profiles out the step's common factor, ASP takes a moved worker's own steps)
+  add their Student-t log-likelihood. Only moves of a worker's batch tell ``k``; steps at one split
+  never do.
 
 Everything here is plain numpy on a few arrays of length n: a thousand workers update in well under a
 millisecond, and identical inputs give identical estimates on every rank.
