@@ -18,13 +18,15 @@ def _job_for_cluster(args: argparse.Namespace):
     from omnilearn.emulator.spec.plan import build_plan
     from omnilearn.jobfile import JobSpec, new_job_id
     from omnilearn.launch.job import check_launcher
-    from omnilearn.launch.runfolder import prepare_out
-    from omnilearn.train.preflight import preflight
+    from omnilearn.launch.runfolder import check_out, prepare_out
 
     overrides = flag_overrides(args) + [("emulation.backend", "docker")]
     cfg = config.build(args.config, overrides)
     plan = build_plan(cfg)
     check_launcher(cfg, plan)
+    check_out(args.out, args.force)
+    from omnilearn.train.preflight import preflight  # torch: only once the config and flags passed
+
     preflight(cfg)
     out = prepare_out(args.out, args.force)  # a new or replaceable folder, marked as a run's
     job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="docker")

@@ -22,11 +22,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from omnilearn.launch.failures import WorkerFailed
     from omnilearn.launch.forked import forks, warm
     from omnilearn.launch.job import check_launcher, run_job, with_policy
-    from omnilearn.launch.runfolder import prepare_out
+    from omnilearn.launch.runfolder import check_out, prepare_out
     from omnilearn.report.plot import plot_compare
     from omnilearn.report.summary import compare
     from omnilearn.report.table import print_report, targets_line
-    from omnilearn.train.preflight import preflight
 
     if args.resume:
         cfg, out = resume_config(args)
@@ -35,8 +34,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     policies = compare_policies(args.compare) if args.compare else [cfg.control.policy]
     plan = build_plan(cfg)  # every table, schedule and cpuset check happens here, before anything starts
     check_launcher(cfg, plan)
+    if not args.resume:
+        check_out(args.out, args.force)  # before the preflight: a refused folder is said at once
     if cfg.emulation.backend != "docker" and forks(plan):
         warm()  # the workers' fork server imports torch while the preflight runs
+    from omnilearn.train.preflight import preflight  # torch: only once the config and flags passed
+
     facts = preflight(cfg)  # data present (or downloaded once), model builds, batch fits the data
     if not args.resume:
         out = prepare_out(args.out, args.force)  # a new or replaceable folder, marked as a run's
@@ -115,10 +118,11 @@ def compare_policies(text: str) -> list[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from omnilearn.experiments.bench import run_bench
     from omnilearn.experiments.matrix import DEFAULT_MATRIX, load_matrix
 
     matrix = load_matrix(Path(args.matrix) if args.matrix else DEFAULT_MATRIX, bench_overrides(args))
+    from omnilearn.experiments.bench import run_bench  # torch (its preflight): only once the matrix passed
+
     return run_bench(matrix, Path(args.out), make_console(), show_progress=not args.no_progress)
 
 

@@ -50,6 +50,29 @@ def default_out() -> Path:
     raise UserError(f"cannot find a free run folder name under {RUNS}")  # pragma: no cover
 
 
+def check_out(out: str | None, force: bool) -> None:
+    """The refusals of :func:`prepare_out` that need nothing made or removed, one line each: a path
+    that is not a folder, a non-empty folder without ``force``, one ``force`` may not replace. The
+    launcher says them before its preflight (which loads the data and builds the model)."""
+    if out is None:
+        return
+    path = Path(out)
+    try:
+        if not (path.is_symlink() or path.exists()):
+            return
+        if not path.is_dir():
+            raise UserError(f"--out {out}: exists and is not a folder")
+        if any(path.iterdir()):
+            if not force:
+                raise UserError(f"--out {out}: folder exists and is not empty (choose another, or add "
+                                f"--force to replace it)")
+            _check_replaceable(path, out)
+    except UserError:
+        raise
+    except (OSError, ValueError) as e:
+        raise UserError(f"--out {out}: cannot use it as the run folder: {getattr(e, 'strerror', None) or e}") from None
+
+
 def prepare_out(out: str | None, force: bool) -> Path:
     """The run folder for ``--out`` (None: a new one under ``runs/``), existing, empty and marked.
 
