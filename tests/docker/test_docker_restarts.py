@@ -108,7 +108,12 @@ def test_a_killed_launcher_leaves_a_job_that_cleanup_clears_and_resume_completes
     stopped_after = time.time() - t0
     print(f"no container of the job ran {stopped_after:.1f} s after kill -9 of the launcher")
     assert not any(c.status == "running" for c in job_containers(docker_client, job_id))
-    assert "died: stopped worker" in (out / "logs" / "reaper.log").read_text()
+    # The reaper writes its line once its stop calls returned, which may be after the test saw the
+    # containers stopped: wait for the line, with a deadline.
+    reaped = out / "logs" / "reaper.log"
+    while not (reaped.exists() and "died: " in reaped.read_text()) and time.time() - t0 < 30:
+        time.sleep(0.1)
+    assert "died: stopped worker" in reaped.read_text()
     r = subprocess.run([sys.executable, "-m", "omnilearn", "cleanup"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "container worker1" in r.stdout, r.stdout + r.stderr
     assert not job_containers(docker_client, job_id)
