@@ -12,7 +12,7 @@ import pytest
 from omnilearn.errors import UserError
 from omnilearn.files import create_in, open_in, write_in
 from omnilearn.launch import runfolder
-from omnilearn.launch.runfolder import MARKER, PROJECT_ROOT, default_out, prepare_out
+from omnilearn.launch.runfolder import MARKER, PROJECT_ROOT, check_out, default_out, prepare_out
 
 
 def test_default_out_is_new_and_marked_even_for_runs_started_together(tmp_path: Path, monkeypatch) -> None:
@@ -87,6 +87,24 @@ def test_unusable_out_is_one_clear_error(tmp_path: Path) -> None:
         prepare_out("/proc/omnilearn-run", force=False)  # a file system nobody can write
     with pytest.raises(UserError, match="cannot use it as the run folder"):
         prepare_out("bad\0name", force=False)
+
+
+def test_check_out_refuses_as_prepare_out_does_and_makes_or_removes_nothing(tmp_path: Path) -> None:
+    check_out(str(tmp_path / "new" / "run"), False)
+    assert not (tmp_path / "new").exists()  # a folder to come is not made by the check
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "x").write_text("x")
+    for force, said in ((False, "not empty"), (True, MARKER)):
+        with pytest.raises(UserError, match=said):
+            check_out(str(kept), force)
+        with pytest.raises(UserError, match=said):
+            prepare_out(str(kept), force)
+    assert (kept / "x").read_text() == "x"
+    (kept / MARKER).write_text("{}")
+    check_out(str(kept), True)  # replaceable: the check passes and leaves it
+    assert (kept / "x").exists()
+    assert prepare_out(str(kept), True) == kept and not (kept / "x").exists()
 
 
 def test_open_in_never_goes_through_a_planted_link(tmp_path: Path) -> None:

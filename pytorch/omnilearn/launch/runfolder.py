@@ -81,22 +81,15 @@ def prepare_out(out: str | None, force: bool) -> Path:
     """
     if out is None:
         return default_out()
+    check_out(out, force)
     path = Path(out)
     try:
-        if path.is_symlink() or path.exists():
-            if not path.is_dir():
-                raise UserError(f"--out {out}: exists and is not a folder")
-            if any(path.iterdir()):
-                if not force:
-                    raise UserError(f"--out {out}: folder exists and is not empty (choose another, or add "
-                                    f"--force to replace it)")
-                real = _check_replaceable(path, out)
-                shutil.rmtree(real)  # never follows a link inside the folder
-                real.mkdir()
+        if (path.is_symlink() or path.exists()) and any(path.iterdir()):  # with force, and replaceable
+            real = path.resolve()
+            shutil.rmtree(real)  # never follows a link inside the folder
+            real.mkdir()
         path.mkdir(parents=True, exist_ok=True)
         _mark(path)
-    except UserError:
-        raise
     except (OSError, ValueError) as e:  # unwritable, a file in the way, a name the system refuses
         raise UserError(f"--out {out}: cannot use it as the run folder: {getattr(e, 'strerror', None) or e}") from None
     return path
