@@ -319,10 +319,10 @@ class DynamicController:
         self.at_stake = 0.0
         if new == self.batch:
             return None
-        self._moved = (list(self.batch), self.model.predict_log(self.batch))
+        predicted = self.model.predict_log(self.batch)
+        self._moved = (list(self.batch), predicted)
         self._first = None
         if not self.synchronous:
-            predicted = self.model.predict_log(self.batch)
             for i, (a, b) in enumerate(zip(self.batch, new, strict=True)):
                 if a != b:
                     self._fresh[i] = math.inf

@@ -67,10 +67,8 @@ def check_out(out: str | None, force: bool) -> None:
                 raise UserError(f"--out {out}: folder exists and is not empty (choose another, or add "
                                 f"--force to replace it)")
             _check_replaceable(path, out)
-    except UserError:
-        raise
     except (OSError, ValueError) as e:
-        raise UserError(f"--out {out}: cannot use it as the run folder: {getattr(e, 'strerror', None) or e}") from None
+        raise _unusable(out, e) from None
 
 
 def prepare_out(out: str | None, force: bool) -> Path:
@@ -91,8 +89,12 @@ def prepare_out(out: str | None, force: bool) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         _mark(path)
     except (OSError, ValueError) as e:  # unwritable, a file in the way, a name the system refuses
-        raise UserError(f"--out {out}: cannot use it as the run folder: {getattr(e, 'strerror', None) or e}") from None
+        raise _unusable(out, e) from None
     return path
+
+
+def _unusable(out: str, error: OSError | ValueError) -> UserError:
+    return UserError(f"--out {out}: cannot use it as the run folder: {getattr(error, 'strerror', None) or error}")
 
 
 def _check_replaceable(path: Path, out: str) -> Path:
