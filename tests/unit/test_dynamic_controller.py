@@ -183,6 +183,39 @@ def test_k_from_re_splits_when_nothing_was_probed() -> None:
     assert t.max() / t.min() - 1 < 0.08
 
 
+def test_k_s_uncertainty_shows_in_every_split_extrapolated_from_where_speeds_were_measured() -> None:
+    """After the probe (every worker timed at 8 and 16 samples) each speed was measured at 16: the draws
+    behind a decision agree on a worker's time there and spread, with k, at 64 and 200, the equal
+    split's time included. Once a step at 64 measured it, the draws agree at 64."""
+    model = SpeedModel(N, B)
+    model.k_log = -0.5 * ((model.k_grid - 20.0) / 10.0) ** 2  # k about 20 +- 10 samples
+    model.speeds_from_probe(16, [0.2, 0.2, 0.4, 0.05], 8, 16)
+    model.count = np.full(N, 1e9)  # speeds known: only k is uncertain
+
+    def spread(batch: int) -> float:
+        u, k = model.samples(256, np.random.default_rng(0))
+        return float(np.std(u[:, 0] + np.log(batch + k)))
+
+    assert spread(16) < 1e-3 < 0.05 < spread(64) < spread(200)
+    model.update([64] * N, [0.5, 0.5, 1.0, 0.125])
+    model.count = np.full(N, 1e9)
+    assert spread(64) < 1e-3 < 0.02 < spread(200)
+
+
+def test_a_step_at_a_new_batch_moves_the_speed_as_far_as_k_is_uncertain() -> None:
+    """A speed measured at 16 predicts a step at 64 only as well as k is known: the same surprising
+    step moves the estimate further when k is wide than when it is sure."""
+    moved = {}
+    for name, width in (("sure", 0.5), ("wide", 15.0)):
+        model = SpeedModel(N, B)
+        model.k_log = -0.5 * ((model.k_grid - 20.0) / width) ** 2
+        model.speeds_from_probe(16, [0.2, 0.2, 0.2, 0.2], 8, 16)
+        before = model.predict_log([64] * N)
+        model.update([64] * N, np.exp(before) * np.array([1.15, 1.0, 1.0, 1.0]))
+        moved[name] = float((model.predict_log([64] * N) - before)[0] - (model.predict_log([64] * N) - before)[1])
+    assert 0 < moved["sure"] < moved["wide"] < math.log(1.15)
+
+
 def test_asp_moves_tell_k_and_the_split_settles_without_a_false_speed_change() -> None:
     """ASP has no probe and no common factor: a worker's second step at a new batch tells k, against the
     time predicted where it left. Times proportional to the batch (k = 0, the prior's mean is B/(4n) = 16)
@@ -204,6 +237,22 @@ def test_asp_moves_tell_k_and_the_split_settles_without_a_false_speed_change() -
     assert ctl.regimes() == [0, 0, 0]
     rates = speed / np.asarray(ctl.batch, float)
     assert rates.max() / rates.min() - 1 < 0.1
+
+
+def test_the_runs_first_step_is_no_measure_of_a_re_splits_cost() -> None:
+    """The first step after the probe is new at every worker's shapes and also carries the run's own
+    one-off costs (here half a step more): a later re-split's cost is measured at the later re-split."""
+    ctl = _controller()
+    speed, rng = np.array([1.0, 1.0, 0.5, 2.0]), np.random.default_rng(3)
+    small, large = ctl.probe_sizes()
+    ctl.observe_probe(small, large, _times(speed, 0.0, small, rng, 0.0), _times(speed, 0.0, large, rng, 0.0))
+    ctl.observe_step(_times(speed, 0.0, ctl.batch, rng, 0.0, common=1.5))
+    ctl.observe_step(_times(speed, 0.0, ctl.batch, rng, 0.0))
+    assert ctl.costs == []
+    ctl._adopt([70, 70, 30, 86])
+    ctl.observe_step(_times(speed, 0.0, ctl.batch, rng, 0.0, common=1.1))
+    ctl.observe_step(_times(speed, 0.0, ctl.batch, rng, 0.0))
+    assert len(ctl.costs) == 1 and ctl.costs[0] > 0
 
 
 def test_no_move_when_the_gain_is_below_the_cost() -> None:

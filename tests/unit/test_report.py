@@ -60,6 +60,27 @@ def test_settle_counts_the_quota_hold_as_busy_time() -> None:
     assert settle(steps, hl, changes)[0]["decisions"] == 0
 
 
+def test_settle_judges_each_worker_against_its_own_steps_not_the_hosts_busier_moments() -> None:
+    """A host busier at one step slows every worker of it alike: a worker's load is its busy time over
+    its step's median, so the busier step weighs no more than the others. Worker 3 is 25% under the
+    others at step 2 and 25% over at step 3, when the host ran three times slower: its load is even
+    (raw medians, weighted by the slow step, would read it 12.5% over). A worker over the others on
+    every step still reads over, whatever each step's speed."""
+    from omnilearn.report.summary import stretch_loads
+
+    def four(rows: list[list[float]]) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+        steps = [[{"step": k + 1, "batch": 16, "global_batch": 64, "compute_ms": row[w], "time": 101.0 + k}
+                  for k, row in enumerate(rows)] for w in range(4)]
+        return steps, [{"step": 0, "level": "HL8", "from_level": None, "time": 100.0}]
+
+    steps, hl = four([[500, 100, 100, 100], [100, 100, 100, 75], [300, 300, 300, 375]])
+    assert settle(steps, hl, [])[0]["decisions"] == 0
+    assert stretch_loads([[100, 100, 100, 75], [300, 300, 300, 375]]) == pytest.approx([1, 1, 1, 1])
+    steps, hl = four([[500, 100, 100, 100], [100, 100, 100, 115], [300, 300, 300, 345]])
+    assert settle(steps, hl, [])[0]["decisions"] is None
+    assert stretch_loads([[100, 100, 100, 115], [300, 300, 300, 345]])[3] == pytest.approx(1.15)
+
+
 def test_settle_line_names_the_policy_and_the_median_over_level_changes() -> None:
     from omnilearn.report.table import settle_line
 

@@ -191,10 +191,11 @@ class DynamicController:
         if self._first is not None:  # the second step at a new split: what the first one cost more
             self.costs = [*self.costs, max(self._first) - max(times)][-COSTS_KEPT:]
             self._first = None
-        if self._moved is not None:  # the first step at a new split: evidence on k
+        if self._moved is not None:  # the first step at a new split: evidence on k and the re-split's cost
             old, predicted = self._moved
             self._moved = None
-            self._first = times
+            # the run's first step carries the run's one-off costs too: no measure of a later re-split's
+            self._first = times if self.model.measured > 1 else None
             observed = np.log(np.maximum(np.asarray(times), 1e-9))
             sd = np.sqrt(self.model.var + 2 * self.model.noise2)
             self.model.k_from_move(old, self.batch, predicted, observed, sd)
@@ -250,7 +251,7 @@ class DynamicController:
             return self._hold("balanced")
         self.considered += 1
         rng = np.random.default_rng(self.considered)
-        u, k = self.model.samples(DRAWS, rng, self.batch)
+        u, k = self.model.samples(DRAWS, rng)
         scale = math.exp(self.model.scale or 0.0)
         per_sample = np.exp(u)
         slowest_now = (per_sample * (np.asarray(self.batch, float)[None, :] + k[:, None])).max(axis=1)

@@ -192,12 +192,12 @@ class SpeedModel:
 
     def _add_k_evidence(self, loglik: np.ndarray) -> None:
         """Add one piece of evidence (a log-likelihood over the grid), keeping the speeds' predictions
-        at the batches they were measured at (``u`` is defined against ``k``)."""
+        at the batches they were measured at (``u`` is defined against ``k``; :meth:`measured_at`)."""
         before = self.k
         self.k_log = self.k_log + loglik
         self.k_log -= self.k_log.max()
         after = self.k
-        ref = np.maximum(self.hi, 1.0)
+        ref = np.maximum(self.measured_at(), 1.0)
         self.u = self.u + np.log(ref + before) - np.log(ref + after)
 
     def k_from_probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float]) -> None:
@@ -255,6 +255,7 @@ class SpeedModel:
         jumped (posterior probability above one half) and the innovations (log)."""
         b = np.asarray(batch, float)
         live = b > 0
+        self._extrapolate(b, live)
         z = np.log(np.maximum(np.asarray(times, float), 1e-9)) - np.log(np.maximum(b, 1e-9) + self.k)
         resid = z - self.u
         common = self._common(resid, live) if self.relative else 0.0
@@ -269,6 +270,23 @@ class SpeedModel:
             self.u -= shift
             self.scale += shift
         return changed, resid - common
+
+    def _extrapolate(self, batch: np.ndarray, live: np.ndarray) -> None:
+        """The predict step for a worker measured next at another batch than its speed was measured at
+        (a re-split, or the first step after the probe): its prediction there is only as good as k is
+        known, so its speed's variance grows by k's share of it, the posterior variance over k of
+        ``log(b + k) - log(at + k)``. The step's time then moves the speed as far as that uncertainty
+        allows, where a speed measured elsewhere would otherwise hold it back as if measured here."""
+        at = self.measured_at()
+        moved = live & (at > 0) & (batch != at)
+        if not moved.any():
+            return
+        p = self.k_posterior()
+        x = np.log(batch[moved, None] + self.k_grid[None, :]) - np.log(at[moved, None] + self.k_grid[None, :])
+        mean = x @ p
+        var = self.var.copy()
+        var[moved] += np.maximum((x * x) @ p - mean * mean, 0.0)
+        self.var = var
 
     def _common(self, resid: np.ndarray, live: np.ndarray) -> float:
         """The step's common factor: a Student-t weighted mean of the live workers' residuals (a few
@@ -294,6 +312,7 @@ class SpeedModel:
         resid[worker] = z - self.u[worker]
         at = np.zeros(self.workers)
         at[worker] = batch
+        self._extrapolate(at, live)
         changed = self._filter(resid, live, at)
         self.scale = 0.0
         self.lo[worker] = batch if self.lo[worker] == 0 else min(self.lo[worker], batch)
@@ -423,18 +442,25 @@ class SpeedModel:
 
     # ------------------------------------------------------------------ samples and state
 
-    def samples(self, count: int, rng: np.random.Generator, measured_at: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def measured_at(self) -> np.ndarray:
+        """The batch each worker's speed was last measured at: its last step's, or before any step the
+        probe's larger size (0 where never measured)."""
+        return np.where(self.last_b > 0, self.last_b, self.hi)
+
+    def samples(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``count`` draws of (u, k) from the posterior: u of shape (count, n), k of shape (count,).
 
-        ``u`` and ``k`` are not independent: a speed was estimated from times at ``measured_at`` under
-        the mean k, so a draw of k moves each u with it and leaves the prediction at ``measured_at``
-        where the times put it: k's uncertainty shows only in how far a move extrapolates."""
+        ``u`` and ``k`` are not independent: a speed was estimated from times at the batch it was
+        measured at (:meth:`measured_at`) under the mean k, so a draw of k moves each u with it and
+        leaves the prediction there where the times put it: k's uncertainty shows in how far a split
+        extrapolates from it, the current split's own time included (after the probe, every worker's
+        equal share is itself an extrapolation from the probe's sizes)."""
         # The noise scale is itself estimated: with m steps behind it, a speed's posterior is Student-t with
         # m + NOISE_DOF degrees of freedom (normal-inverse-gamma), wide until the noise is measured.
         dof = (self.noise_count + NOISE_DOF)[None, :]
         u = self.u[None, :] + np.sqrt(self.var)[None, :] * rng.standard_t(dof, (count, self.workers))
         k = rng.choice(self.k_grid, size=count, p=self.k_posterior())
-        at = np.asarray(measured_at, float)[None, :]
+        at = np.maximum(self.measured_at(), 1.0)[None, :]
         u = u + np.log(at + self.k) - np.log(at + k[:, None])
         return u, k
 

@@ -113,6 +113,13 @@ def busy_ms(step: dict[str, Any]) -> float:
     return step["compute_ms"] + (step.get("held_ms") or 0.0)
 
 
+def stretch_loads(busy: list[list[float]]) -> list[float]:
+    """Each worker's load over a stretch of BSP steps (``busy[k][i]``: worker i's busy time in step k):
+    the median over the steps of its busy time over that step's median (see :func:`settle`)."""
+    shares = [[b / max(statistics.median(row), 1e-9) for b in row] for row in busy]
+    return [statistics.median(col) for col in zip(*shares, strict=True)]
+
+
 def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
            batch_changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per level change (the start counts as the first, ``from_level`` null): how many compute-time
@@ -123,8 +130,11 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
     and the wait for the next CFS period lands in the all-reduce, so its compute time alone does not
     show the quota; ``dynamic`` balances the same sum, and records the hold). The steps from one change
     to the next are cut at every compute-time decision into stretches; a stretch's imbalance is
-    ``max/min - 1`` of the workers' median busy times over its full steps (its first step, which carries
-    the change, is left out when it has more). The change is
+    ``max/min - 1`` of the workers' loads: each worker's median, over the stretch's full steps (its
+    first step, which carries the change, is left out when it has more), of its busy time over its
+    step's median busy time. A BSP step's workers share its moment: a host busier at one step slows
+    them all, and is no imbalance; each step's own median takes it out, where medians of raw times
+    over a few steps would keep it (each worker's median may fall on a different step). The change is
     settled at the first stretch whose imbalance is at most SETTLED: ``decisions`` is the number of
     decisions before it, ``seconds`` the time from the change to the start of that stretch. Both are
     null when no stretch settles before the next change or the end of the run. (Decisions taken by
@@ -149,8 +159,8 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
                 ks = ks[1:]
             if not ks:
                 continue
-            medians = [statistics.median(busy_ms(s[k]) for k in ks) for s in steps]
-            if max(medians) / max(min(medians), 1e-9) - 1 <= SETTLED:
+            loads = stretch_loads([[busy_ms(s[k]) for s in steps] for k in ks])
+            if max(loads) / max(min(loads), 1e-9) - 1 <= SETTLED:
                 began = ev["time"] if m == 0 else steps[0][bounds[m] - 1]["time"]
                 record.update(decisions=m, seconds=round(max(began - ev["time"], 0.0), 3))
                 break
