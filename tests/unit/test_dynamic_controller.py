@@ -255,6 +255,24 @@ def test_the_runs_first_step_is_no_measure_of_a_re_splits_cost() -> None:
     assert len(ctl.costs) == 1 and ctl.costs[0] > 0
 
 
+def test_one_re_split_cost_read_on_a_slowed_step_does_not_set_the_cost_alone() -> None:
+    """A re-split's cost is the first step at the new split less the second: one first step the host
+    slowed by 60% must not bar every move after it; the prior weighs as two readings, and three
+    readings of that size set the cost."""
+    speed = np.array([1.0, 1.0, 1.0, 1.3])
+    ctl = _controller()
+    for _ in range(200):
+        ctl.observe_step(_times(speed, 0.0, ctl.batch, np.random.default_rng(0), 0.0))
+    step = max(_times(speed, 0.0, 64, np.random.default_rng(0), 0.0))
+    ctl.costs = [0.6 * step]
+    assert ctl.decide(steps_left=4) is not None
+    ctl = _controller()
+    for _ in range(200):
+        ctl.observe_step(_times(speed, 0.0, ctl.batch, np.random.default_rng(0), 0.0))
+    ctl.costs = [0.6 * step] * 3
+    assert ctl.decide(steps_left=4) is None and ctl.holds == {"cost": 1}
+
+
 def test_no_move_when_the_gain_is_below_the_cost() -> None:
     """One worker 6% faster: the balanced split would save about 1.5% of a step, which three steps
     left cannot pay at a re-split cost of 10% of a step; with a thousand steps left the same evidence

@@ -44,9 +44,12 @@ the probe's larger size (B/(4n)) four times the equal share at once."""
 DRAWS = 64
 """Posterior draws behind a decision's expected gain and its spread."""
 COST_PRIOR = 0.1
-"""The cost of a re-split, as a share of the predicted step, until one has been measured."""
+"""The cost of a re-split, as a share of the predicted step, before it is measured."""
+COST_PRIOR_WEIGHT = 2
+"""The prior cost counts as this many measurements: a re-split's cost is a difference of two steps, and
+one step the host slowed (a third of a step, on a shared host) would otherwise set C alone."""
 COSTS_KEPT = 8
-"""Measured re-split costs kept (their median is C)."""
+"""Measured re-split costs kept (C is the median of them and the prior's)."""
 STRIDES = (1.0, 0.5, 0.25)
 """The moves a decision weighs, in turn: the whole way to the balanced split, half of it, a quarter.
 Each is judged by the rule on the same posterior draws, and the first that passes is taken. Where the
@@ -267,10 +270,8 @@ class DynamicController:
         step = float(self._seconds(self.batch).max())
         if cost is not None:
             resplit = cost
-        elif self.costs:  # a difference of two noisy steps: its median, never below zero
-            resplit = max(statistics.median(self.costs), 0.0)
-        else:
-            resplit = COST_PRIOR * step
+        else:  # differences of two noisy steps and the prior: their median, never below zero
+            resplit = max(statistics.median([*self.costs, *[COST_PRIOR * step] * COST_PRIOR_WEIGHT]), 0.0)
         horizon = 1.0 / self.config.hazard
         if steps_left is not None:
             horizon = max(min(horizon, steps_left), 1.0)
