@@ -131,3 +131,17 @@ def test_cfs_limits_keep_the_share_within_the_kernels_ranges() -> None:
     assert cfs_limits(0.05) == (1_000, 20_000)  # a quota under 1 ms stretches the period
     assert cfs_limits(0.01) == (1_000, 100_000)
     assert cfs_limits(0.0001) == (1_000, 1_000_000)  # no longer than the kernel's longest period
+
+
+def test_a_quota_hold_delays_the_all_reduce_only_once_the_last_rank_arrived() -> None:
+    """A rank that spent its quota computing is held from its entry into the all-reduce: while a
+    slower rank still computes, that hold delays nobody. Rank 0 arrived 30 ms before the last rank and
+    was held 40 ms: 10 ms of it held the exchange back; the last rank's hold counts whole; a hold
+    shorter than the wait counts nothing."""
+    from omnilearn.emulator.backends.cgroupfs import delaying_hold
+
+    arrivals = [0.010, 0.025, 0.040]
+    assert delaying_hold(0.040, arrivals, 0) == pytest.approx(0.010)
+    assert delaying_hold(0.040, arrivals, 2) == pytest.approx(0.040)
+    assert delaying_hold(0.010, arrivals, 1) == 0.0
+    assert delaying_hold(0.005, [], 0) == 0.005

@@ -35,7 +35,7 @@ from omnilearn import config
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop, ProbeRounds
 from omnilearn.control.policies import POLICIES, Bounds, effective
-from omnilearn.emulator.backends.cgroupfs import QuotaClock
+from omnilearn.emulator.backends.cgroupfs import QuotaClock, delaying_hold
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.emulator.spec.plan import build_plan, worker_target
 from omnilearn.errors import UserError
@@ -233,8 +233,9 @@ class StepSession:
         self.board: LiveTensorBoard | None = None
         self.settings = {"control.policy": policy, **{f"control.{k}": v for k, v in (control or {}).items()}}
         self.out, self.library, self.params, self.device, self.model_name = out, library, params, device, model_name
-        # rank 0's clock, every rank's compute time, every rank's controller cost, and a stop asked by any rank
-        self.extra_slots = 2 + 2 * world
+        # rank 0's clock, every rank's compute time, every rank's controller cost, a stop asked by any
+        # rank, and when each rank reached the all-reduce
+        self.extra_slots = 2 + 3 * world
         self.asks_stop: Callable[[], bool] = lambda: False
         """Whether this rank asks every rank to stop (the loop's own signal, e.g. a SIGTERM it caught),
         read at the end of each backward: the answer rides that step's all-reduce."""
@@ -250,6 +251,7 @@ class StepSession:
         self.quota_before: tuple[Path, float] | None = None  # the quota clock before the all-reduce
         self.filled_at: float | None = None
         self.reduced_at: float | None = None
+        self.left_at: float | None = None  # when the last all-reduce ended (kept across steps)
         self.values: list[float] | None = None
         self.between_s = 0.0  # time between an epoch's end and the next step (evaluation): not training time
         self.epoch_ended_at: float | None = None
@@ -386,6 +388,8 @@ class StepSession:
         extra[1 + self.rank] = (self.filled_at - self.pending["t0"]) + late
         extra[1 + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
         extra[1 + 2 * self.world] = 1.0 if self.asks_stop() else 0.0
+        # when it reached the all-reduce, from the last one's end (its ranks leave an all-reduce together)
+        extra[2 + 2 * self.world + self.rank] = self.filled_at - (self.left_at or self.filled_at)
         self.quota_before = self.quota.read() if self.controller.times_quota else None
 
     def read_slots(self, extra: torch.Tensor) -> None:
@@ -393,9 +397,10 @@ class StepSession:
         assert self.filled_at is not None, "read_slots before fill_slots"
         self.values = extra.tolist()
         self.stop_seen = self.values[1 + 2 * self.world] > 0
-        self.reduced_at = time.perf_counter()
+        self.reduced_at = self.left_at = time.perf_counter()
         self.sync_s += self.reduced_at - self.filled_at
-        self.held_s = self.quota.held_since(self.quota_before)
+        arrivals = self.values[2 + 2 * self.world:2 + 3 * self.world]
+        self.held_s = delaying_hold(self.quota.held_since(self.quota_before), arrivals, self.rank)
 
     def finish_step(self) -> None:
         """Measure the step just done, record it, and let the controller decide (every rank alike)."""

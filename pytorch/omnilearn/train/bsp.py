@@ -31,7 +31,7 @@ from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop, ProbeRounds
 from omnilearn.control.policies import Bounds
-from omnilearn.emulator.backends.cgroupfs import QuotaClock
+from omnilearn.emulator.backends.cgroupfs import QuotaClock, delaying_hold
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
@@ -83,7 +83,8 @@ class BSPTrainer:
         for p in self.model.parameters():  # belt and braces: identical start even if seeding diverged
             dist.broadcast(p.data, src=0)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.grads = GradBuffer(params, extra=TIMES + 2 * self.world)  # every rank's time, then its controller's cost
+        # every rank's time, its controller's cost, and when it reached the all-reduce
+        self.grads = GradBuffer(params, extra=TIMES + 3 * self.world)
         self.optimizer = make_optimizer(cfg, params)
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=t.milestones, gamma=t.gamma)
         self.sampler = GlobalBatchSampler(len(self.work.train), t.global_batch, t.seed, drop_last=t.drop_last,
@@ -92,7 +93,8 @@ class BSPTrainer:
         self.controller = make_controller(c, t.global_batch, self.configured_bounds)
         self.update_s = 0.0  # this rank's last optimizer step: it rides in the next step's buffer
         self.quota = QuotaClock()
-        self.held_s = 0.0  # the time this rank's CPU quota held it back in the last all-reduce: rides too
+        self.held_s = 0.0  # the time this rank's CPU quota held the last all-reduce back: rides too
+        self.reduced_at: float | None = None  # when the last all-reduce ended (its ranks leave it together)
         self.quota_reading: tuple[Path, float] | None = None  # the quota clock's last reading
         self.targets = [job.plan.targets[s] for s in self.slots]
         self.client = AllocationClient(job.plan, job.log_dir, self.slot, self.targets[self.rank],
@@ -187,12 +189,15 @@ class BSPTrainer:
             late = (self.update_s if ctl.times_update else 0.0) + (self.held_s if ctl.times_quota else 0.0)
             extra[TIMES + self.rank] = (t1 - t0) + late
             extra[TIMES + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
+            arrived = time.perf_counter()
+            extra[TIMES + 2 * self.world + self.rank] = arrived - (self.reduced_at or arrived)
             before = self.quota_reading = self.quota.read() if ctl.times_quota else None
             self.grads.all_reduce()
             self._sync_cuda()
-            t2 = time.perf_counter()
-            self.held_s = self.quota.held_since(before)
+            t2 = self.reduced_at = time.perf_counter()
             values = self.grads.extra.tolist()
+            self.held_s = delaying_hold(self.quota.held_since(before),
+                                        values[TIMES + 2 * self.world:TIMES + 3 * self.world], self.rank)
             if values[OOM] > 0:
                 self.oom_seen = True
                 if oom:

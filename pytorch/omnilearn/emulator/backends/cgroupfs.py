@@ -254,6 +254,17 @@ def memory_peak_file() -> Path | None:
     return None
 
 
+def delaying_hold(held_s: float, arrivals: list[float], rank: int) -> float:
+    """The part of a rank's quota hold inside an all-reduce (``held_s``) that delayed it: the hold less
+    the time the rank waited there for the last rank to arrive anyway. ``arrivals``: every rank's
+    seconds from the last all-reduce's end to its entry into this one (they leave an all-reduce
+    together). A rank whose compute spent its period's quota is held from its entry to the period's
+    end: while another rank still computes that wait delays nobody, and only what is left of it once
+    the last rank arrived holds the exchange back (a lower bound, exact when the hold starts at entry)."""
+    waited = max(arrivals) - arrivals[rank] if arrivals else 0.0
+    return max(held_s - waited, 0.0)
+
+
 class QuotaClock:
     """Seconds the calling process's own CPU cgroup has been held back by its quota so far: the
     ``throttled_time`` (v1, ns) or ``throttled_usec`` (v2) of its ``cpu.stat``, which any process,
