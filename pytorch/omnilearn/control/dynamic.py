@@ -99,7 +99,6 @@ class DynamicController:
         self._moved: tuple[list[int], np.ndarray] | None = None  # the old split and its predicted log times
         self._fresh: dict[int, float] = {}  # ASP: a worker's first time at its new batch
         self._from: dict[int, tuple[int, float]] = {}  # ASP: its batch before, and its log time predicted there
-        self._first_counts = True  # BSP: the first step at the split is a reading of a re-split's cost
 
     # ------------------------------------------------------------------ what the policy is
     policy = property(lambda self: "dynamic")
@@ -193,15 +192,15 @@ class DynamicController:
             self.warmed = True
             return []
         if self._first is not None:  # the second step at a new split: what the first one cost more
-            if self._first_counts:
+            # not after the run's first step (the probe's measurement and that step's: two), which
+            # carries the run's one-off costs too: no measure of a later re-split's
+            if self.model.measured > 2:
                 self.costs = [*self.costs, max(self._first) - max(times)][-COSTS_KEPT:]
             self._first = None
         if self._moved is not None:  # the first step at a new split: evidence on k and the re-split's cost
             old, predicted = self._moved
             self._moved = None
             self._first = times
-            # the run's first step carries the run's one-off costs too: no measure of a later re-split's
-            self._first_counts = self.model.measured > 1
             observed = np.log(np.maximum(np.asarray(times), 1e-9))
             sd = np.sqrt(self.model.var + 2 * self.model.noise2)
             self.model.k_from_move(old, self.batch, predicted, observed, sd)
@@ -349,7 +348,7 @@ class DynamicController:
                 "bounds": {"min_batch": self.bounds.min_batch, "max_batch": list(self.bounds.max_batch)},
                 "model": self.model.state_dict(), "holds": dict(self.holds), "costs": list(self.costs),
                 "considered": self.considered, "decision": self.decision, "at_stake": self.at_stake,
-                "first": self._first, "first_counts": self._first_counts,
+                "first": self._first,
                 "watch": self.watch, "probed": self.probed, "warmed": self.warmed,
                 "moved": None if self._moved is None else [self._moved[0], self._moved[1].tolist()],
                 "fresh": {str(i): t for i, t in self._fresh.items()},
@@ -370,7 +369,6 @@ class DynamicController:
         self.batch = list(d["batch"])
         moved = d.get("moved")
         self._first = d.get("first")
-        self._first_counts = bool(d.get("first_counts", True))
         self._moved = None if moved is None else (list(moved[0]), np.asarray(moved[1], float))
         self._fresh = {int(i): float(t) for i, t in (d.get("fresh") or {}).items()}
         self._from = {int(i): (int(b), float(t)) for i, (b, t) in (d.get("fresh_from") or {}).items()}

@@ -145,7 +145,6 @@ class ControlLoop:
     _due: bool = False  # a decision point among the steps left out
     _costs: list[float] = field(default_factory=list)  # the costs read after the last steps measured
     _cost_pending: bool = False  # a step was measured: the next call's cost_s is its cost
-    _cost_warm: bool = False  # the first step measured was read: it carries the controller's one-off costs
 
     @property
     def batch(self) -> list[int]:
@@ -204,9 +203,9 @@ class ControlLoop:
         measured = times is not None and ctl.measures
         if self._cost_pending:  # the first reading is left out: the controller's first step measured
             # (and its first decision) carry its one-off costs, lazy set-up, at every rank's quota
-            if self._cost_warm:
+            if self.measured > 1:
                 self._costs = [*self._costs, float(cost_s)][-COSTS_KEPT:]
-            self._cost_pending, self._cost_warm = False, True
+            self._cost_pending = False
         cost_s = statistics.median(self._costs) if self._costs else 0.0  # none kept: not measured yet
         if measured and ctl.skips_steps:
             self._gap += 1
