@@ -250,8 +250,7 @@ class StepSession:
         self.quota = QuotaClock()
         self.quota_before: tuple[Path, float] | None = None  # the quota clock before the all-reduce
         self.filled_at: float | None = None
-        self.reduced_at: float | None = None
-        self.left_at: float | None = None  # when the last all-reduce ended (kept across steps)
+        self.reduced_at: float | None = None  # when the last all-reduce ended (kept across steps)
         self.values: list[float] | None = None
         self.between_s = 0.0  # time between an epoch's end and the next step (evaluation): not training time
         self.epoch_ended_at: float | None = None
@@ -389,7 +388,7 @@ class StepSession:
         extra[1 + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
         extra[1 + 2 * self.world] = 1.0 if self.asks_stop() else 0.0
         # when it reached the all-reduce, from the last one's end (its ranks leave an all-reduce together)
-        extra[2 + 2 * self.world + self.rank] = self.filled_at - (self.left_at or self.filled_at)
+        extra[2 + 2 * self.world + self.rank] = self.filled_at - (self.reduced_at or self.filled_at)
         self.quota_before = self.quota.read() if self.controller.times_quota else None
 
     def read_slots(self, extra: torch.Tensor) -> None:
@@ -397,7 +396,7 @@ class StepSession:
         assert self.filled_at is not None, "read_slots before fill_slots"
         self.values = extra.tolist()
         self.stop_seen = self.values[1 + 2 * self.world] > 0
-        self.reduced_at = self.left_at = time.perf_counter()
+        self.reduced_at = time.perf_counter()
         self.sync_s += self.reduced_at - self.filled_at
         arrivals = self.values[2 + 2 * self.world:2 + 3 * self.world]
         self.held_s = delaying_hold(self.quota.held_since(self.quota_before), arrivals, self.rank)
@@ -412,8 +411,9 @@ class StepSession:
             return
         now = time.perf_counter()
         compute_s = max(now - p["t0"] - self.sync_s, 0.0)
-        self.after_s = now - self.reduced_at if self.reduced_at is not None else 0.0
-        values, self.values, self.reduced_at, self.filled_at = self.values, None, None, None
+        assert self.reduced_at is not None  # read_slots set it with the values
+        self.after_s = now - self.reduced_at
+        values, self.values, self.filled_at = self.values, None, None
         self.clock = values[0]  # rank 0's: every rank labels and decides at the same step
         self.steps_done += 1
         self.samples += sum(self.sizes)

@@ -189,8 +189,7 @@ class BSPTrainer:
             late = (self.update_s if ctl.times_update else 0.0) + (self.held_s if ctl.times_quota else 0.0)
             extra[TIMES + self.rank] = (t1 - t0) + late
             extra[TIMES + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
-            arrived = time.perf_counter()
-            extra[TIMES + 2 * self.world + self.rank] = arrived - (self.reduced_at or arrived)
+            extra[TIMES + 2 * self.world + self.rank] = t1 - (self.reduced_at or t1)  # when it reached the all-reduce
             before = self.quota_reading = self.quota.read() if ctl.times_quota else None
             self.grads.all_reduce()
             self._sync_cuda()
