@@ -41,16 +41,21 @@ def _bsp_rank(rank: int, world: int, out: Path) -> None:
     job.log_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         job.save()
-    if rank == 1:  # a slower worker: its CPU time grows with its share, so the controller moves
+    if rank == 1:  # a ten times slower worker, so the controller moves
         plain = bsp.local_backward
 
         def slow(work, model, x, y, size):  # noqa: ANN001, ANN202
-            # 10 ms of CPU a sample, burnt rather than slept: the start-up probe counts a CPU's work in
-            # CPU seconds, and a loaded host slows both ranks alike
-            end = time.process_time() + 0.01 * x.shape[0]
+            # nine times the step's own CPU more, burnt rather than slept: the start-up probe counts a
+            # CPU's work in CPU seconds, and a loaded host slows both ranks alike. A slower core slows
+            # a step's fixed part as much as its per-sample part, as the model t = c (b + k) says: a
+            # burn of 10 ms a sample on this tiny model (its step a few ms whatever the batch) gave the
+            # ranks opposite k, and the probe sometimes held the equal split as uncertain.
+            start = time.process_time()
+            out = plain(work, model, x, y, size)
+            end = time.process_time() + 9 * (time.process_time() - start)
             while time.process_time() < end:
                 pass
-            return plain(work, model, x, y, size)
+            return out
 
         bsp.local_backward = slow
     counting, count = [False], [0]
