@@ -72,8 +72,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          ("sync_ms", "held_ms", "cpus", "threads", "level", "loss", "train_acc", "global_batch", "lr", "sample_sum",
           "seq", "version", "staleness", "pull_ms", "push_ms"),
          "`step`, `epoch`, `batch`, `global_batch`, `compute_ms`, `sync_ms`, `held_ms` (BSP, where the policy "
-         "times the quota (`dynamic`): the part of the all-reduce this worker's CPU quota held it back once the "
-         "last worker had arrived, the wait its compute ran into; null elsewhere), `cpus`, `threads`, "
+         "times the quota (`dynamic`): the wait for the CPU of this worker's compute and update beyond their "
+         "wall time under a CPU quota, their CPU at the quota's rate less their wall time; null elsewhere), "
+         "`cpus`, `threads`, "
          "`level`, `loss`, `lr`, `train_acc`, `sample_sum` (a checksum of the step's samples); ASP: `seq`, "
          "`version`, `staleness`, `pull_ms`, `push_ms`"),
     Kind(BATCH_CHANGE, "the controller's rank",

@@ -133,15 +133,13 @@ def test_cfs_limits_keep_the_share_within_the_kernels_ranges() -> None:
     assert cfs_limits(0.0001) == (1_000, 1_000_000)  # no longer than the kernel's longest period
 
 
-def test_a_quota_hold_delays_the_all_reduce_only_once_the_last_rank_arrived() -> None:
-    """A rank that spent its quota computing is held from its entry into the all-reduce: while a
-    slower rank still computes, that hold delays nobody. Rank 0 arrived 30 ms before the last rank and
-    was held 40 ms: 10 ms of it held the exchange back; the last rank's hold counts whole; a hold
-    shorter than the wait counts nothing."""
-    from omnilearn.emulator.backends.cgroupfs import delaying_hold
+def test_a_share_of_a_step_under_a_quota_is_its_cpu_at_the_quotas_rate() -> None:
+    """Under a sixth of a core, 2 ms of CPU that ran at a core's speed within a period (2 ms of wall
+    time) cost the step 12 ms; a compute that spanned periods shows the quota in its wall time already;
+    threads' CPU counts as the quota counts it; without a quota the wall time stands."""
+    from omnilearn.emulator.backends.cgroupfs import quota_seconds
 
-    arrivals = [0.010, 0.025, 0.040]
-    assert delaying_hold(0.040, arrivals, 0) == pytest.approx(0.010)
-    assert delaying_hold(0.040, arrivals, 2) == pytest.approx(0.040)
-    assert delaying_hold(0.010, arrivals, 1) == 0.0
-    assert delaying_hold(0.005, [], 0) == 0.005
+    assert quota_seconds(0.002, 0.002, 1 / 6) == pytest.approx(0.012)
+    assert quota_seconds(1.200, 0.190, 1 / 6) == pytest.approx(1.200)
+    assert quota_seconds(0.010, 0.040, 2.0) == pytest.approx(0.020)
+    assert quota_seconds(0.002, 0.004, None) == 0.002

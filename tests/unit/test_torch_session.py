@@ -23,11 +23,11 @@ AFTER_S = 0.2  # what each step spends after its all-reduce (an optimizer step, 
 def test_the_first_steps_one_off_costs_do_not_ride_into_the_second_steps_time(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=clock, time=clock))
+    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=clock, time=clock, process_time=clock))
     monkeypatch.setattr(session_module, "dist", types.SimpleNamespace(
         broadcast_object_list=lambda box, src: None, barrier=lambda: None, get_backend=lambda: "gloo"))
     session = StepSession(1, 0, policy="dynamic", out=str(tmp_path / "run"))
-    session.quota = types.SimpleNamespace(read=lambda: None, held_since=lambda before: 0.0, rate=lambda r: 1.0,
+    session.quota = types.SimpleNamespace(read=lambda: None, rate=lambda r: 1.0, cpus=lambda r: None,
                                           limited=lambda: False)
     sampler = session.attach(64, 8, 0, True, ("model", "data"))
     shared = []
@@ -52,12 +52,12 @@ def test_what_a_loop_does_between_closing_a_step_and_opening_the_next_rides_with
     with its share. That time rides with the next step's, as the update after the all-reduce does;
     the first step's (one-off costs) and an epoch's end (evaluation) do not."""
     clock = FakeClock()
-    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=clock, time=clock))
+    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=clock, time=clock, process_time=clock))
     monkeypatch.setattr(session_module, "dist", types.SimpleNamespace(
         broadcast_object_list=lambda box, src: None, barrier=lambda: None, get_backend=lambda: "gloo"))
     monkeypatch.setattr(session_module, "summarize", lambda out: None)
     session = StepSession(1, 0, policy="dynamic", out=str(tmp_path / "run"))
-    session.quota = types.SimpleNamespace(read=lambda: None, held_since=lambda before: 0.0, rate=lambda r: 1.0,
+    session.quota = types.SimpleNamespace(read=lambda: None, rate=lambda r: 1.0, cpus=lambda r: None,
                                           limited=lambda: False)
     sampler = session.attach(32, 8, 0, True, ("model", "data"))  # 4 steps an epoch
     gap_s, shared = 0.03, []
@@ -85,7 +85,7 @@ def test_what_a_loop_does_between_closing_a_step_and_opening_the_next_rides_with
 def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_first_step_out(
         quota: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     wall, cpu = FakeClock(), FakeClock(0.0)
-    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=wall, time=wall))
+    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=wall, time=wall, process_time=cpu))
     monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
     monkeypatch.setattr(session_module, "dist", types.SimpleNamespace(
         broadcast_object_list=lambda box, src: None, barrier=lambda: None, get_backend=lambda: "gloo"))
@@ -94,7 +94,7 @@ def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_
                         lambda own, device: [own, [3 * own[0], 3 * own[1], own[2]]])
     monkeypatch.setattr(session_module, "summarize", lambda out: None)  # rank 1 writes no records here
     session = StepSession(2, 0, policy="dynamic", out=str(tmp_path / "run"))
-    session.quota = types.SimpleNamespace(read=lambda: None, held_since=lambda before: 0.0, rate=lambda r: 1.0,
+    session.quota = types.SimpleNamespace(read=lambda: None, rate=lambda r: 1.0, cpus=lambda r: None,
                                           limited=lambda: quota)
     sampler = session.attach(256, 64, 0, True, ("model", "data"))
     ran: list[int] = []
@@ -134,3 +134,33 @@ def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_
     end = [r for r in records if r["kind"] == "end"][-1]
     # the pass is set-up: the training time is the steps' alone
     assert end["train_time_s"] == pytest.approx(sampler.steps_per_epoch * COMPUTE_S)
+
+
+def test_under_a_cpu_quota_a_steps_time_is_its_cpu_at_the_quotas_rate(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quarter of a core: a 2-ms compute that ran at a core's speed within a period costs the step
+    8 ms (the wait for its CPU lands in the all-reduce), recorded as 6 ms held; a 400-ms compute that
+    used 100 ms of CPU shows the quota in its wall time already, and nothing is held."""
+    wall, cpu = FakeClock(), FakeClock(0.0)
+    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=wall, time=wall, process_time=cpu))
+    monkeypatch.setattr(session_module, "dist", types.SimpleNamespace(
+        broadcast_object_list=lambda box, src: None, barrier=lambda: None, get_backend=lambda: "gloo"))
+    monkeypatch.setattr(session_module, "summarize", lambda out: None)
+    session = StepSession(1, 0, policy="dynamic", out=str(tmp_path / "run"))
+    session.quota = types.SimpleNamespace(read=lambda: (tmp_path, 0.0), rate=lambda r: 0.25, cpus=lambda r: 0.25,
+                                          limited=lambda: True)
+    sampler = session.attach(64, 8, 0, True, ("model", "data"))
+    shared = []
+    for step, (wall_s, cpu_s) in enumerate([(0.002, 0.002), (0.400, 0.100)]):
+        session.begin_step(0, step, sampler.steps_per_epoch)
+        wall.advance(wall_s)
+        cpu.advance(cpu_s)
+        extra = torch.zeros(session.extra_slots)
+        session.fill_slots(extra)
+        shared.append(float(extra[1]))
+        session.read_slots(extra)
+    session.end_epoch(0)
+    assert shared == pytest.approx([0.008, 0.400])
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics" / "rank-0.jsonl").read_text().splitlines()]
+    held = [r["held_ms"] for r in records if r["kind"] == "step"]
+    assert held == pytest.approx([6.0, 0.0])

@@ -110,10 +110,10 @@ class DynamicController:
     """The control loop may leave steps out when measuring every one would cost more than its budget
     (:data:`~omnilearn.control.loop.BUDGET`): the model counts the steps between two it measured."""
     times_quota = True
-    """A worker's time includes the waits its CPU quota put into the step's all-reduce
-    (:class:`~omnilearn.emulator.backends.cgroupfs.QuotaClock`): its compute fits a period's quota and runs at
-    full speed, the wait for the next period lands in the all-reduce, and the compute time alone would not
-    show the quota."""
+    """Under a CPU quota a worker's time is its compute's CPU at the quota's rate where that is longer
+    than its wall time (:func:`~omnilearn.emulator.backends.cgroupfs.quota_seconds`): a compute that fits
+    a period's quota runs at full speed, the wait for the next period lands in the all-reduce, and the
+    wall time alone would not show the quota."""
 
     @property
     def relative(self) -> bool:

@@ -365,24 +365,29 @@ class SpeedModel:
 
     def _learn_noise(self, nu: np.ndarray, moved: np.ndarray, live: np.ndarray, batch: np.ndarray) -> None:
         """Each worker's measurement noise from how its innovation (``nu``, scaled back to one worker's,
-        before this step's update) changes from the steps before at the same batch: a bias of the
-        estimate (a speed that moved a little, a k slightly off) is the same in each and drops out, the
-        noise does not. A step's sample is the lesser of its changes from the last two steps: one odd
-        step then reads as one outlier, not two (the change into it and the change out of it), and so
-        does a change of speed the estimate has not followed yet; with few steps behind the median, two
-        outliers for one would set it. The step's own update (``moved``: how far each estimate moved
-        on it, scaled alike) is taken out of the innovations kept for the next samples: a jump taken in
-        full leaves the next step's innovation near zero; a worker's first two steps at a batch (its
-        estimate is the first) give the third its pair. The median of the last :data:`NOISE_MEMORY` samples, as a
-        normal sd (:data:`PAIR_SCALE`: robust to the heavy tails it is the scale of), shrunk towards
-        the pool of every worker's (a worker with few steps borrows the others' scale;
-        :data:`PRIOR_WEIGHT` steps of :data:`NOISE_PRIOR` before any)."""
+        before this step's update) changes from step to step at one batch: a bias of the estimate (a
+        speed that moved a little, a k slightly off) is the same in each and drops out, the noise does
+        not. A step's sample is taken a step late, as the lesser of its changes to the step before and
+        the step after: an odd step differs from both and reads as one outlier (not two, the change into
+        it and the change out of it), a change of speed differs from one side only and reads as none,
+        so the step that brings a level change never widens the noise the next step's test of it
+        needs. A step's innovations kept for later samples have every update since taken out
+        (``moved``: how far each estimate moved on this step, scaled alike): a jump taken in full
+        leaves the next step's innovation near zero. A worker's first two steps at a batch give one
+        sample (the change between them, as a lesser of two), every step after one more; a step
+        followed by a move is judged by the step before it alone. The median of
+        the last :data:`NOISE_MEMORY` samples, as a normal sd (:data:`PAIR_SCALE`: robust to the heavy
+        tails it is the scale of), shrunk towards the pool of every worker's (a worker with few steps
+        borrows the others' scale; :data:`PRIOR_WEIGHT` steps of :data:`NOISE_PRIOR` before any)."""
         b = np.asarray(batch, float)
-        pair = live & ~np.isnan(self.last_nu) & (b == self.last_b)
-        both = pair & ~np.isnan(self.prev_nu) & (b == self.prev_b)
-        one = np.abs(nu - np.where(pair, self.last_nu, 0.0))
-        two = np.abs(nu - np.where(both, self.prev_nu, 0.0))
-        sample = np.where(both, np.minimum(one, two), one * 1.4826 / PAIR_SCALE) / math.sqrt(2)
+        kept = live & ~np.isnan(self.last_nu)
+        has_after = kept & (b == self.last_b)  # the last step has this one after it at its batch
+        has_before = kept & ~np.isnan(self.prev_nu) & (self.prev_b == self.last_b)  # and one before it
+        pair = has_after | has_before
+        after = np.abs(self.last_nu - np.where(has_after, nu, 0.0))
+        before = np.abs(self.last_nu - np.where(has_before, self.prev_nu, 0.0))
+        one = np.where(has_after, after, before) * 1.4826 / PAIR_SCALE
+        sample = np.where(has_after & has_before, np.minimum(after, before), one) / math.sqrt(2)
         self.noise_abs[:-1, pair] = self.noise_abs[1:, pair]
         self.noise_abs[-1, pair] = sample[pair]
         self.noise_count[pair] = np.minimum(self.noise_count[pair] + 1, NOISE_MEMORY)

@@ -108,7 +108,7 @@ def final_segment(steps: list[list[dict[str, Any]]]) -> list[int]:
 
 
 def busy_ms(step: dict[str, Any]) -> float:
-    """A worker's busy time in a BSP step: its compute and its quota's hold in the all-reduce
+    """A worker's busy time in a BSP step: its compute and the wait for its CPU beyond that under a quota
     (``held_ms``, where the policy times it; null or absent: compute alone, what that policy balances)."""
     return step["compute_ms"] + (step.get("held_ms") or 0.0)
 
@@ -125,10 +125,11 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
     """Per level change (the start counts as the first, ``from_level`` null): how many compute-time
     decisions the controller took until the workers' busy times were balanced, and how long.
 
-    A worker's busy time in a step is its compute and the part of the all-reduce its CPU quota held
-    it back (``held_ms``: a worker under a quota computes at a core's speed until its quota runs out,
+    A worker's busy time in a step is its compute and the wait for its CPU beyond that under a CPU
+    quota (``held_ms``: a worker under a quota computes at a core's speed until its quota runs out,
     and the wait for the next CFS period lands in the all-reduce, so its compute time alone does not
-    show the quota; ``dynamic`` balances the same sum, and records the hold). The steps from one change
+    show the quota: ``held_ms`` is its compute's CPU at the quota's rate less its wall time; ``dynamic``
+    balances the same sum, and records the wait). The steps from one change
     to the next are cut at every compute-time decision into stretches; a stretch's imbalance is
     ``max/min - 1`` of the workers' loads: each worker's median, over the stretch's full steps (its
     first step, which carries the change, is left out when it has more), of its busy time over its

@@ -35,7 +35,7 @@ from omnilearn import config
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop, ProbeRounds
 from omnilearn.control.policies import POLICIES, Bounds, effective
-from omnilearn.emulator.backends.cgroupfs import QuotaClock, delaying_hold
+from omnilearn.emulator.backends.cgroupfs import QuotaClock, quota_seconds
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.emulator.spec.plan import build_plan, worker_target
 from omnilearn.errors import UserError
@@ -233,9 +233,8 @@ class StepSession:
         self.board: LiveTensorBoard | None = None
         self.settings = {"control.policy": policy, **{f"control.{k}": v for k, v in (control or {}).items()}}
         self.out, self.library, self.params, self.device, self.model_name = out, library, params, device, model_name
-        # rank 0's clock, every rank's compute time, every rank's controller cost, a stop asked by any
-        # rank, and when each rank reached the all-reduce
-        self.extra_slots = 2 + 3 * world
+        # rank 0's clock, every rank's compute time, every rank's controller cost, a stop asked by any rank
+        self.extra_slots = 2 + 2 * world
         self.asks_stop: Callable[[], bool] = lambda: False
         """Whether this rank asks every rank to stop (the loop's own signal, e.g. a SIGTERM it caught),
         read at the end of each backward: the answer rides that step's all-reduce."""
@@ -247,14 +246,17 @@ class StepSession:
         self.steps_done = self.samples = 0
         self.epochs: int | None = None  # the loop's epochs, when it knows them (the horizon of a split)
         self.sync_s = self.clock = self.after_s = self.held_s = 0.0
+        self.after_cpu_s = 0.0  # the CPU seconds of after_s (the process's, every thread's)
         self.quota = QuotaClock()
-        self.quota_before: tuple[Path, float] | None = None  # the quota clock before the all-reduce
+        self.quota_reading: tuple[Path, float] | None = None  # the quota clock's reading of the last step
         self.filled_at: float | None = None
-        self.reduced_at: float | None = None  # when the last all-reduce ended (kept across steps)
+        self.reduced_at: float | None = None  # when the last all-reduce ended (perf_counter)
+        self.reduced_cpu_s = 0.0  # and the process's CPU seconds then
         self.values: list[float] | None = None
         self.between_s = 0.0  # time between an epoch's end and the next step (evaluation): not training time
         self.epoch_ended_at: float | None = None
         self.closed_at: float | None = None  # when the last step closed (perf_counter), within an epoch
+        self.closed_cpu_s = 0.0  # and the process's CPU seconds then
 
     # ------------------------------------------------------------------------ set-up
     def attach(self, dataset_size: int, global_batch: int, seed: int, drop_last: bool, names: tuple[str, str],
@@ -287,7 +289,7 @@ class StepSession:
                                           min_local=c.min_batch)
         self.metrics = MetricsWriter(metrics_path(self.job.out_dir, self.rank))
         self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0,
-                                rate=lambda: self.quota.rate(self.quota_before))
+                                rate=lambda: self.quota.rate(self.quota_reading))
         if self.tensorboard and self.rank == 0 and not emulated:
             self.board = LiveTensorBoard(self.job, stragglers=StragglerScores(self.world, WINDOW_STEPS)).__enter__()
         self.metrics.write("start", rank=self.rank, world=self.world, target=self.levels.target,
@@ -356,6 +358,7 @@ class StepSession:
             # bookkeeping after its step-end hook, drawing and collating this batch) is this rank's work
             # as much as its forward: it rides with this step's time, as the update after the all-reduce does.
             self.after_s += time.perf_counter() - self.closed_at
+            self.after_cpu_s += time.process_time() - self.closed_cpu_s
         self.closed_at = None
         position = epoch + step / steps
         self._follow(position)
@@ -366,7 +369,8 @@ class StepSession:
         self.sizes = list(sizes) if sizes is not None else self.sampler.step_sizes(step, self.controller.batch)
         assert sum(self.sizes) == self.sampler.step_size(step) and len(self.sizes) == self.world, self.sizes
         self.sync_s = 0.0
-        self.pending = {"epoch": epoch, "step": step, "last": step == steps - 1, "t0": time.perf_counter()}
+        self.pending = {"epoch": epoch, "step": step, "last": step == steps - 1, "t0": time.perf_counter(),
+                        "c0": time.process_time()}
         return self.sizes
 
     @property
@@ -377,29 +381,30 @@ class StepSession:
 
     def fill_slots(self, extra: torch.Tensor) -> None:
         """At the end of the step's backward, just before its all-reduce: rank 0's clock, this rank's time
-        (its compute; the update after the last all-reduce and the quota's hold on it inside that
-        all-reduce ride one step late, as in the trainer)."""
+        (its compute; the update after the last all-reduce rides one step late, as in the trainer; under
+        a CPU quota, where the controller times it, each at the quota's rate where that is longer:
+        :func:`~omnilearn.emulator.backends.cgroupfs.quota_seconds`)."""
         assert self.pending is not None, "fill_slots outside a step"
-        self.filled_at = time.perf_counter()
+        self.filled_at, cpu_s = time.perf_counter(), time.process_time()
+        reading = self.quota_reading = self.quota.read() if self.controller.times_quota else None
+        cpus = self.quota.cpus(reading) if torch.device(self.device).type == "cpu" else None  # a GPU's: wall time
+        wall = self.filled_at - self.pending["t0"]
+        compute_s = quota_seconds(wall, cpu_s - self.pending["c0"], cpus)
+        late = quota_seconds(self.after_s, self.after_cpu_s, cpus)
+        self.held_s = (compute_s - wall) + (late - self.after_s)
         extra.zero_()
         extra[0] = self.levels.clock() if self.rank == 0 else 0.0
-        late = self.after_s + (self.held_s if self.controller.times_quota else 0.0)
-        extra[1 + self.rank] = (self.filled_at - self.pending["t0"]) + late
+        extra[1 + self.rank] = compute_s + late
         extra[1 + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
         extra[1 + 2 * self.world] = 1.0 if self.asks_stop() else 0.0
-        # when it reached the all-reduce, from the last one's end (its ranks leave an all-reduce together)
-        extra[2 + 2 * self.world + self.rank] = self.filled_at - (self.reduced_at or self.filled_at)
-        self.quota_before = self.quota.read() if self.controller.times_quota else None
 
     def read_slots(self, extra: torch.Tensor) -> None:
         """Just after the all-reduce (a sum over ranks): every rank's time, and the time spent in it."""
         assert self.filled_at is not None, "read_slots before fill_slots"
         self.values = extra.tolist()
         self.stop_seen = self.values[1 + 2 * self.world] > 0
-        self.reduced_at = time.perf_counter()
+        self.reduced_at, self.reduced_cpu_s = time.perf_counter(), time.process_time()
         self.sync_s += self.reduced_at - self.filled_at
-        arrivals = self.values[2 + 2 * self.world:2 + 3 * self.world]
-        self.held_s = delaying_hold(self.quota.held_since(self.quota_before), arrivals, self.rank)
 
     def finish_step(self) -> None:
         """Measure the step just done, record it, and let the controller decide (every rank alike)."""
@@ -412,7 +417,7 @@ class StepSession:
         now = time.perf_counter()
         compute_s = max(now - p["t0"] - self.sync_s, 0.0)
         assert self.reduced_at is not None  # read_slots set it with the values
-        self.after_s = now - self.reduced_at
+        self.after_s, self.after_cpu_s = now - self.reduced_at, time.process_time() - self.reduced_cpu_s
         values, self.values, self.filled_at = self.values, None, None
         self.clock = values[0]  # rank 0's: every rank labels and decides at the same step
         self.steps_done += 1
@@ -429,17 +434,19 @@ class StepSession:
             # step's time; the run's first step keeps its own: its optimizer step and the loop's first
             # pass carry one-off costs (the optimizer's state allocated, hooks set up) that say nothing
             # of speeds, as the step itself (the controller leaves it out).
-            self.after_s = self.held_s = 0.0
+            self.after_s = self.after_cpu_s = 0.0
         full = sum(self.sizes) == t.global_batch
         times = values[1:1 + self.world] if full and ctl.measures else None
         steps_left = t.steps_per_epoch * self.epochs - self.steps_done if self.epochs else None
         self.loop.step(times, ctl.due(self.steps_done, p["last"]), steps_left, self.levels.shares,
                        max(values[1 + self.world:1 + 2 * self.world]), step=self.steps_done)
         self.closed_at = time.perf_counter() if self.steps_done > 1 else None  # the first's gap: one-off too
+        self.closed_cpu_s = time.process_time()
 
     def _held_ms(self) -> float | None:
-        """The last step's quota hold for its record, where the controller times it (None: not read)."""
-        return None if self.quota_before is None else round(self.held_s * 1e3, 3)
+        """The last step's wait for its CPU beyond its wall time (its compute's and the update's before it,
+        at the quota's rate, less their wall time), where the controller times the quota (None: not read)."""
+        return None if self.quota_reading is None else round(self.held_s * 1e3, 3)
 
     def end_epoch(self, epoch: int) -> None:
         """After an epoch: its last step closed, an end record (the latest counts), ``summary.json``.

@@ -31,7 +31,7 @@ from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop, ProbeRounds
 from omnilearn.control.policies import Bounds
-from omnilearn.emulator.backends.cgroupfs import QuotaClock, delaying_hold
+from omnilearn.emulator.backends.cgroupfs import QuotaClock, quota_seconds
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
@@ -83,8 +83,8 @@ class BSPTrainer:
         for p in self.model.parameters():  # belt and braces: identical start even if seeding diverged
             dist.broadcast(p.data, src=0)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        # every rank's time, its controller's cost, and when it reached the all-reduce
-        self.grads = GradBuffer(params, extra=TIMES + 3 * self.world)
+        # every rank's time and its controller's cost
+        self.grads = GradBuffer(params, extra=TIMES + 2 * self.world)
         self.optimizer = make_optimizer(cfg, params)
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=t.milestones, gamma=t.gamma)
         self.sampler = GlobalBatchSampler(len(self.work.train), t.global_batch, t.seed, drop_last=t.drop_last,
@@ -93,8 +93,7 @@ class BSPTrainer:
         self.controller = make_controller(c, t.global_batch, self.configured_bounds)
         self.update_s = 0.0  # this rank's last optimizer step: it rides in the next step's buffer
         self.quota = QuotaClock()
-        self.held_s = 0.0  # the time this rank's CPU quota held the last all-reduce back: rides too
-        self.reduced_at: float | None = None  # when the last all-reduce ended (its ranks leave it together)
+        self.held_s = 0.0  # the last step's wait for its CPU beyond its wall time, under a quota (its record's)
         self.quota_reading: tuple[Path, float] | None = None  # the quota clock's last reading
         self.targets = [job.plan.targets[s] for s in self.slots]
         self.client = AllocationClient(job.plan, job.log_dir, self.slot, self.targets[self.rank],
@@ -166,7 +165,10 @@ class BSPTrainer:
             sizes = self.sampler.step_sizes(step, batch)
             idx = self.sampler.local_indices(step, batch, self.rank)
             self.sample_sum = int(idx.sum())  # a checksum of the samples: a resumed run's data order shows
-            t0 = time.perf_counter()
+            ctl = self.controller
+            reading = self.quota_reading = self.quota.read() if ctl.times_quota else None
+            cpus = self.quota.cpus(reading) if self.env.device.type == "cpu" else None  # a GPU's steps: wall time
+            t0, c0 = time.perf_counter(), time.process_time()
             self.grads.zero()
             oom = False
             try:
@@ -178,25 +180,20 @@ class BSPTrainer:
                 self.grads.zero()
                 torch.cuda.empty_cache()
             self._sync_cuda()
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
+            compute_s = quota_seconds(t1 - t0, c1 - c0, cpus)
             extra = self.grads.extra
             extra[LOSS], extra[CORRECT], extra[OOM] = loss_sum, correct, float(oom)
             extra[STOP] = float(lifecycle.stop_requested())
             extra[CLOCK] = time.time() - clock_start if self.rank == 0 else 0.0
-            # forward+backward now; the update, and the quota's hold on this rank inside the all-reduce
-            # (the wait its compute caused there), one step late: they come after the all-reduce
-            ctl = self.controller
-            late = (self.update_s if ctl.times_update else 0.0) + (self.held_s if ctl.times_quota else 0.0)
-            extra[TIMES + self.rank] = (t1 - t0) + late
+            # forward+backward now (under a quota, its CPU at the quota's rate where that is longer:
+            # the wait for that CPU may land in the all-reduce); the update one step late: it comes after
+            extra[TIMES + self.rank] = compute_s + (self.update_s if ctl.times_update else 0.0)
             extra[TIMES + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
-            extra[TIMES + 2 * self.world + self.rank] = t1 - (self.reduced_at or t1)  # when it reached the all-reduce
-            before = self.quota_reading = self.quota.read() if ctl.times_quota else None
             self.grads.all_reduce()
             self._sync_cuda()
-            t2 = self.reduced_at = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.process_time()
             values = self.grads.extra.tolist()
-            self.held_s = delaying_hold(self.quota.held_since(before),
-                                        values[TIMES + 2 * self.world:TIMES + 3 * self.world], self.rank)
             if values[OOM] > 0:
                 self.oom_seen = True
                 if oom:
@@ -208,11 +205,13 @@ class BSPTrainer:
             self.optimizer.step()
             self._sync_cuda()
             t3 = time.perf_counter()
-            self.update_s = t3 - t2
+            self.update_s = quota_seconds(t3 - t2, time.process_time() - c2, cpus)
+            self.held_s = (compute_s - (t1 - t0)) + (self.update_s - (t3 - t2))
             return sizes, (t1 - t0) + (t3 - t2), t1 - t0, t2 - t1, values
 
     def held_ms(self) -> float | None:
-        """The last step's quota hold for its record, where the controller times it (None: not read)."""
+        """The last step's wait for its CPU beyond its wall time (its compute's and update's CPU at the
+        quota's rate, less their wall time), where the controller times the quota (None: not read)."""
         return None if self.quota_reading is None else round(self.held_s * 1e3, 3)
 
     def _sync_cuda(self) -> None:

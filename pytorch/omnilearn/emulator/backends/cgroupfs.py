@@ -254,15 +254,19 @@ def memory_peak_file() -> Path | None:
     return None
 
 
-def delaying_hold(held_s: float, arrivals: list[float], rank: int) -> float:
-    """The part of a rank's quota hold inside an all-reduce (``held_s``) that delayed it: the hold less
-    the time the rank waited there for the last rank to arrive anyway. ``arrivals``: every rank's
-    seconds from the last all-reduce's end to its entry into this one (they leave an all-reduce
-    together). A rank whose compute spent its period's quota is held from its entry to the period's
-    end: while another rank still computes that wait delays nobody, and only what is left of it once
-    the last rank arrived holds the exchange back (a lower bound, exact when the hold starts at entry)."""
-    waited = max(arrivals) - arrivals[rank] if arrivals else 0.0
-    return max(held_s - waited, 0.0)
+def quota_seconds(wall_s: float, cpu_s: float, cpus: float | None) -> float:
+    """A stretch of a worker's work timed as its share of a step: its wall time, or under a CPU quota of
+    ``cpus`` its CPU seconds at the quota's rate where that is longer.
+
+    A process under a CFS quota runs at a core's speed until the period's quota is spent, then waits
+    for the next period: a compute shorter than what is left of a period runs at full speed, and the
+    wait for its CPU lands later, in the all-reduce, where it holds the exchange back with the
+    exchange's own work. Its CPU at the quota's rate is what it costs the step, however the periods
+    fell; a compute that spans many periods shows the quota in its wall time already (and a worker
+    waiting at the all-reduce for another's data uses no CPU: the exchange's own work at the quota's
+    rate runs after the last arrival, a cost of every step that no split shortens). ``cpu_s``: the
+    process's CPU seconds over the stretch, every thread's, as the quota counts them."""
+    return wall_s if cpus is None else max(wall_s, cpu_s / cpus)
 
 
 class QuotaClock:
@@ -303,6 +307,10 @@ class QuotaClock:
         single thread, like the controller's, can run at): 1.0 without a quota or a reading."""
         cpus = None if reading is None else dir_quota(reading[0])
         return 1.0 if cpus is None else min(cpus, 1.0)
+
+    def cpus(self, reading: tuple[Path, float] | None) -> float | None:
+        """The CPUs the quota of the cgroup of ``reading`` allows (None: no quota, or no reading)."""
+        return None if reading is None else dir_quota(reading[0])
 
     def limited(self) -> bool:
         """Whether this process's CPU cgroup has a quota now (a worker whose quota may hold it in the
