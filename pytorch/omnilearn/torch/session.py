@@ -430,7 +430,7 @@ class StepSession:
                            train_acc=None, level=self.levels.level,
                            cpus=self.levels.cpus, threads=self.levels.threads or torch.get_num_threads())
         if self.steps_done == 1:
-            # What a step spent after its all-reduce, and its quota's hold in it, ride with the next
+            # What a step spent after its all-reduce rides with the next
             # step's time; the run's first step keeps its own: its optimizer step and the loop's first
             # pass carry one-off costs (the optimizer's state allocated, hooks set up) that say nothing
             # of speeds, as the step itself (the controller leaves it out).
