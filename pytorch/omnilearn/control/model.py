@@ -12,8 +12,9 @@ the worker's own noise: the variance is ``noise2 / count``; workers are estimate
 common factor (a Student-t weighted mean over the workers, removed: BSP) and the worker's innovation.
 
 - *Noise.* Measurement noise is Student-t (:data:`DOF` degrees of freedom, fewer while the noise rests on
-  few steps) with a per-worker scale: the median of how its innovation changes from the steps before at
-  one batch (each step's lesser change from the last two: one odd step is one outlier, not two), over
+  few steps) with a per-worker scale: the median of how its innovation changes from step to step at
+  one batch (each step's lesser change to the step before and the step after, taken a step late: one
+  odd step is one outlier, not two, and a change of speed none), over
   :data:`NOISE_MEMORY` steps, pooled across workers until measured
   (:data:`NOISE_PRIOR`). A step that waits a whole CFS period is down-weighted, not chased.
 - *Drift and jumps.* Between steps ``u_i`` drifts (a random walk of variance ``drift**2`` a step) and,
