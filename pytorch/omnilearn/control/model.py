@@ -14,7 +14,8 @@ common factor (a Student-t weighted mean over the workers, removed: BSP) and the
 - *Noise.* Measurement noise is Student-t (:data:`DOF` degrees of freedom, fewer while the noise rests on
   few steps) with a per-worker scale: the median of how its innovation changes from step to step at
   one batch (each step's lesser change to the step before and the step after, taken a step late: one
-  odd step is one outlier, not two, and a change of speed none), over
+  odd step is one outlier, not two, and a change of speed none; a step where the model takes a change
+  gives no sample), over
   :data:`NOISE_MEMORY` steps, pooled across workers until measured
   (:data:`NOISE_PRIOR`). A step that waits a whole CFS period is down-weighted, not chased.
 - *Drift and jumps.* Between steps ``u_i`` drifts (a random walk of variance ``drift**2`` a step) and,
@@ -358,13 +359,14 @@ class SpeedModel:
         # Every step after a worker's first tells the noise, jumps included: one jump is one outlier to a
         # median, but a worker that "jumps" step after step (waits of whole CFS periods on steps shorter
         # than one) is noisy, and then no longer chased.
-        self._learn_noise(nu / math.sqrt(share), (self.u - before) / math.sqrt(share), live, batch)
+        self._learn_noise(nu / math.sqrt(share), (self.u - before) / math.sqrt(share), live, batch, jump)
         changed = [int(i) for i in np.flatnonzero(jump)]
         for i in changed:
             self.regimes[i] += 1
         return changed
 
-    def _learn_noise(self, nu: np.ndarray, moved: np.ndarray, live: np.ndarray, batch: np.ndarray) -> None:
+    def _learn_noise(self, nu: np.ndarray, moved: np.ndarray, live: np.ndarray, batch: np.ndarray,
+                     changed: np.ndarray) -> None:
         """Each worker's measurement noise from how its innovation (``nu``, scaled back to one worker's,
         before this step's update) changes from step to step at one batch: a bias of the estimate (a
         speed that moved a little, a k slightly off) is the same in each and drops out, the noise does
@@ -372,7 +374,11 @@ class SpeedModel:
         the step after: an odd step differs from both and reads as one outlier (not two, the change into
         it and the change out of it), a change of speed differs from one side only and reads as none,
         so the step that brings a level change never widens the noise the next step's test of it
-        needs. A step's innovations kept for later samples have every update since taken out
+        needs. Where the model takes a change of speed on this step (``changed``: a jump at it, or a
+        shift over the last few), the change lies next to the last step or this one: the last step
+        gives no sample, nor does this step's difference to it later. A change taken at once and
+        followed by a move (the step after it at another batch) would otherwise be judged by its one
+        side, the change itself. A step's innovations kept for later samples have every update since taken out
         (``moved``: how far each estimate moved on this step, scaled alike): a jump taken in full
         leaves the next step's innovation near zero. A worker's first two steps at a batch give one
         sample (the change between them, as a lesser of two), every step after one more; a step
@@ -384,7 +390,7 @@ class SpeedModel:
         kept = live & ~np.isnan(self.last_nu)
         has_after = kept & (b == self.last_b)  # the last step has this one after it at its batch
         has_before = kept & ~np.isnan(self.prev_nu) & (self.prev_b == self.last_b)  # and one before it
-        pair = has_after | has_before
+        pair = (has_after | has_before) & ~changed
         after = np.abs(self.last_nu - np.where(has_after, nu, 0.0))
         before = np.abs(self.last_nu - np.where(has_before, self.prev_nu, 0.0))
         one = np.where(has_after, after, before) * 1.4826 / PAIR_SCALE
@@ -396,6 +402,7 @@ class SpeedModel:
         self.prev_b = np.where(live, self.last_b, self.prev_b)
         self.last_nu = np.where(live, nu - moved, self.last_nu)
         self.last_b = np.where(live, b, self.last_b)
+        self.prev_nu = np.where(live & changed, np.nan, self.prev_nu)  # the change lies before this step
         n = self.noise_count
         own = np.full(self.workers, NOISE_PRIOR ** 2)
         some = n > 0
