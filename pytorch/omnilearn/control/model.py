@@ -14,8 +14,7 @@ common factor (a Student-t weighted mean over the workers, removed: BSP) and the
 - *Noise.* Measurement noise is Student-t (:data:`DOF` degrees of freedom, fewer while the noise rests on
   few steps) with a per-worker scale: the median of how its innovation changes from step to step at
   one batch (each step's lesser change to the step before and the step after, taken a step late: one
-  odd step is one outlier, not two, and a change of speed none; a step where the model takes a change
-  gives no sample), over
+  odd step is one outlier, not two, and a change of speed none, also where a move follows it), over
   :data:`NOISE_MEMORY` steps, pooled across workers until measured
   (:data:`NOISE_PRIOR`). A step that waits a whole CFS period is down-weighted, not chased.
 - *Drift and jumps.* Between steps ``u_i`` drifts (a random walk of variance ``drift**2`` a step) and,
@@ -157,6 +156,7 @@ class SpeedModel:
         self.last_b = np.zeros(n)  # and the batch it was at
         self.prev_nu = np.full(n, np.nan)  # and at the one before
         self.prev_b = np.zeros(n)
+        self.last_changed = np.zeros(n, bool)  # the model took a change of speed at the last step
 
     # ------------------------------------------------------------------ k's posterior
 
@@ -356,9 +356,9 @@ class SpeedModel:
         self.hist_count[jump] = 0
         shifted = self._shifts(nu, prior * share, share, live & ~jump)
         jump = jump | shifted
-        # Every step after a worker's first tells the noise, jumps included: one jump is one outlier to a
-        # median, but a worker that "jumps" step after step (waits of whole CFS periods on steps shorter
-        # than one) is noisy, and then no longer chased.
+        # Every step after a worker's first tells the noise, a jump taken back at the next step included:
+        # one odd step is one outlier to a median, but a worker that "jumps" step after step (waits of
+        # whole CFS periods on steps shorter than one) is noisy, and then no longer chased.
         self._learn_noise(nu / math.sqrt(share), (self.u - before) / math.sqrt(share), live, batch, jump)
         changed = [int(i) for i in np.flatnonzero(jump)]
         for i in changed:
@@ -374,13 +374,16 @@ class SpeedModel:
         the step after: an odd step differs from both and reads as one outlier (not two, the change into
         it and the change out of it), a change of speed differs from one side only and reads as none,
         so the step that brings a level change never widens the noise the next step's test of it
-        needs. Where the model takes a change of speed on this step (``changed``: a jump at it, or a
-        shift over the last few), the change lies next to the last step or this one: the last step
-        gives no sample, nor does this step's difference to it later. A change taken at once and
-        followed by a move (the step after it at another batch) would otherwise be judged by its one
-        side, the change itself. A step's innovations kept for later samples have every update since taken out
-        (``moved``: how far each estimate moved on this step, scaled alike): a jump taken in full
-        leaves the next step's innovation near zero. A worker's first two steps at a batch give one
+        needs. Where the model takes a change of speed on a step (``changed``: a jump at it, or a
+        shift over the last few), the change lies before it: the step before gives no sample (its
+        change to this one crosses it), nor does the step itself while the change holds: a level
+        change taken at once and followed by a move (the step after it at another batch) would
+        otherwise be judged by its one side, the change itself. An odd step taken for a change is
+        taken back at the next step, and that return is its one sample, full-size (a worker that
+        seems to jump step after step is noisy, and then no longer chased). A step's innovations
+        kept for later samples have every update since taken out (``moved``: how far each estimate
+        moved on this step, scaled alike): a jump taken in full leaves the next step's innovation near
+        zero. A worker's first two steps at a batch give one
         sample (the change between them, as a lesser of two), every step after one more; a step
         followed by a move is judged by the step before it alone. The median of
         the last :data:`NOISE_MEMORY` samples, as a normal sd (:data:`PAIR_SCALE`: robust to the heavy
@@ -388,9 +391,10 @@ class SpeedModel:
         borrows the others' scale; :data:`PRIOR_WEIGHT` steps of :data:`NOISE_PRIOR` before any)."""
         b = np.asarray(batch, float)
         kept = live & ~np.isnan(self.last_nu)
-        has_after = kept & (b == self.last_b)  # the last step has this one after it at its batch
-        has_before = kept & ~np.isnan(self.prev_nu) & (self.prev_b == self.last_b)  # and one before it
-        pair = (has_after | has_before) & ~changed
+        returned = kept & self.last_changed & changed  # a change taken and taken back: an odd step
+        has_after = kept & (b == self.last_b) | returned  # the last step has this one after it at its batch
+        has_before = kept & ~np.isnan(self.prev_nu) & (self.prev_b == self.last_b) & ~returned  # and one before
+        pair = (has_after | has_before) & ~changed & ~self.last_changed | returned
         after = np.abs(self.last_nu - np.where(has_after, nu, 0.0))
         before = np.abs(self.last_nu - np.where(has_before, self.prev_nu, 0.0))
         one = np.where(has_after, after, before) * 1.4826 / PAIR_SCALE
@@ -403,6 +407,7 @@ class SpeedModel:
         self.last_nu = np.where(live, nu - moved, self.last_nu)
         self.last_b = np.where(live, b, self.last_b)
         self.prev_nu = np.where(live & changed, np.nan, self.prev_nu)  # the change lies before this step
+        self.last_changed = np.where(live, changed, self.last_changed)
         n = self.noise_count
         own = np.full(self.workers, NOISE_PRIOR ** 2)
         some = n > 0
@@ -488,6 +493,7 @@ class SpeedModel:
         self.noise_abs, self.noise_count = self.noise_abs[:, idx], self.noise_count[idx]
         self.last_nu, self.last_b = self.last_nu[idx], self.last_b[idx]
         self.prev_nu, self.prev_b = self.prev_nu[idx], self.prev_b[idx]
+        self.last_changed = self.last_changed[idx]
         self.regimes = [self.regimes[i] for i in workers]
         if self.relative:
             self.u -= self.u.mean()
@@ -500,7 +506,8 @@ class SpeedModel:
                 "hist_count": self.hist_count.tolist(),
                 "noise_abs": self.noise_abs.tolist(), "noise_count": self.noise_count.tolist(),
                 "last_nu": [None if math.isnan(x) else x for x in self.last_nu], "last_b": self.last_b.tolist(),
-                "prev_nu": [None if math.isnan(x) else x for x in self.prev_nu], "prev_b": self.prev_b.tolist()}
+                "prev_nu": [None if math.isnan(x) else x for x in self.prev_nu], "prev_b": self.prev_b.tolist(),
+                "last_changed": [bool(x) for x in self.last_changed]}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         for key in ("u", "count", "noise2", "k_log", "lo", "hi", "hist_nu", "hist_est", "hist_share", "noise_abs"):
@@ -512,4 +519,5 @@ class SpeedModel:
         n = len(self.last_b)  # a state without the innovations before the last: none kept
         self.prev_nu = np.asarray([np.nan if x is None else x for x in d.get("prev_nu", [None] * n)], float)
         self.prev_b = np.asarray(d.get("prev_b", [0.0] * n), float)
+        self.last_changed = np.asarray(d.get("last_changed", [False] * n), bool)
         self.scale, self.measured, self.regimes = d["scale"], int(d["measured"]), list(d["regimes"])
