@@ -383,11 +383,10 @@ class SpeedModel:
         seems to jump step after step is noisy, and then no longer chased). A step's innovations
         kept for later samples have every update since taken out (``moved``: how far each estimate
         moved on this step, scaled alike): a jump taken in full leaves the next step's innovation near
-        zero. A worker's first two steps at a batch give one
-        sample (the change between them, as a lesser of two), every step after one more; a step
-        followed by a move is judged by the step before it alone. The median of
-        the last :data:`NOISE_MEMORY` samples, as a normal sd (:data:`PAIR_SCALE`: robust to the heavy
-        tails it is the scale of), shrunk towards the pool of every worker's (a worker with few steps
+        zero. A worker's first two steps at a batch give one sample (the change between them, as a
+        lesser of two), every step after one more; a step followed by a move is judged by the step
+        before it alone. The median of the last :data:`NOISE_MEMORY` samples, as a normal sd
+        (:data:`PAIR_SCALE`: robust to the heavy tails it is the scale of), shrunk towards the pool of every worker's (a worker with few steps
         borrows the others' scale; :data:`PRIOR_WEIGHT` steps of :data:`NOISE_PRIOR` before any)."""
         b = np.asarray(batch, float)
         kept = live & ~np.isnan(self.last_nu)
@@ -406,7 +405,6 @@ class SpeedModel:
         self.prev_b = np.where(live, self.last_b, self.prev_b)
         self.last_nu = np.where(live, nu - moved, self.last_nu)
         self.last_b = np.where(live, b, self.last_b)
-        self.prev_nu = np.where(live & changed, np.nan, self.prev_nu)  # the change lies before this step
         self.last_changed = np.where(live, changed, self.last_changed)
         n = self.noise_count
         own = np.full(self.workers, NOISE_PRIOR ** 2)
