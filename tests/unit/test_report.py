@@ -35,6 +35,9 @@ def test_settle_counts_decisions_until_balanced_per_level_change() -> None:
     # when step 8 ended, 4 s after the change.
     assert got[1]["decisions"] == 2 and got[1]["seconds"] == pytest.approx(4.0)
     assert got[2]["decisions"] is None and got[2]["seconds"] is None
+    # the imbalance of the stretch that settled; of one that never did, the least it reached: 2:1 at
+    # first (loads 4/3 and 2/3 of the step's median), 3:1 after the overshoot
+    assert [r["imbalance"] for r in got] == pytest.approx([0.0, 0.04, 1.0])
 
 
 def test_settle_leaves_out_partial_steps_and_the_first_step_of_a_stretch() -> None:

@@ -138,8 +138,10 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
     over a few steps would keep it (each worker's median may fall on a different step). The change is
     settled at the first stretch whose imbalance is at most SETTLED: ``decisions`` is the number of
     decisions before it, ``seconds`` the time from the change to the start of that stretch. Both are
-    null when no stretch settles before the next change or the end of the run. (Decisions taken by
-    other reasons, allocation or memory, are not counted; ``static`` settles with 0 or never.)
+    null when no stretch settles before the next change or the end of the run. ``imbalance`` is that of
+    the stretch that settled or, when none did, the least of its stretches' (how near it came; null
+    when no stretch had a full step). (Decisions taken by other reasons, allocation or memory, are not
+    counted; ``static`` settles with 0 or never.)
     """
     n = min(len(s) for s in steps)
     if n == 0:
@@ -153,7 +155,7 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
         cuts = [d for d in decided if start < d < end]
         bounds = [start, *cuts, end]
         record: dict[str, Any] = {"level": ev["level"], "from_level": ev.get("from_level"), "step": start,
-                                  "decisions": None, "seconds": None}
+                                  "decisions": None, "seconds": None, "imbalance": None}
         for m in range(len(bounds) - 1):
             ks = [k for k in range(bounds[m], bounds[m + 1]) if steps[0][k]["global_batch"] == full]
             if len(ks) > 1:
@@ -161,9 +163,12 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
             if not ks:
                 continue
             loads = stretch_loads([[busy_ms(s[k]) for s in steps] for k in ks])
-            if max(loads) / max(min(loads), 1e-9) - 1 <= SETTLED:
+            imbalance = round(max(loads) / max(min(loads), 1e-9) - 1, 4)
+            if record["imbalance"] is None or imbalance < record["imbalance"]:
+                record["imbalance"] = imbalance
+            if imbalance <= SETTLED:
                 began = ev["time"] if m == 0 else steps[0][bounds[m] - 1]["time"]
-                record.update(decisions=m, seconds=round(max(began - ev["time"], 0.0), 3))
+                record.update(decisions=m, seconds=round(max(began - ev["time"], 0.0), 3), imbalance=imbalance)
                 break
         out.append(record)
     return out

@@ -140,13 +140,18 @@ def ideal_lines(compare: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _settled(r: dict[str, Any]) -> str:
+    if r["decisions"] is not None:
+        return f"{r['decisions']} ({r['seconds']:.1f} s)"
+    return "never" if r.get("imbalance") is None else f"never ({r['imbalance']:.2f} at best)"
+
+
 def settle_line(s: dict[str, Any]) -> str | None:
-    """``dynamic settled: start→HL1 0 decisions (0.0 s) · HL1→HL2 1 (7.9 s) · ...``"""
+    """``dynamic settled: start→HL1 0 decisions (0.0 s) · HL1→HL2 1 (7.9 s) · HL2→HL4 never (0.13 at
+    best) · ...``: a change that never settled shows the least imbalance it reached."""
     if not s.get("settle"):
         return None
-    parts = [f"{r['from_level'] or 'start'}→{r['level']} "
-             + ("never" if r["decisions"] is None else f"{r['decisions']} ({r['seconds']:.1f} s)")
-             for r in s["settle"]]
+    parts = [f"{r['from_level'] or 'start'}→{r['level']} " + _settled(r) for r in s["settle"]]
     counted, median = settle_counted(s["settle"]), settle_median(s["settle"])
     over = "level changes" if any(r["from_level"] is not None for r in s["settle"]) else "the start"
     tail = f" · median over {over}: " + ("never" if median is None else f"{median:g}")
