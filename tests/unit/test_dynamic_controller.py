@@ -498,6 +498,41 @@ def test_a_change_taken_at_once_and_followed_by_a_move_is_no_sample_of_the_noise
     assert float(np.median(ratios)) < 1.03 and max(ratios) < 1.15, np.round(ratios, 2)
 
 
+def test_a_one_off_stall_taken_for_a_change_is_taken_back_at_the_next_step() -> None:
+    """One step cannot tell a change of speed from a one-off stall (a pause of the process): the fast
+    worker's step 60 times its usual, at 5% noise, reads as a jump and the split moves on it (the fast
+    worker from about 185 samples to 2). The hypothesis not taken (no jump) is kept until the worker's
+    next step, which judges: the stall is taken back and the split with it, where weighing that step
+    alone against a new jump's prior took it back on 3 seeds of 10 and left the worker believed slow
+    on the others. Saved and loaded between the two steps, the controller takes the same decisions."""
+    taken_back = 0
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        ctl = _controller()
+        small, large = ctl.probe_sizes()
+        speed, k = np.array([1.0, 1.0, 0.5, 4.0]), 20.0
+        ctl.observe_probe(small, large, _times(speed, k, small, rng, 0.05), _times(speed, k, large, rng, 0.05))
+        for _ in range(6):
+            ctl.observe_step(_times(speed, k, ctl.batch, rng, 0.05))
+            ctl.decide(steps_left=100)
+        u, split = ctl.model.u[3], list(ctl.batch)
+        stalled = _times(speed, k, ctl.batch, rng, 0.05)
+        stalled[3] *= 60
+        ctl.observe_step(stalled)
+        ctl.decide(steps_left=100)
+        copy = _controller()
+        copy.load_state_dict(json.loads(json.dumps(ctl.state_dict())))
+        after = _times(speed, k, ctl.batch, rng, 0.05)
+        for c in (ctl, copy):
+            c.observe_step(after)
+            c.decide(steps_left=100)
+        assert copy.batch == ctl.batch and copy.state_dict() == ctl.state_dict()
+        if ctl.model.taken_back[3]:
+            taken_back += 1
+            assert abs(ctl.model.u[3] - u) < 0.2 and ctl.batch[3] >= 0.85 * split[3], (seed, split, ctl.batch)
+    assert taken_back >= 9, taken_back
+
+
 def test_a_worker_that_seems_to_jump_step_after_step_is_noisy_not_chased() -> None:
     """One worker's step waits a second time its length on three steps in ten at random (a CFS period
     on a short step), 60 steps, 20 seeds: each odd step taken for a change and taken back at the next
@@ -552,6 +587,8 @@ def test_a_shift_is_never_believed_more_precise_than_the_noise_learned_since() -
             speed[i % N] *= math.exp(0.3 * rng.standard_normal())  # each worker drifting, in turn
             changed, _ = model.update([64] * N, _times(speed, 0.0, 64, rng, 0.3))
             for w in changed:  # against the noise as known after the step, which the variance follows
+                if model.taken_back[w]:  # a change taken back: the estimate before it, not a shift
+                    continue
                 shifts += 1
                 share = 1 - 1 / N
                 assert model.var[w] >= model.noise2[w] * share / SHIFT_STEPS * (1 - 1e-9), (seed, i, w)

@@ -21,7 +21,11 @@ common factor (a Student-t weighted mean over the workers, removed: BSP) and the
   with probability ``hazard``, jumps (its variance grows by :data:`JUMP` squared). Each step weighs the
   two hypotheses by the innovation's likelihood under each, and the likelier wins: a level change
   needs one step of evidence, an outlier moves the estimate a little. Only the changed worker's speed
-  reopens. A shift too small for one step shows in a windowed test over the last few innovations.
+  reopens. One step cannot always tell a slowdown from a one-off stall (a pause of the process, which
+  only ever slows a step): where a jump taken slows a worker, the hypothesis not taken (no jump) is
+  kept with its posterior probability until the worker's next step judges between the two, and a
+  decision in between draws from both. A shift too small for one step shows in a windowed test over
+  the last few innovations.
 - *k.* A log-posterior on a grid over ``[0, K_MAX_FACTOR * B / n]`` (prior: :data:`K_PRIOR`): the
   start-up probe (every worker timed at two batch sizes) and every re-split (each worker's time
   before and after; BSP profiles out the step's common factor, ASP takes a moved worker's own steps)
@@ -157,6 +161,12 @@ class SpeedModel:
         self.prev_nu = np.full(n, np.nan)  # and at the one before
         self.prev_b = np.zeros(n)
         self.last_changed = np.zeros(n, bool)  # the model took a change of speed at the last step
+        # The hypothesis the last step did not take (no jump where it jumped), until the next step judges:
+        # its speed, evidence (in steps of the noise, as ``count``) and posterior probability (0: none kept).
+        self.alt_u = np.zeros(n)
+        self.alt_count = np.ones(n)
+        self.alt_p = np.zeros(n)
+        self.taken_back = np.zeros(n, bool)  # the workers whose last step took back the change before it
 
     # ------------------------------------------------------------------ k's posterior
 
@@ -201,6 +211,7 @@ class SpeedModel:
         after = self.k
         ref = np.maximum(self.measured_at(), 1.0)
         self.u = self.u + np.log(ref + before) - np.log(ref + after)
+        self.alt_u = self.alt_u + np.log(ref + before) - np.log(ref + after)
 
     def k_from_probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float]) -> None:
         """Evidence on k from every worker timed at two batch sizes (medians of its probe steps)."""
@@ -270,6 +281,7 @@ class SpeedModel:
         if self.relative:
             shift = float(self.u.mean())
             self.u -= shift
+            self.alt_u -= shift
             self.scale += shift
         return changed, resid - common
 
@@ -287,8 +299,10 @@ class SpeedModel:
         x = np.log(batch[moved, None] + self.k_grid[None, :]) - np.log(at[moved, None] + self.k_grid[None, :])
         mean = x @ p
         var = self.var.copy()
-        var[moved] += np.maximum((x * x) @ p - mean * mean, 0.0)
+        grown = np.maximum((x * x) @ p - mean * mean, 0.0)
+        var[moved] += grown
         self.var = var
+        self.alt_count[moved] = self.noise2[moved] / (self.noise2[moved] / self.alt_count[moved] + grown)
 
     def _common(self, resid: np.ndarray, live: np.ndarray) -> float:
         """The step's common factor: a Student-t weighted mean of the live workers' residuals (a few
@@ -329,8 +343,10 @@ class SpeedModel:
         ``share``: the part of a worker's noise left in its innovation once the step's common factor
         (estimated from the same n times) is removed, about ``1 - 1/n``; ``steps``: the steps since the
         worker's last measurement (its drift and its chance of a jump add up over each)."""
+        before, kept_nu = self.u.copy(), nu
+        taken_back = self._judge(nu, live, share, steps)
+        nu = np.where(taken_back, nu + before - self.u, nu)
         prior = self.var + steps * self.drift ** 2
-        before = self.u.copy()
         hazard = -math.expm1(steps * math.log1p(-self.hazard))
         s = (prior + self.noise2) * share
         e2 = nu * nu / s
@@ -353,17 +369,47 @@ class SpeedModel:
         jump = live & (p_jump >= 0.5)
         self.u = np.where(live, np.where(jump, u1, u0), self.u)
         self.var = np.where(live, np.where(jump, v1, v0), prior)
+        stall = jump & (nu > 0)  # a one-off pause only ever slows a step
+        self.alt_u = np.where(stall, u0, self.alt_u)
+        self.alt_count = np.where(stall, self.noise2 / np.maximum(v0, 1e-12), self.alt_count)
+        self.alt_p = np.where(live, np.where(stall, 1.0 - p_jump, 0.0), self.alt_p)
         self.hist_count[jump] = 0
         shifted = self._shifts(nu, prior * share, share, live & ~jump)
-        jump = jump | shifted
+        jump = jump | shifted | taken_back
         # Every step after a worker's first tells the noise, a jump taken back at the next step included:
         # one odd step is one outlier to a median, but a worker that "jumps" step after step (waits of
         # whole CFS periods on steps shorter than one) is noisy, and then no longer chased.
-        self._learn_noise(nu / math.sqrt(share), (self.u - before) / math.sqrt(share), live, batch, jump)
+        self._learn_noise(kept_nu / math.sqrt(share), (self.u - before) / math.sqrt(share), live, batch, jump)
         changed = [int(i) for i in np.flatnonzero(jump)]
         for i in changed:
             self.regimes[i] += 1
         return changed
+
+    def _judge(self, nu: np.ndarray, live: np.ndarray, share: float, steps: int) -> np.ndarray:
+        """Where a worker's last step kept the hypothesis it did not take (:attr:`alt_p`: a slowdown
+        taken for a jump that a one-off stall would also explain), this step judges between the two by their
+        posterior odds: the kept one's prior probability and each one's Student-t likelihood of this
+        step's innovation (``nu``, against the hypothesis taken). Where the kept one wins, the worker's
+        speed and variance become its: a stall taken for a change is taken back. The kept hypotheses
+        are then dropped; returns the workers taken back."""
+        judged = live & (self.alt_p > 0)
+        self.taken_back = np.zeros(self.workers, bool)
+        if not judged.any():
+            return judged
+        dof = np.minimum(DOF, self.noise_count + NOISE_DOF)
+
+        def loglik(e: np.ndarray, var: np.ndarray) -> np.ndarray:
+            s = (var + steps * self.drift ** 2 + self.noise2) * share
+            return -0.5 * (dof + 1) * np.log1p(e * e / (s * dof)) - 0.5 * np.log(s)
+
+        p = np.where(judged, self.alt_p, 0.5)
+        alt_var = self.noise2 / self.alt_count
+        odds = np.log(p) - np.log1p(-p) + loglik(nu + self.u - self.alt_u, alt_var) - loglik(nu, self.var)
+        back = judged & (odds > 0)
+        self.u, self.var = np.where(back, self.alt_u, self.u), np.where(back, alt_var, self.var)
+        self.alt_p = np.where(live, 0.0, self.alt_p)
+        self.taken_back = back
+        return back
 
     def _learn_noise(self, nu: np.ndarray, moved: np.ndarray, live: np.ndarray, batch: np.ndarray,
                      changed: np.ndarray) -> None:
@@ -476,6 +522,10 @@ class SpeedModel:
         dof = (self.noise_count + NOISE_DOF)[None, :]
         u = self.u[None, :] + np.sqrt(self.var)[None, :] * rng.standard_t(dof, (count, self.workers))
         k = rng.choice(self.k_grid, size=count, p=self.k_posterior())
+        if (self.alt_p > 0).any():  # a hypothesis kept from the last step: a draw is of it with its probability
+            spread = np.sqrt(self.noise2 / self.alt_count)[None, :]
+            alt = self.alt_u[None, :] + spread * rng.standard_t(dof, (count, self.workers))
+            u = np.where(rng.random((count, self.workers)) < self.alt_p[None, :], alt, u)
         at = np.maximum(self.measured_at(), 1.0)[None, :]
         u = u + np.log(at + self.k) - np.log(at + k[:, None])
         return u, k
@@ -492,9 +542,13 @@ class SpeedModel:
         self.last_nu, self.last_b = self.last_nu[idx], self.last_b[idx]
         self.prev_nu, self.prev_b = self.prev_nu[idx], self.prev_b[idx]
         self.last_changed = self.last_changed[idx]
+        self.alt_u, self.alt_count, self.alt_p = self.alt_u[idx], self.alt_count[idx], self.alt_p[idx]
+        self.taken_back = self.taken_back[idx]
         self.regimes = [self.regimes[i] for i in workers]
         if self.relative:
-            self.u -= self.u.mean()
+            shift = self.u.mean()
+            self.u -= shift
+            self.alt_u -= shift
 
     def state_dict(self) -> dict[str, Any]:
         return {"u": self.u.tolist(), "count": self.count.tolist(), "noise2": self.noise2.tolist(),
@@ -505,7 +559,8 @@ class SpeedModel:
                 "noise_abs": self.noise_abs.tolist(), "noise_count": self.noise_count.tolist(),
                 "last_nu": [None if math.isnan(x) else x for x in self.last_nu], "last_b": self.last_b.tolist(),
                 "prev_nu": [None if math.isnan(x) else x for x in self.prev_nu], "prev_b": self.prev_b.tolist(),
-                "last_changed": [bool(x) for x in self.last_changed]}
+                "last_changed": [bool(x) for x in self.last_changed], "alt_u": self.alt_u.tolist(),
+                "alt_count": self.alt_count.tolist(), "alt_p": self.alt_p.tolist()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         for key in ("u", "count", "noise2", "k_log", "lo", "hi", "hist_nu", "hist_est", "hist_share", "noise_abs"):
@@ -518,4 +573,7 @@ class SpeedModel:
         self.prev_nu = np.asarray([np.nan if x is None else x for x in d.get("prev_nu", [None] * n)], float)
         self.prev_b = np.asarray(d.get("prev_b", [0.0] * n), float)
         self.last_changed = np.asarray(d.get("last_changed", [False] * n), bool)
+        self.alt_u = np.asarray(d.get("alt_u", [0.0] * n), float)  # a state without a kept hypothesis: none
+        self.alt_count = np.asarray(d.get("alt_count", [1.0] * n), float)
+        self.alt_p = np.asarray(d.get("alt_p", [0.0] * n), float)
         self.scale, self.measured, self.regimes = d["scale"], int(d["measured"]), list(d["regimes"])
