@@ -210,8 +210,8 @@ class SpeedModel:
         self.k_log -= self.k_log.max()
         after = self.k
         ref = np.maximum(self.measured_at(), 1.0)
-        self.u = self.u + np.log(ref + before) - np.log(ref + after)
-        self.alt_u = self.alt_u + np.log(ref + before) - np.log(ref + after)
+        moved = np.log(ref + before) - np.log(ref + after)
+        self.u, self.alt_u = self.u + moved, self.alt_u + moved
 
     def k_from_probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float]) -> None:
         """Evidence on k from every worker timed at two batch sizes (medians of its probe steps)."""
@@ -432,8 +432,9 @@ class SpeedModel:
         zero. A worker's first two steps at a batch give one sample (the change between them, as a
         lesser of two), every step after one more; a step followed by a move is judged by the step
         before it alone. The median of the last :data:`NOISE_MEMORY` samples, as a normal sd
-        (:data:`PAIR_SCALE`: robust to the heavy tails it is the scale of), shrunk towards the pool of every worker's (a worker with few steps
-        borrows the others' scale; :data:`PRIOR_WEIGHT` steps of :data:`NOISE_PRIOR` before any)."""
+        (:data:`PAIR_SCALE`: robust to the heavy tails it is the scale of), shrunk towards the pool of
+        every worker's (a worker with few steps borrows the others' scale; :data:`PRIOR_WEIGHT` steps of
+        :data:`NOISE_PRIOR` before any)."""
         b = np.asarray(batch, float)
         kept = live & ~np.isnan(self.last_nu)
         returned = kept & self.last_changed & changed  # a change taken and taken back: an odd step

@@ -138,9 +138,9 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
     over a few steps would keep it (each worker's median may fall on a different step). The change is
     settled at the first stretch whose imbalance is at most SETTLED: ``decisions`` is the number of
     decisions before it, ``seconds`` the time from the change to the start of that stretch. Both are
-    null when no stretch settles before the next change or the end of the run. ``imbalance`` is that of
-    the stretch that settled or, when none did, the least of its stretches' (how near it came; null
-    when no stretch had a full step). (Decisions taken by other reasons, allocation or memory, are not
+    null when no stretch settles before the next change or the end of the run. ``imbalance`` is the least of
+    its stretches' up to the one that settled, which is that one's (or how near it came, when none
+    did; null when no stretch had a full step). (Decisions taken by other reasons, allocation or memory, are not
     counted; ``static`` settles with 0 or never.)
     """
     n = min(len(s) for s in steps)
@@ -168,7 +168,7 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
                 record["imbalance"] = imbalance
             if imbalance <= SETTLED:
                 began = ev["time"] if m == 0 else steps[0][bounds[m] - 1]["time"]
-                record.update(decisions=m, seconds=round(max(began - ev["time"], 0.0), 3), imbalance=imbalance)
+                record.update(decisions=m, seconds=round(max(began - ev["time"], 0.0), 3))
                 break
         out.append(record)
     return out
