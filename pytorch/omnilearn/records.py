@@ -80,11 +80,13 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(BATCH_CHANGE, "the controller's rank",
          ("batch", "reason"),
          ("step", "version", "epoch", "old", "compute_ms", "overhead", "samples", "gain_s", "gain_sd_s", "cost_s",
-          "horizon", "stride", "sizes", "probe_ms", "probe_times_s", "speeds", "probe_s", "warm"),
+          "horizon", "stride", "sizes", "probe_ms", "probe_times_s", "probe_own_ms", "speeds", "probe_s", "warm"),
          "`step` (ASP: `version`, `epoch`), `batch`, `old`, `reason` (`initial`, `probe`, `compute-time`, "
          "`allocation`, `memory`, `resumed`), `compute_ms`, `overhead` (k), `samples`; `dynamic`'s decisions: "
          "`gain_s`, `gain_sd_s`, `cost_s`, `horizon`, `stride` (the part of the way to the balanced split "
-         "taken: 1, 0.5 or 0.25); `probe`: `sizes`, `probe_ms`, `probe_times_s`, `speeds`, "
+         "taken: 1, 0.5 or 0.25); `probe`: `sizes`, `probe_ms`, `probe_times_s` (what the controller took: "
+         "under CPU quotas the median CPU seconds of the workers on the same kind of core with as many "
+         "threads, at each one's own rate), `probe_own_ms` (each worker's own rounds alone), `speeds`, "
          "`probe_s`, `warm` (false where a framework's first step still carries its one-off costs and is "
          "left out)"),
     Kind(MEASUREMENT, "BSP rank 0",

@@ -24,6 +24,7 @@ from omnilearn.control.loop import (
     ProbeRounds,
     pass_done,
     probe_time,
+    probe_times,
     replay,
 )
 from omnilearn.control.model import SHIFT_STEPS, SpeedModel
@@ -100,10 +101,28 @@ def test_a_pass_of_short_steps_lasts_long_enough_that_one_preemption_does_not_se
         wall.advance(1e-3 * b + (0.01 if len(ran) == 2 else 0.0))
 
     rounds.run(step, (1, 2), 2)
-    small, large, seconds = rounds.own(1, 2)  # on the fake clocks
+    reading = rounds.own(1, 2)  # on the fake clocks
+    (small,), (large,), _, _ = probe_times([reading])
+    seconds = reading[2]
     assert seconds >= MIN_PASS_S and len(ran) > 4 and not pass_done(1, 10.0, 2, True)
     assert pass_done(MAX_ROUNDS, 0.0, 2, True)
     assert small == pytest.approx(1e-3, rel=0.2) and large == pytest.approx(2e-3, rel=0.2)
+
+
+def test_a_probe_under_quotas_pools_the_cpu_seconds_of_workers_on_one_kind_of_core() -> None:
+    """Four workers under quotas ran the same rounds: on one kind of core with as many threads, each one's
+    time is the median of their CPU seconds at its own rate, so one worker's odd CPU seconds (20% low)
+    do not set its speed; a worker on another kind of core, or with other threads, keeps its own; wall
+    seconds (no quota) stand alone. Each worker's own times come back beside."""
+    # small, large CPU seconds; elapsed; rate; threads; core
+    readings = [[0.10, 0.18, 1.0, 0.50, 1.0, 7.0], [0.08, 0.144, 1.0, 0.50, 1.0, 7.0],
+                [0.10, 0.18, 1.5, 0.25, 1.0, 7.0], [0.10, 0.18, 0.7, 0.50, 1.0, 9.0],
+                [0.12, 0.20, 0.7, 1.00, 2.0, 7.0], [0.30, 0.50, 0.9, 0.0, 1.0, 7.0]]
+    t_small, t_large, own_small, own_large = probe_times(readings)
+    assert t_small[:3] == pytest.approx([0.2, 0.2, 0.4]) and t_large[:3] == pytest.approx([0.36, 0.36, 0.72])
+    assert own_small[1] == pytest.approx(0.16) and own_large[1] == pytest.approx(0.288)
+    assert t_small[3] == pytest.approx(0.2) and t_small[4] == pytest.approx(0.12)  # alone in its kind
+    assert t_small[5] == pytest.approx(0.30) and t_large[5] == pytest.approx(0.50)  # wall seconds
 
 
 def test_a_pass_without_a_quota_keeps_its_rounds_and_reads_wall_times(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,7 +140,9 @@ def test_a_pass_without_a_quota_keeps_its_rounds_and_reads_wall_times(monkeypatc
         wall.advance(3e-3 * b + (0.05 if len(ran) == 2 else 0.0))
 
     rounds.run(step, (1, 2), 2)
-    small, large, seconds = rounds.own(1, 2)
+    reading = rounds.own(1, 2)
+    (small,), (large,), _, _ = probe_times([reading])
+    seconds = reading[2]
     assert ran == [1, 2, 1, 2] and seconds < MIN_PASS_S and not pass_done(1, 0.0, 2, False)
     assert small == pytest.approx(3e-3) and large == pytest.approx(6e-3)
 

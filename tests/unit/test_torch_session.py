@@ -89,9 +89,10 @@ def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_
     monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
     monkeypatch.setattr(session_module, "dist", types.SimpleNamespace(
         broadcast_object_list=lambda box, src: None, barrier=lambda: None, get_backend=lambda: "gloo"))
-    # rank 1 (not this process) takes three times as long at every size
-    monkeypatch.setattr(session_module, "all_gather_floats",
-                        lambda own, device: [own, [3 * own[0], 3 * own[1], own[2]]])
+    # rank 1 (not this process) takes three times as long at every size: under a quota, the same CPU
+    # seconds at a third of the rate
+    monkeypatch.setattr(session_module, "all_gather_floats", lambda own, device: [
+        own, [*own[:3], own[3] / 3, *own[4:]] if quota else [3 * own[0], 3 * own[1], *own[2:]]])
     monkeypatch.setattr(session_module, "summarize", lambda out: None)  # rank 1 writes no records here
     session = StepSession(2, 0, policy="dynamic", out=str(tmp_path / "run"))
     session.quota = types.SimpleNamespace(read=lambda: None, rate=lambda r: 1.0, cpus=lambda r: None,

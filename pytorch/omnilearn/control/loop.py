@@ -10,10 +10,13 @@ its owner gives it, and measures its own cost (``overhead_ms``: wall time spent 
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omnilearn.control.controller import Controller
@@ -75,16 +78,28 @@ def pass_done(rounds: int, elapsed_s: float, at_least: int, quota: bool) -> bool
     return rounds >= MAX_ROUNDS or (rounds >= at_least and (not quota or elapsed_s >= MIN_PASS_S))
 
 
+def core_kind() -> int:
+    """This machine's kind of core, as a number every rank can gather: a checksum of the processor's
+    model name (``/proc/cpuinfo``; elsewhere the machine's architecture)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    names = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")]
+    return zlib.crc32((names[0] if names else platform.machine()).encode())
+
+
 @dataclass
 class ProbeRounds:
     """The rounds of one worker's start-up pass, timed: each round's wall seconds and, on a CPU under
-    a CFS quota (``quota``), its CPU seconds, from which :meth:`own` gives the worker's probe times
-    (see :func:`probe_time`). ``sync``: what makes a round's work done before its clock stops (a GPU's
-    synchronize; nothing on a CPU). The trainer's pass and a framework's (``omnilearn.torch``'s
-    session) time their rounds through it, so both measure alike."""
+    a CFS quota (``quota``), its CPU seconds, from which :meth:`own` gives the worker's reading (see
+    :func:`probe_times`). ``sync``: what makes a round's work done before its clock stops (a GPU's
+    synchronize; nothing on a CPU); ``threads``: the threads a round runs on. The trainer's pass and a
+    framework's (``omnilearn.torch``'s session) time their rounds through it, so both measure alike."""
 
     quota: bool
     sync: Callable[[], None] = lambda: None
+    threads: int = 1
     wall: dict[int, list[float]] = field(default_factory=dict)
     cpu_s: dict[int, list[float]] = field(default_factory=dict)
 
@@ -108,12 +123,40 @@ class ProbeRounds:
                 self.time(step, b)
 
     def own(self, small: int, large: int) -> list[float]:
-        """This worker's probe times at ``small`` and ``large`` (seconds), and the pass's own seconds so far."""
+        """This worker's reading of its pass, the floats every rank gathers (:func:`probe_times` reads
+        them): its rounds at ``small`` and ``large`` (:func:`probe_time`: CPU seconds under a quota, else
+        wall seconds), the pass's own seconds so far, the CPU rate the whole pass got (0: wall seconds),
+        its threads and its kind of core (:func:`core_kind`)."""
         elapsed = time.perf_counter() - self._t0
-        if self.quota:  # CPU seconds at the rate the whole pass got them
+        if self.quota:  # CPU seconds, and the rate the whole pass got them at
             ran = (time.process_time() - self._c0) / max(elapsed, 1e-9)
-            return [probe_time(self.cpu_s[small], ran), probe_time(self.cpu_s[large], ran), elapsed]
-        return [probe_time(self.wall[small]), probe_time(self.wall[large]), elapsed]
+            return [probe_time(self.cpu_s[small]), probe_time(self.cpu_s[large]), elapsed, ran, float(self.threads),
+                    float(core_kind())]
+        return [probe_time(self.wall[small]), probe_time(self.wall[large]), elapsed, 0.0, float(self.threads),
+                float(core_kind())]
+
+
+def probe_times(readings: Sequence[Sequence[float]]) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Every worker's probe times at the two sizes (seconds), from every worker's reading
+    (:meth:`ProbeRounds.own`): those the controller takes, and each worker's own.
+
+    A worker under a CPU quota ran the same rounds as every other, and on the same kind of core with as
+    many threads they cost the same CPU seconds: what tells the workers apart is the CPU rate each got.
+    Its time is so the median CPU seconds of the workers it shares both with, at its own rate. A
+    worker's own CPU seconds over a pass of a second or two differ from the others' by 5-20% (what shared
+    its core and caches that second), alike over its rounds and unlike in the steps that follow
+    (``results/2026-11-28_2cpu_pooled-probe.md``): taken alone they would set its first split that far
+    off. Wall seconds (no quota) stand alone: a slower core shows in them."""
+    own_small = [r[0] / max(r[3], MIN_RATE) if r[3] > 0 else r[0] for r in readings]
+    own_large = [r[1] / max(r[3], MIN_RATE) if r[3] > 0 else r[1] for r in readings]
+    t_small, t_large = list(own_small), list(own_large)
+    for i, r in enumerate(readings):
+        if r[3] <= 0:
+            continue
+        peers = [q for q in readings if q[3] > 0 and q[4] == r[4] and q[5] == r[5]]
+        t_small[i] = statistics.median(q[0] for q in peers) / max(r[3], MIN_RATE)
+        t_large[i] = statistics.median(q[1] for q in peers) / max(r[3], MIN_RATE)
+    return t_small, t_large, own_small, own_large
 
 
 def _ms(times: Sequence[float] | None) -> list[float] | None:
@@ -174,10 +217,12 @@ class ControlLoop:
         return self.controller.probe_sizes()
 
     def probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float], cost_s: float,
-              warm: bool = True, **where: Any) -> list[int] | None:
-        """Every worker's probe times (seconds, medians at each size) and what the probe cost (the
-        slowest worker's seconds): the split before step 1, recorded with reason ``probe``. ``warm``:
-        the probe ran the loop's own step (the trainer's), so its first step carries no one-off costs."""
+              warm: bool = True, own: tuple[Sequence[float], Sequence[float]] | None = None, **where: Any
+              ) -> list[int] | None:
+        """Every worker's probe times (seconds, at each size: :func:`probe_times`) and what the probe cost
+        (the slowest worker's seconds): the split before step 1, recorded with reason ``probe``. ``warm``:
+        the probe ran the loop's own step (the trainer's), so its first step carries no one-off costs.
+        ``own``: each worker's times from its own rounds alone, recorded beside (``probe_own_ms``)."""
         t0 = time.perf_counter()
         new = self.controller.observe_probe(small, large, t_small, t_large, warm)
         self.overhead_s += time.perf_counter() - t0
@@ -186,7 +231,8 @@ class ControlLoop:
                    probe_ms=[_ms(t_small), _ms(t_large)], probe_times_s=[[float(t) for t in t_small],
                                                                          [float(t) for t in t_large]],
                    overhead=round(ctl.overhead, 2),
-                   speeds=[round(large / t, 3) for t in t_large], probe_s=round(cost_s, 4), warm=warm)
+                   speeds=[round(large / t, 3) for t in t_large], probe_s=round(cost_s, 4), warm=warm,
+                   **({} if own is None else {"probe_own_ms": [_ms(own[0]), _ms(own[1])]}))
         return new
 
     # ------------------------------------------------------------------ steps

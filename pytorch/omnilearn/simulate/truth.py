@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omnilearn.control.loop import pass_done, probe_time
+from omnilearn.control.loop import pass_done, probe_time, probe_times
 from omnilearn.emulator.spec.levels import LevelTable, load_tables, parse_cpuset
 from omnilearn.emulator.spec.schedule import load_schedule
 from omnilearn.emulator.spec.trace import load_trace
@@ -291,7 +291,7 @@ class World:
         """The start-up pass on the first shares (BSPTrainer.start_up: ``rounds`` steps at each size and,
         where ``dynamic`` times it (``timed``), more until the worker's pass is over,
         :func:`~omnilearn.control.loop.pass_done`): every worker's time at each size as the trainers
-        take it from its rounds (:func:`~omnilearn.control.loop.probe_time`), and its wall cost (the
+        take it from every worker's rounds (:func:`~omnilearn.control.loop.probe_times`), and its wall cost (the
         slowest worker's)."""
         n, shares = self.sc.workers, self.line.shares[0]
         quota = self.sc.cfs_period_ms is not None  # the workers' shares are CFS quotas, not slower cores
@@ -307,15 +307,15 @@ class World:
             done = np.array([pass_done(int(k), float(e), rounds, quota) if timed else k >= rounds
                              for k, e in zip(count, elapsed, strict=True)])
         t, c = np.asarray(rows), np.asarray(cpu)
-        t_small, t_large = [], []
+        readings = []
         for i, m in enumerate(count):
             ti, ci = t[:2 * m, i], c[:2 * m, i]
-            if quota:  # CPU seconds at the rate the pass got them, which runs without pause
-                ti, rate = ci, float(ci.sum() / ti.sum())
-            else:  # wall seconds: a slower core shows in every round
-                rate = 1.0
-            t_small.append(probe_time(ti[0::2].tolist(), rate))
-            t_large.append(probe_time(ti[1::2].tolist(), rate))
+            # under a quota CPU seconds and the rate the pass got them at (it runs without pause); else wall
+            # seconds, in which a slower core shows; one kind of core, one thread
+            x, rate = (ci, float(ci.sum() / ti.sum())) if quota else (ti, 0.0)
+            readings.append([probe_time(x[0::2].tolist()), probe_time(x[1::2].tolist()), float(elapsed[i]), rate,
+                             1.0, 0.0])
+        t_small, t_large, _, _ = probe_times(readings)
         return t_small, t_large, float(elapsed.max())
 
 

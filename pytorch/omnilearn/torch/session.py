@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from omnilearn import config
 from omnilearn.control.controller import make_controller
-from omnilearn.control.loop import ControlLoop, ProbeRounds
+from omnilearn.control.loop import ControlLoop, ProbeRounds, probe_times
 from omnilearn.control.policies import POLICIES, Bounds, effective
 from omnilearn.emulator.backends.cgroupfs import QuotaClock, quota_seconds
 from omnilearn.emulator.protocol.client import AllocationClient
@@ -334,12 +334,14 @@ class StepSession:
         data = {b: batch(b) for b in sizes}
         device = torch.device(self.device)
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-        rounds = ProbeRounds(quota=device.type == "cpu" and self.quota.limited(), sync=sync)
+        rounds = ProbeRounds(quota=device.type == "cpu" and self.quota.limited(), sync=sync,
+                             threads=torch.get_num_threads())
         rounds.run(lambda size: local_step(data[size]), sizes, self.job.config.control.probe_steps)
         every = all_gather_floats(rounds.own(*sizes), device)
+        t_small, t_large, own_small, own_large = probe_times(every)
         # the loop's first step still carries its one-off costs (a framework's hooks, DDP's first pass)
-        self.loop.probe(*sizes, [g[0] for g in every], [g[1] for g in every], max(g[2] for g in every),
-                        warm=False, step=0)
+        self.loop.probe(*sizes, t_small, t_large, max(g[2] for g in every), warm=False, own=(own_small, own_large),
+                        step=0)
         self.between_s += time.time() - began
 
     # ----------------------------------------------------------------------------- steps

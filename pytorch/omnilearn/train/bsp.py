@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
-from omnilearn.control.loop import ControlLoop, ProbeRounds
+from omnilearn.control.loop import ControlLoop, ProbeRounds, probe_times
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.backends.cgroupfs import QuotaClock, quota_seconds
 from omnilearn.emulator.protocol.client import AllocationClient
@@ -245,7 +245,8 @@ class BSPTrainer:
         saved = copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict())
         # each round's wall time, and on a CPU under a quota its CPU time: a round shorter than what is
         # left of a CFS period runs at a core's speed and leaves the quota's wait to a later one
-        rounds = ProbeRounds(quota=self.env.device.type == "cpu" and self.quota.limited(), sync=self._sync_cuda)
+        rounds = ProbeRounds(quota=self.env.device.type == "cpu" and self.quota.limited(), sync=self._sync_cuda,
+                             threads=torch.get_num_threads())
         available = len(self.work.train)
 
         def local_step(b: int) -> None:
@@ -272,8 +273,9 @@ class BSPTrainer:
         if probe:
             small, large = sizes
             every = distributed.all_gather_floats(own, self.env.device)
-            self.loop.probe(small, large, [g[0] for g in every], [g[1] for g in every],
-                            max(g[2] for g in every), step=step)
+            t_small, t_large, own_small, own_large = probe_times(every)
+            self.loop.probe(small, large, t_small, t_large, max(g[2] for g in every), own=(own_small, own_large),
+                            step=step)
 
     # --------------------------------------------------------------------------------------- run
     def out_of_time(self, clock: float) -> bool:
