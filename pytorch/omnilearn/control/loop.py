@@ -332,7 +332,9 @@ def replay(controller: Controller, records: Sequence[dict[str, Any]]) -> list[di
         elif r.get("kind") == BATCH_CHANGE and r.get("reason") == "probe":
             small, large = r["sizes"]
             t_small, t_large = r["probe_times_s"]
-            loop.probe(small, large, t_small, t_large, r["probe_s"], r.get("warm", True), step=r["step"])
+            own = r.get("probe_own_ms")
+            loop.probe(small, large, t_small, t_large, r["probe_s"], r.get("warm", True), step=r["step"],
+                       own=None if own is None else tuple([t / 1e3 for t in ts] for ts in own))
         elif r.get("kind") == MEASUREMENT:
             loop.step(r["times_s"], r["due"], r["steps_left"], none, r.get("cost_s", 0.0), step=r["step"])
     return out

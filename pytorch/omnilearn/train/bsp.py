@@ -235,9 +235,10 @@ class BSPTrainer:
         :data:`~omnilearn.control.loop.MIN_PASS_S`). Their peak memory gives this worker's memory bound
         (``control.memory_bounds``); their times give ``dynamic`` its k and every speed (one gather;
         the least of each size's two runs, of more the median of each pair's least: the first also
-        carries the new allocation, threads and shapes; on a CPU under a quota in CPU seconds, at the
-        rate the whole pass got CPU: :func:`~omnilearn.control.loop.probe_time`), so its first split is balanced
-        before step 1. The model and optimizer are restored after."""
+        carries the new allocation, threads and shapes; on a CPU under a quota in CPU seconds, the median
+        of the workers on the same kind of core with as many threads, at the rate this worker's whole
+        pass got CPU: :func:`~omnilearn.control.loop.probe_times`), so its first split is balanced before
+        step 1. The model and optimizer are restored after."""
         sizes = policies.probe_sizes(self.cfg.train.global_batch, self.world, self.configured_bounds)
         probe = not resumed and self.controller.probe_sizes() is not None
         if not self.cfg.control.memory_bounds and not probe:
