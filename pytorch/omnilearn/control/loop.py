@@ -147,16 +147,19 @@ def probe_times(readings: Sequence[Sequence[float]]) -> tuple[list[float], list[
     its core and caches that second), alike over its rounds and unlike in the steps that follow
     (``results/2026-11-28_2cpu_pooled-probe.md``): taken alone they would set its first split that far
     off. Wall seconds (no quota) stand alone: a slower core shows in them."""
-    own_small = [r[0] / max(r[3], MIN_RATE) if r[3] > 0 else r[0] for r in readings]
-    own_large = [r[1] / max(r[3], MIN_RATE) if r[3] > 0 else r[1] for r in readings]
-    t_small, t_large = list(own_small), list(own_large)
-    for i, r in enumerate(readings):
-        if r[3] <= 0:
-            continue
-        peers = [q for q in readings if q[3] > 0 and q[4] == r[4] and q[5] == r[5]]
-        t_small[i] = statistics.median(q[0] for q in peers) / max(r[3], MIN_RATE)
-        t_large[i] = statistics.median(q[1] for q in peers) / max(r[3], MIN_RATE)
-    return t_small, t_large, own_small, own_large
+    groups: dict[tuple[float, float], list[Sequence[float]]] = {}
+    for r in readings:
+        if r[3] > 0:  # CPU seconds under a quota: pooled by threads and kind of core
+            groups.setdefault((r[4], r[5]), []).append(r)
+    medians = {key: [statistics.median(q[j] for q in g) for j in (0, 1)] for key, g in groups.items()}
+    taken = [medians[(r[4], r[5])] if r[3] > 0 else r[:2] for r in readings]
+
+    def at_rate(seconds: float, r: Sequence[float]) -> float:
+        return seconds / max(r[3], MIN_RATE) if r[3] > 0 else seconds
+
+    return ([at_rate(c[0], r) for c, r in zip(taken, readings, strict=True)],
+            [at_rate(c[1], r) for c, r in zip(taken, readings, strict=True)],
+            [at_rate(r[0], r) for r in readings], [at_rate(r[1], r) for r in readings])
 
 
 def _ms(times: Sequence[float] | None) -> list[float] | None:
@@ -215,6 +218,14 @@ class ControlLoop:
 
     def probe_sizes(self) -> tuple[int, int] | None:
         return self.controller.probe_sizes()
+
+    def probe_readings(self, small: int, large: int, readings: Sequence[Sequence[float]], warm: bool = True,
+                       **where: Any) -> list[int] | None:
+        """:meth:`probe` on every worker's reading of its pass (:meth:`ProbeRounds.own`, gathered): the
+        times :func:`probe_times` gives, each worker's own beside, at the slowest worker's cost."""
+        t_small, t_large, own_small, own_large = probe_times(readings)
+        return self.probe(small, large, t_small, t_large, max(r[2] for r in readings), warm,
+                          own=(own_small, own_large), **where)
 
     def probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float], cost_s: float,
               warm: bool = True, own: tuple[Sequence[float], Sequence[float]] | None = None, **where: Any

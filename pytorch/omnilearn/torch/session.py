@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from omnilearn import config
 from omnilearn.control.controller import make_controller
-from omnilearn.control.loop import ControlLoop, ProbeRounds, probe_times
+from omnilearn.control.loop import ControlLoop, ProbeRounds
 from omnilearn.control.policies import POLICIES, Bounds, effective
 from omnilearn.emulator.backends.cgroupfs import QuotaClock, quota_seconds
 from omnilearn.emulator.protocol.client import AllocationClient
@@ -338,10 +338,8 @@ class StepSession:
                              threads=torch.get_num_threads())
         rounds.run(lambda size: local_step(data[size]), sizes, self.job.config.control.probe_steps)
         every = all_gather_floats(rounds.own(*sizes), device)
-        t_small, t_large, own_small, own_large = probe_times(every)
         # the loop's first step still carries its one-off costs (a framework's hooks, DDP's first pass)
-        self.loop.probe(*sizes, t_small, t_large, max(g[2] for g in every), warm=False, own=(own_small, own_large),
-                        step=0)
+        self.loop.probe_readings(*sizes, every, warm=False, step=0)
         self.between_s += time.time() - began
 
     # ----------------------------------------------------------------------------- steps

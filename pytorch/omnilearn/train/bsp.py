@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from omnilearn.control import policies
 from omnilearn.control.controller import make_controller
-from omnilearn.control.loop import ControlLoop, ProbeRounds, probe_times
+from omnilearn.control.loop import ControlLoop, ProbeRounds
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.backends.cgroupfs import QuotaClock, quota_seconds
 from omnilearn.emulator.protocol.client import AllocationClient
@@ -274,9 +274,7 @@ class BSPTrainer:
         if probe:
             small, large = sizes
             every = distributed.all_gather_floats(own, self.env.device)
-            t_small, t_large, own_small, own_large = probe_times(every)
-            self.loop.probe(small, large, t_small, t_large, max(g[2] for g in every), own=(own_small, own_large),
-                            step=step)
+            self.loop.probe_readings(small, large, every, step=step)
 
     # --------------------------------------------------------------------------------------- run
     def out_of_time(self, clock: float) -> bool:
