@@ -46,9 +46,10 @@ def _times(speed: np.ndarray, k: float, batch: list[int] | int, rng: np.random.G
 
 
 @pytest.mark.parametrize("k", [0.0, 12.0, 60.0])
-def test_the_probe_recovers_k_and_the_speeds(k: float) -> None:
-    """Tolerances: k within 6 samples or 20%; every relative speed within 6% at 3% noise (4 workers,
-    one round of the probe: two times per worker)."""
+def test_the_probe_and_the_first_step_recover_k_and_the_speeds(k: float) -> None:
+    """Tolerances: every relative speed within 6% at 3% noise after the probe (4 workers, one round:
+    two times per worker); k within 6 samples or 20% once the first step, at the probe's split, has
+    told it at the job's sizes (the probe's own sizes tell it only within PROBE_SHAPE)."""
     rng = np.random.default_rng(int(k))
     speed = np.array([1.0, 1.0, 0.667, 5.33])
     errors_k, errors_speed = [], []
@@ -56,6 +57,7 @@ def test_the_probe_recovers_k_and_the_speeds(k: float) -> None:
         ctl = _controller()
         small, large = ctl.probe_sizes()
         ctl.observe_probe(small, large, _times(speed, k, small, rng, 0.03), _times(speed, k, large, rng, 0.03))
+        ctl.observe_step(_times(speed, k, ctl.batch, rng, 0.03))
         errors_k.append(ctl.overhead - k)
         got = np.exp(-ctl.model.u)
         errors_speed.append(np.abs(np.log(got / got.mean() / (speed / speed.mean()))).max())
@@ -123,6 +125,27 @@ def test_a_probe_under_quotas_pools_the_cpu_seconds_of_workers_on_one_kind_of_co
     assert own_small[1] == pytest.approx(0.16) and own_large[1] == pytest.approx(0.288)
     assert t_small[3] == pytest.approx(0.2) and t_small[4] == pytest.approx(0.12)  # alone in its kind
     assert t_small[5] == pytest.approx(0.30) and t_large[5] == pytest.approx(0.50)  # wall seconds
+
+
+def test_pooled_probe_readings_tell_k_once() -> None:
+    """Workers whose probe times were pooled (:func:`probe_times`: one kind of core's CPU seconds, each
+    at its own rate) share one time ratio, one reading of k: 4 such workers and 32 (the same equal share
+    B/n, so the same prior) leave k's posterior the same. Counted once each, 32 copies of one
+    reading made k's sd 0.36 of 4 copies' (a reading off the job's line, alike on every pooled worker,
+    pinned k there)."""
+
+    def posterior(n: int) -> np.ndarray:
+        rates = np.linspace(0.2, 1.3, n)
+        readings = [[0.40, 0.45, 1.0, r, 1.0, 7.0] for r in rates]  # a ratio that reads k near 56 at 8/16
+        t_small, t_large, _, _ = probe_times(readings)
+        model = SpeedModel(n, 64 * n)
+        model.k_from_probe(8, 16, t_small, t_large)
+        return model.k_posterior()
+
+    assert posterior(32) == pytest.approx(posterior(4), abs=1e-9)
+    model = SpeedModel(4, 256)
+    model.k_from_probe(8, 16, [0.40] * 4, [0.45] * 4)
+    assert model.k_sd > 5.0  # one reading, its stated misfit: the first re-split still has k to tell
 
 
 def test_a_pass_without_a_quota_keeps_its_rounds_and_reads_wall_times(monkeypatch: pytest.MonkeyPatch) -> None:

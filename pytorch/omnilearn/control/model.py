@@ -72,8 +72,20 @@ K_POINTS = 97
 K_PRIOR = 0.25
 """k's prior: exponential, its mean this share of a worker's equal share B/n: small until measured
 (a fixed cost large against the batch shows in the probe or the first re-split)."""
+PROBE_SHAPE = 0.1
+"""The sd (log) of the probe's time ratio between its two sizes about the line ``c (b + k)`` the job's
+sizes follow: at B/(8n) and B/(4n) a core is used less well than at a worker's share, and the ratio
+reads low (k high). A ResNet18 step alone on one thread: log t16/t8 = 0.34, where the line through 16-187
+samples (k = 3.5) gives 0.53; on two, 0.22 against 0.32 (k = 13). The smaller of the two misfits: the
+first re-split tells k at the job's sizes (``results/2026-11-28_2cpu_probe-k.md``)."""
 K_MAX_FACTOR = 16.0
 """k's grid reaches this many equal shares B/n: a fixed cost beyond it is 'time does not follow the batch'."""
+
+
+def _distinct(x: np.ndarray) -> np.ndarray:
+    """The distinct values of ``x``, those within a rounding error of each other (1e-9) taken as one."""
+    x = np.sort(x)
+    return x[np.concatenate(([True], np.diff(x) > 1e-9 * np.maximum(np.abs(x[1:]), 1.0)))]
 
 
 def _t_logpdf(e: np.ndarray) -> np.ndarray:
@@ -214,15 +226,23 @@ class SpeedModel:
         self.u, self.alt_u = self.u + moved, self.alt_u + moved
 
     def k_from_probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float]) -> None:
-        """Evidence on k from every worker timed at two batch sizes (medians of its probe steps)."""
+        """Evidence on k from every worker timed at two batch sizes (medians of its probe steps).
+
+        Each worker's evidence is its log time ratio ``d``. Workers with the same ``d`` give one reading,
+        counted once: under a CPU quota the probe pools one kind of core's CPU seconds and the rate drops
+        out of the ratio (:func:`~omnilearn.control.loop.probe_times`), so n pooled workers are one
+        measurement, not n. Each reading's sd is the readings' spread and :data:`PROBE_SHAPE`, the
+        probe's small sizes read the line the job's sizes follow only that well."""
         d = np.log(np.asarray(t_large, float)) - np.log(np.asarray(t_small, float))
         spread = 1.4826 * float(np.median(np.abs(d - np.median(d)))) if len(d) > 2 else 0.0
-        sd = max(spread, math.sqrt(2) * NOISE_PRIOR / 2, NOISE_FLOOR)
         # What the probe says of the noise of one time (d is the difference of two): a floor under
         # every worker's noise until its steps measure it.
         self.noise2 = np.maximum(self.noise2, (spread / math.sqrt(2)) ** 2)
+        readings = _distinct(d)
+        spread = 1.4826 * float(np.median(np.abs(readings - np.median(readings)))) if len(readings) > 2 else 0.0
+        sd = math.hypot(max(spread, math.sqrt(2) * NOISE_PRIOR / 2, NOISE_FLOOR), PROBE_SHAPE)
         pred = np.log((large + self.k_grid) / (small + self.k_grid))
-        self.k_log = self.k_log + _t_logpdf((d[:, None] - pred[None, :]) / sd).sum(axis=0)
+        self.k_log = self.k_log + _t_logpdf((readings[:, None] - pred[None, :]) / sd).sum(axis=0)
         self.k_log -= self.k_log.max()
 
     def k_from_move(self, old: Sequence[int], new: Sequence[int], predicted_old: np.ndarray,
