@@ -80,7 +80,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(BATCH_CHANGE, "the controller's rank",
          ("batch", "reason"),
          ("step", "version", "epoch", "old", "compute_ms", "overhead", "samples", "gain_s", "gain_sd_s", "cost_s",
-          "horizon", "stride", "sizes", "probe_ms", "probe_times_s", "probe_own_ms", "speeds", "probe_s", "warm"),
+          "horizon", "stride", "sizes", "probe_ms", "probe_times_s", "probe_own_ms", "speeds", "probe_s", "warm",
+          "kinds", "k_by_worker"),
          "`step` (ASP: `version`, `epoch`), `batch`, `old`, `reason` (`initial`, `probe`, `compute-time`, "
          "`allocation`, `memory`, `resumed`), `compute_ms`, `overhead` (k), `samples`; `dynamic`'s decisions: "
          "`gain_s`, `gain_sd_s`, `cost_s`, `horizon`, `stride` (the part of the way to the balanced split "
@@ -88,11 +89,13 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "under CPU quotas the median CPU seconds of the workers on the same kind of core with as many "
          "threads, at each one's own rate), `probe_own_ms` (each worker's own rounds alone), `speeds`, "
          "`probe_s`, `warm` (false where a framework's first step still carries its one-off costs and is "
-         "left out)"),
+         "left out), `kinds` (each worker's threads and kind of core); `dynamic`: `k_by_worker` (each "
+         "worker's k, where workers of more than one kind tell theirs apart)"),
     Kind(MEASUREMENT, "BSP rank 0",
-         ("step", "times_s", "due", "steps_left"), ("cost_s",),
+         ("step", "times_s", "due", "steps_left"), ("cost_s", "threads"),
          "`step`, `times_s` (every worker's compute time the controller took, null for a partial step), `due`, "
-         "`steps_left`, `cost_s` (the controller's cost of a step, the largest rank's): the inputs that replay "
+         "`steps_left`, `cost_s` (the controller's cost of a step, the largest rank's), `threads` (every "
+         "worker's threads): the inputs that replay "
          "the run's decisions (`omnilearn.control.loop.replay`)"),
     Kind(SPEED_CHANGE, "the controller's rank",
          ("regimes",), ("step", "version", "epoch", "workers", "worker"),

@@ -99,6 +99,8 @@ class DynamicController:
         self._moved: tuple[list[int], np.ndarray] | None = None  # the old split and its predicted log times
         self._fresh: dict[int, float] = {}  # ASP: a worker's first time at its new batch
         self._from: dict[int, tuple[int, float]] = {}  # ASP: its batch before, and its log time predicted there
+        self.threads: list[float] = [1.0] * n  # each worker's threads and kind of core (0: not reported)
+        self.cores: list[float] = [0.0] * n
 
     # ------------------------------------------------------------------ what the policy is
     policy = property(lambda self: "dynamic")
@@ -121,8 +123,20 @@ class DynamicController:
 
     @property
     def overhead(self) -> float:
-        """The posterior mean of k, in samples."""
-        return self.model.k
+        """The posterior mean of k, in samples (the workers' mean, where their kinds' k differ)."""
+        return float(np.mean(self.model.k))
+
+    @property
+    def overheads(self) -> list[float] | None:
+        """Each worker's k, where workers of more than one kind tell theirs apart (else None)."""
+        return [round(float(k), 2) for k in self.model.k] if len(set(self.model.group)) > 1 else None
+
+    def set_threads(self, threads: Sequence[float]) -> None:
+        """Every worker's threads (a level may change them): a worker's kind is its threads and its kind
+        of core, and its k is its kind's (:mod:`~omnilearn.control.fixed_cost`)."""
+        if [float(t) for t in threads] != self.threads:
+            self.threads = [float(t) for t in threads]
+            self.model.set_kinds(list(zip(self.threads, self.cores, strict=True)))
 
     def allocations(self, read: Callable[[], Sequence[float | None]]) -> None:
         return None  # measured times only
@@ -145,19 +159,24 @@ class DynamicController:
         return policies.probe_sizes(self.global_batch, self.workers, self.bounds)
 
     def observe_probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float],
-                      warm: bool = True) -> list[int] | None:
+                      warm: bool = True, kinds: Sequence[Sequence[float]] | None = None) -> list[int] | None:
         """Every worker's probe times (the median of its steps at each size): k and the speeds; returns
         the first split, balanced before step 1 (None: the equal split stays). ``warm``: the probe ran
         the loop's own step, so the first step is like any other; else (a framework's loop, whose first
-        step carries its hooks' and DDP's one-off costs) the first step is left out, as without a probe."""
+        step carries its hooks' and DDP's one-off costs) the first step is left out, as without a probe.
+        ``kinds``: each worker's threads and kind of core (its k is its kind's)."""
         self.probed, self.warmed = True, warm
+        if kinds is not None:
+            self.cores = [float(c) for _, c in kinds]
+            self.threads = []
+            self.set_threads([t for t, _ in kinds])
         if self.synchronous:
             self.model.k_from_probe(small, large, t_small, t_large)
         self.model.speeds_from_probe(large, t_large, small, large)
         if self.synchronous:
             # times of one moment: the probe's common scale says how long a step takes
             self.model.scale = float(np.median(np.log(np.asarray(t_large)) - self.model.u
-                                               - math.log(large + self.model.k)))
+                                               - np.log(large + self.model.k)))
         # The first split meets the same rule as every other, at no cost: every split is new at step 1.
         new = self.decide(steps_left=None, cost=0.0)
         if self.synchronous:
@@ -226,7 +245,8 @@ class DynamicController:
             if before is not None:
                 m = self.model
                 sd = np.sqrt(m.var[worker:worker + 1] + 2 * m.noise2[worker:worker + 1])
-                m.k_from_move([before[0]], [batch], np.array([before[1]]), np.log([max(seconds, 1e-9)]), sd)
+                m.k_from_move([before[0]], [batch], np.array([before[1]]), np.log([max(seconds, 1e-9)]), sd,
+                              [worker])
         return self.model.update_one(worker, batch, seconds)
 
     def estimates(self) -> tuple[list[float] | None, list[int]]:
@@ -259,10 +279,10 @@ class DynamicController:
         u, k = self.model.samples(DRAWS, rng)
         scale = math.exp(self.model.scale or 0.0)
         per_sample = np.exp(u)
-        slowest_now = (per_sample * (np.asarray(self.batch, float)[None, :] + k[:, None])).max(axis=1)
+        slowest_now = (per_sample * (np.asarray(self.batch, float)[None, :] + k)).max(axis=1)
 
         def gain(split: list[int]) -> tuple[float, float]:
-            slowest = (per_sample * (np.asarray(split, float)[None, :] + k[:, None])).max(axis=1)
+            slowest = (per_sample * (np.asarray(split, float)[None, :] + k)).max(axis=1)
             g = scale * (slowest_now - slowest)
             return float(g.mean()), float(g.std())
 
@@ -310,7 +330,7 @@ class DynamicController:
                                                                                       strict=True)))
         bounds = trusted if trusted.feasible(self.global_batch) else self.bounds
         times = self._seconds(self.batch).tolist()
-        new = policies.balanced(self.batch, times, m.k, self.global_batch, bounds)
+        new = policies.balanced(self.batch, times, m.k.tolist(), self.global_batch, bounds)
         if min(lo) > self.bounds.min_batch:  # the lower side of the trust region: never below it
             floor = [max(int(x), self.bounds.min_batch) for x in lo]
             if sum(floor) <= self.global_batch and any(b < f for b, f in zip(new, floor, strict=True)):
@@ -349,7 +369,8 @@ class DynamicController:
                 "model": self.model.state_dict(), "holds": dict(self.holds), "costs": list(self.costs),
                 "considered": self.considered, "decision": self.decision, "at_stake": self.at_stake,
                 "first": self._first,
-                "watch": self.watch, "probed": self.probed, "warmed": self.warmed,
+                "watch": self.watch, "probed": self.probed, "warmed": self.warmed, "threads": list(self.threads),
+                "cores": list(self.cores),
                 "moved": None if self._moved is None else [self._moved[0], self._moved[1].tolist()],
                 "fresh": {str(i): t for i, t in self._fresh.items()},
                 "fresh_from": {str(i): [b, t] for i, (b, t) in self._from.items()}}
@@ -367,6 +388,8 @@ class DynamicController:
         self.watch = int(d.get("watch", 0))
         self.probed, self.warmed = bool(d.get("probed", True)), bool(d.get("warmed", True))
         self.batch = list(d["batch"])
+        self.threads = [float(t) for t in d.get("threads", [1.0] * len(self.batch))]
+        self.cores = [float(c) for c in d.get("cores", [0.0] * len(self.batch))]
         moved = d.get("moved")
         self._first = d.get("first")
         self._moved = None if moved is None else (list(moved[0]), np.asarray(moved[1], float))
@@ -375,5 +398,6 @@ class DynamicController:
         if keep is not None and keep != list(range(len(d["batch"]))):
             self.bounds = dataclasses.replace(self.bounds, max_batch=tuple(self.bounds.max_batch[i] for i in keep))
             self.model.keep(keep)
+            self.threads, self.cores = [self.threads[i] for i in keep], [self.cores[i] for i in keep]
             self.batch = policies.split([float(self.batch[i]) for i in keep], self.global_batch, self.bounds)
             self._first, self._moved, self._fresh, self._from = None, None, {}, {}

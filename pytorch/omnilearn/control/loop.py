@@ -162,6 +162,12 @@ def probe_times(readings: Sequence[Sequence[float]]) -> tuple[list[float], list[
             [at_rate(r[0], r) for r in readings], [at_rate(r[1], r) for r in readings])
 
 
+def _ks(controller: Controller) -> dict[str, Any]:
+    """A record's ``k_by_worker``, where the controller tells the workers' k apart by their kinds."""
+    ks = getattr(controller, "overheads", None)
+    return {} if ks is None else {"k_by_worker": ks}
+
+
 def _ms(times: Sequence[float] | None) -> list[float] | None:
     return None if times is None else [round(t * 1e3, 3) for t in times]
 
@@ -225,17 +231,18 @@ class ControlLoop:
         times :func:`probe_times` gives, each worker's own beside, at the slowest worker's cost."""
         t_small, t_large, own_small, own_large = probe_times(readings)
         return self.probe(small, large, t_small, t_large, max(r[2] for r in readings), warm,
-                          own=(own_small, own_large), **where)
+                          own=(own_small, own_large), kinds=[[r[4], r[5]] for r in readings], **where)
 
     def probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float], cost_s: float,
-              warm: bool = True, own: tuple[Sequence[float], Sequence[float]] | None = None, **where: Any
-              ) -> list[int] | None:
+              warm: bool = True, own: tuple[Sequence[float], Sequence[float]] | None = None,
+              kinds: Sequence[Sequence[float]] | None = None, **where: Any) -> list[int] | None:
         """Every worker's probe times (seconds, at each size: :func:`probe_times`) and what the probe cost
         (the slowest worker's seconds): the split before step 1, recorded with reason ``probe``. ``warm``:
         the probe ran the loop's own step (the trainer's), so its first step carries no one-off costs.
-        ``own``: each worker's times from its own rounds alone, recorded beside (``probe_own_ms``)."""
+        ``own``: each worker's times from its own rounds alone, recorded beside (``probe_own_ms``);
+        ``kinds``: each worker's threads and kind of core (recorded)."""
         t0 = time.perf_counter()
-        new = self.controller.observe_probe(small, large, t_small, t_large, warm)
+        new = self.controller.observe_probe(small, large, t_small, t_large, warm, kinds)
         self.overhead_s += time.perf_counter() - t0
         ctl = self.controller
         self.write("batch_change", **where, batch=self.batch, reason="probe", sizes=[small, large],
@@ -243,20 +250,25 @@ class ControlLoop:
                                                                          [float(t) for t in t_large]],
                    overhead=round(ctl.overhead, 2),
                    speeds=[round(large / t, 3) for t in t_large], probe_s=round(cost_s, 4), warm=warm,
-                   **({} if own is None else {"probe_own_ms": [_ms(own[0]), _ms(own[1])]}))
+                   **({} if own is None else {"probe_own_ms": [_ms(own[0]), _ms(own[1])]}),
+                   **({} if kinds is None else {"kinds": [[float(x) for x in k] for k in kinds]}), **_ks(ctl))
         return new
 
     # ------------------------------------------------------------------ steps
     def step(self, times: Sequence[float] | None, due: bool, steps_left: int | None, shares: Shares,
-             cost_s: float = 0.0, **where: Any) -> list[int] | None:
+             cost_s: float = 0.0, threads: Sequence[float] | None = None, **where: Any) -> list[int] | None:
         """BSP: one step done. ``times``: every worker's compute time of it (None: a partial step, not
         measured); ``due``: a decision point; ``cost_s``: the controller's cost of a step measured, the
-        largest rank's (wall seconds at its CPU's rate; see :data:`BUDGET`). Returns the new split, or None."""
+        largest rank's (wall seconds at its CPU's rate; see :data:`BUDGET`); ``threads``: every worker's
+        threads in the step (its kind, with its kind of core). Returns the new split, or None."""
         if self.inputs:
             self.write("measurement", **where, times_s=None if times is None else [float(t) for t in times],
-                       due=due, steps_left=steps_left, cost_s=float(cost_s))
+                       due=due, steps_left=steps_left, cost_s=float(cost_s),
+                       **({} if threads is None else {"threads": [float(t) for t in threads]}))
         t0, c0 = time.perf_counter(), time.process_time()
         ctl = self.controller
+        if threads is not None:
+            ctl.set_threads(threads)
         measured = times is not None and ctl.measures
         if self._cost_pending:  # the first reading is left out: the controller's first step measured
             # (and its first decision) carry its one-off costs, lazy set-up, at every rank's quota
@@ -319,7 +331,7 @@ class ControlLoop:
         ctl = self.controller
         self.write("batch_change", **where, old=decision["old"], batch=decision["batch"], reason="compute-time",
                    compute_ms=decision["compute_ms"], samples=decision["samples"], overhead=round(ctl.overhead, 2),
-                   **(getattr(ctl, "decision", None) or {}))
+                   **_ks(ctl), **(getattr(ctl, "decision", None) or {}))
         return list(decision["batch"])
 
     def summary(self) -> dict[str, Any]:
@@ -345,7 +357,8 @@ def replay(controller: Controller, records: Sequence[dict[str, Any]]) -> list[di
             t_small, t_large = r["probe_times_s"]
             own = r.get("probe_own_ms")
             loop.probe(small, large, t_small, t_large, r["probe_s"], r.get("warm", True), step=r["step"],
-                       own=None if own is None else tuple([t / 1e3 for t in ts] for ts in own))
+                       own=None if own is None else tuple([t / 1e3 for t in ts] for ts in own), kinds=r.get("kinds"))
         elif r.get("kind") == MEASUREMENT:
-            loop.step(r["times_s"], r["due"], r["steps_left"], none, r.get("cost_s", 0.0), step=r["step"])
+            loop.step(r["times_s"], r["due"], r["steps_left"], none, r.get("cost_s", 0.0), r.get("threads"),
+                      step=r["step"])
     return out

@@ -2,8 +2,8 @@
 
 **Model.** Worker i computes a step of ``b`` samples in ``t_i(b) = c_i (b + k)``: ``c_i`` is its cost per
 sample (1 / its speed), ``k`` the workload's fixed cost of a step, in samples (optimizer update, framework
-overhead), shared by every worker because it is work done on the same kind of core. A busy host slows
-every worker of a step alike: a step's times carry one common factor ``exp(m_t)``.
+overhead), shared by the workers of one kind (threads, kind of core: :mod:`~.fixed_cost`). A busy host
+slows every worker of a step alike: a step's times carry one common factor ``exp(m_t)``.
 
 **Estimator.** State: ``u_i = log c_i`` for every worker (a mean, and its evidence counted in steps of
 the worker's own noise: the variance is ``noise2 / count``; workers are estimated independently given
@@ -26,7 +26,7 @@ common factor (a Student-t weighted mean over the workers, removed: BSP) and the
   kept with its posterior probability until the worker's next step judges between the two, and a
   decision in between draws from both. A shift too small for one step shows in a windowed test over
   the last few innovations.
-- *k.* A log-posterior on a grid over ``[0, K_MAX_FACTOR * B / n]`` (prior: :data:`K_PRIOR`): the
+- *k.* Each kind's log-posterior on a grid (:class:`~.fixed_cost.FixedCost`): the
   start-up probe (every worker timed at two batch sizes) and every re-split (each worker's time
   before and after; BSP profiles out the step's common factor, ASP takes a moved worker's own steps)
   add their Student-t log-likelihood. Only moves of a worker's batch tell ``k``; steps at one split
@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 from scipy.special import gammaln
 
-DOF = 4.0
-"""Degrees of freedom of the Student-t measurement noise (heavy tails: CFS-period jumps)."""
+from omnilearn.control.fixed_cost import DOF, FixedCost, distinct, kind_key, t_logpdf
+
 NOISE_PRIOR = 0.05
 """Measurement noise (sd of a log time) assumed until a worker's own innovations have measured it."""
 NOISE_FLOOR = 0.005
@@ -68,29 +68,12 @@ START_VAR = 4.0
 """The variance of a speed nobody has measured (log scale): anything from 1/7 to 7 times the others."""
 SHIFT_STEPS = 6
 """Recent innovations a worker's shift test looks back over."""
-K_POINTS = 97
-K_PRIOR = 0.25
-"""k's prior: exponential, its mean this share of a worker's equal share B/n: small until measured
-(a fixed cost large against the batch shows in the probe or the first re-split)."""
 PROBE_SHAPE = 0.1
 """The sd (log) of the probe's time ratio between its two sizes about the line ``c (b + k)`` the job's
 sizes follow: at B/(8n) and B/(4n) a core is used less well than at a worker's share, and the ratio
 reads low (k high). A ResNet18 step alone on one thread: log t16/t8 = 0.34, where the line through 16-187
 samples (k = 3.5) gives 0.53; on two, 0.22 against 0.32 (k = 13). The smaller of the two misfits: the
 first re-split tells k at the job's sizes (``results/2026-11-28_2cpu_probe-k.md``)."""
-K_MAX_FACTOR = 16.0
-"""k's grid reaches this many equal shares B/n: a fixed cost beyond it is 'time does not follow the batch'."""
-
-
-def _distinct(x: np.ndarray) -> np.ndarray:
-    """The distinct values of ``x``, those within a rounding error of each other (1e-9) taken as one."""
-    x = np.sort(x)
-    return x[np.concatenate(([True], np.diff(x) > 1e-9 * np.maximum(np.abs(x[1:]), 1.0)))]
-
-
-def _t_logpdf(e: np.ndarray) -> np.ndarray:
-    """Student-t log density (up to a constant) of standardised residuals ``e``."""
-    return -0.5 * (DOF + 1) * np.log1p(e * e / DOF)
 
 
 def _window_shifts(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -135,7 +118,8 @@ class SpeedModel:
     """Each speed's evidence, in steps of its own noise: its variance is ``noise2 / count``, so it
     scales with the noise measured later, and an early guess of the noise never leaves it overconfident."""
     noise2: np.ndarray = field(default=None)  # type: ignore[assignment]
-    k_log: np.ndarray = field(default=None)  # type: ignore[assignment]
+    group: np.ndarray = field(default=None)  # type: ignore[assignment]
+    """Each worker's kind of worker: its row of k's posterior (:class:`~omnilearn.control.fixed_cost.FixedCost`)."""
     lo: np.ndarray = field(default=None)  # type: ignore[assignment]
     hi: np.ndarray = field(default=None)  # type: ignore[assignment]
     scale: float | None = None
@@ -151,16 +135,11 @@ class SpeedModel:
             self.var = np.full(n, START_VAR)
             self.lo = np.zeros(n)
             self.hi = np.zeros(n)
-        self.k_grid = K_MAX_FACTOR * self.global_batch / n * np.linspace(0.0, 1.0, K_POINTS) ** 2
-        if self.k_log is None:
-            # The prior: exponential with mean K_PRIOR of a worker's equal share, as a mass per grid cell.
-            mean = K_PRIOR * self.global_batch / self.workers
-            cells = np.gradient(self.k_grid)
-            self.k_log = -self.k_grid / mean + np.log(cells)
-            self.k_log -= self.k_log.max()
+        self.fixed = FixedCost(self.global_batch, n)
+        if self.group is None:
+            self.group = np.zeros(n, int)
         if not self.regimes:
             self.regimes = [0] * n
-        self._k_memo: tuple[np.ndarray, np.ndarray, float] | None = None
         # Each worker's recent innovations and their variances (oldest first), and how many are its own.
         self.hist_nu = np.zeros((SHIFT_STEPS, n))
         self.hist_est = np.zeros((SHIFT_STEPS, n))  # the estimate's share of each innovation's variance
@@ -191,80 +170,93 @@ class SpeedModel:
     def var(self, value: np.ndarray) -> None:
         self.count = self.noise2 / np.maximum(value, 1e-12)
 
+    @property
+    def k_grid(self) -> np.ndarray:
+        return self.fixed.grid
+
     def k_posterior(self) -> np.ndarray:
-        return self._k_moments()[0]
-
-    def _k_moments(self) -> tuple[np.ndarray, float]:
-        """k's posterior over the grid and its mean, computed once per ``k_log`` (every change of
-        ``k_log`` assigns a new array, normalised in place before any reading)."""
-        memo = self._k_memo
-        if memo is None or memo[0] is not self.k_log:
-            p = np.exp(self.k_log - self.k_log.max())
-            p /= p.sum()
-            memo = self._k_memo = (self.k_log, p, float(p @ self.k_grid))
-        return memo[1], memo[2]
+        """Each worker's posterior over k (its kind's): shape (n, grid)."""
+        return self.fixed.posterior()[self.group]
 
     @property
-    def k(self) -> float:
-        return self._k_moments()[1]
+    def k(self) -> np.ndarray:
+        """Each worker's k (its kind's posterior mean)."""
+        return self.fixed.mean()[self.group]
 
     @property
-    def k_sd(self) -> float:
-        p = self.k_posterior()
-        mean = p @ self.k_grid
-        return float(math.sqrt(max(p @ (self.k_grid - mean) ** 2, 0.0)))
+    def k_sd(self) -> np.ndarray:
+        return self.fixed.sd()[self.group]
 
-    def _add_k_evidence(self, loglik: np.ndarray) -> None:
-        """Add one piece of evidence (a log-likelihood over the grid), keeping the speeds' predictions
-        at the batches they were measured at (``u`` is defined against ``k``; :meth:`measured_at`)."""
+    def set_kinds(self, kinds: Sequence[Sequence[float] | None]) -> None:
+        """Every worker's kind (its threads and kind of core); a worker whose kind changed takes its new
+        kind's k, its prediction at the batch it was measured at kept (``u`` is defined against k)."""
         before = self.k
-        self.k_log = self.k_log + loglik
-        self.k_log -= self.k_log.max()
-        after = self.k
+        self.group = np.asarray([self.fixed.row(kind_key(kind)) for kind in kinds], int)
+        self._keep_predictions(before)
+
+    def _keep_predictions(self, before: np.ndarray) -> None:
+        """Keep every speed's prediction at the batch it was measured at (:meth:`measured_at`) across a
+        change of k from ``before``."""
         ref = np.maximum(self.measured_at(), 1.0)
-        moved = np.log(ref + before) - np.log(ref + after)
+        moved = np.log(ref + before) - np.log(ref + self.k)
         self.u, self.alt_u = self.u + moved, self.alt_u + moved
 
-    def k_from_probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float]) -> None:
-        """Evidence on k from every worker timed at two batch sizes (medians of its probe steps).
+    def _add_k_evidence(self, row: int, loglik: np.ndarray) -> None:
+        """Add one piece of evidence on the k of the kind ``row`` (a log-likelihood over the grid)."""
+        before = self.k
+        self.fixed.add(row, loglik)
+        self._keep_predictions(before)
 
-        Each worker's evidence is its log time ratio ``d``. Workers with the same ``d`` give one reading,
-        counted once: under a CPU quota the probe pools one kind of core's CPU seconds and the rate drops
-        out of the ratio (:func:`~omnilearn.control.loop.probe_times`), so n pooled workers are one
-        measurement, not n. Each reading's sd is the readings' spread and :data:`PROBE_SHAPE`, the
-        probe's small sizes read the line the job's sizes follow only that well."""
+    def k_from_probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float]) -> None:
+        """Evidence on each kind's k from every worker timed at two batch sizes (medians of its probe steps).
+
+        Each worker's evidence is its log time ratio ``d``, on its kind's k. Workers of a kind with the
+        same ``d`` give one reading, counted once: under a CPU quota the probe pools one kind's CPU
+        seconds and the rate drops out of the ratio (:func:`~omnilearn.control.loop.probe_times`), so n
+        pooled workers are one measurement, not n. Each reading's sd is the readings' spread about their
+        kind's median and :data:`PROBE_SHAPE`, the probe's small sizes read the line the job's sizes
+        follow only that well."""
         d = np.log(np.asarray(t_large, float)) - np.log(np.asarray(t_small, float))
-        spread = 1.4826 * float(np.median(np.abs(d - np.median(d)))) if len(d) > 2 else 0.0
+        rows = [self.group == g for g in np.unique(self.group)]
+        about = np.concatenate([d[r] - np.median(d[r]) for r in rows])
+        spread = 1.4826 * float(np.median(np.abs(about - np.median(about)))) if len(d) > 2 else 0.0
         # What the probe says of the noise of one time (d is the difference of two): a floor under
         # every worker's noise until its steps measure it.
         self.noise2 = np.maximum(self.noise2, (spread / math.sqrt(2)) ** 2)
-        readings = _distinct(d)
-        spread = 1.4826 * float(np.median(np.abs(readings - np.median(readings)))) if len(readings) > 2 else 0.0
+        readings = [distinct(d[r]) for r in rows]
+        about = np.concatenate([x - np.median(x) for x in readings])
+        spread = 1.4826 * float(np.median(np.abs(about - np.median(about)))) if len(about) > 2 else 0.0
         sd = math.hypot(max(spread, math.sqrt(2) * NOISE_PRIOR / 2, NOISE_FLOOR), PROBE_SHAPE)
         pred = np.log((large + self.k_grid) / (small + self.k_grid))
-        self.k_log = self.k_log + _t_logpdf((readings[:, None] - pred[None, :]) / sd).sum(axis=0)
-        self.k_log -= self.k_log.max()
+        for r, x in zip(rows, readings, strict=True):
+            self.fixed.add(int(self.group[r][0]), t_logpdf((x[:, None] - pred[None, :]) / sd).sum(axis=0))
 
     def k_from_move(self, old: Sequence[int], new: Sequence[int], predicted_old: np.ndarray,
-                    observed: np.ndarray, sd: np.ndarray) -> None:
+                    observed: np.ndarray, sd: np.ndarray, which: Sequence[int] | None = None) -> None:
         """Evidence on k from one re-split: each worker's log time at ``new`` against the log time its
-        estimate predicted at ``old`` (``sd``: the uncertainty of each difference). BSP profiles out the
-        common factor of the step (the median over workers, at each k)."""
+        estimate predicted at ``old`` (``sd``: the uncertainty of each difference), on the k of every kind
+        with a worker moved, the other kinds' at their mean. BSP profiles out the common factor of the
+        step (the median over workers, at each k). ``which``: the workers the arrays are of (ASP: one)."""
         b0, b1 = np.asarray(old, float), np.asarray(new, float)
+        group, k = (self.group, self.k) if which is None else (self.group[list(which)], self.k[list(which)])
         moved = b0 != b1
-        if not moved.any():
-            return
+        if not moved.any() or (self.relative and self.workers < 3):
+            return  # two workers' relative times cannot tell k from a change of their ratio
+        at_mean = (observed - predicted_old - np.log((b1 + k) / (b0 + k)))[:, None]
         ratio = np.log((b1[:, None] + self.k_grid[None, :]) / (b0[:, None] + self.k_grid[None, :]))
-        resid = (observed - predicted_old)[:, None] - ratio
-        if self.relative:
-            if self.workers < 3:
-                return  # two workers' relative times cannot tell k from a change of their ratio
-            resid = resid - np.median(resid, axis=0, keepdims=True)
-        self._add_k_evidence(_t_logpdf(resid / sd[:, None]).sum(axis=0))
+        evidence = []
+        for g in np.unique(group[moved]):
+            mine = (group == g)[:, None]
+            resid = np.where(mine, (observed - predicted_old)[:, None] - ratio, at_mean)
+            if self.relative:
+                resid = resid - np.median(resid, axis=0, keepdims=True)
+            evidence.append((int(g), t_logpdf(resid / sd[:, None]).sum(axis=0)))
+        for g, loglik in evidence:  # each kind's evidence at the others' k before any moved
+            self._add_k_evidence(g, loglik)
 
     # ------------------------------------------------------------------ speeds
 
-    def predict_log(self, batch: Sequence[int], k: float | None = None) -> np.ndarray:
+    def predict_log(self, batch: Sequence[int], k: np.ndarray | None = None) -> np.ndarray:
         """Each worker's relative log time at ``batch`` under the posterior mean."""
         k = self.k if k is None else k
         return self.u + np.log(np.asarray(batch, float) + k)
@@ -273,7 +265,7 @@ class SpeedModel:
         """Every worker's speed from its probe times at ``batch`` (relative to the others), and the
         batch range it was measured over."""
         t = np.log(np.asarray(times, float))
-        z = t - math.log(batch + self.k)
+        z = t - np.log(batch + self.k)
         common = float(np.median(z)) if self.relative else 0.0
         self.u = z - common
         self.var = self.noise2.copy()
@@ -315,11 +307,11 @@ class SpeedModel:
         moved = live & (at > 0) & (batch != at)
         if not moved.any():
             return
-        p = self.k_posterior()
+        p = self.k_posterior()[moved]
         x = np.log(batch[moved, None] + self.k_grid[None, :]) - np.log(at[moved, None] + self.k_grid[None, :])
-        mean = x @ p
+        mean = (x * p).sum(axis=1)
         var = self.var.copy()
-        grown = np.maximum((x * x) @ p - mean * mean, 0.0)
+        grown = np.maximum((x * x * p).sum(axis=1) - mean * mean, 0.0)
         var[moved] += grown
         self.var = var
         self.alt_count[moved] = self.noise2[moved] / (self.noise2[moved] / self.alt_count[moved] + grown)
@@ -343,7 +335,7 @@ class SpeedModel:
         """ASP: one worker's compute time at ``batch``; True when its speed jumped."""
         live = np.zeros(self.workers, bool)
         live[worker] = True
-        z = math.log(max(seconds, 1e-9)) - math.log(batch + self.k)
+        z = math.log(max(seconds, 1e-9)) - math.log(batch + self.k[worker])
         resid = np.zeros(self.workers)
         resid[worker] = z - self.u[worker]
         at = np.zeros(self.workers)
@@ -531,7 +523,7 @@ class SpeedModel:
         return np.where(self.last_b > 0, self.last_b, self.hi)
 
     def samples(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """``count`` draws of (u, k) from the posterior: u of shape (count, n), k of shape (count,).
+        """``count`` draws of (u, k) from the posterior: u and each worker's k, of shape (count, n).
 
         ``u`` and ``k`` are not independent: a speed was estimated from times at the batch it was
         measured at (:meth:`measured_at`) under the mean k, so a draw of k moves each u with it and
@@ -542,13 +534,13 @@ class SpeedModel:
         # m + NOISE_DOF degrees of freedom (normal-inverse-gamma), wide until the noise is measured.
         dof = (self.noise_count + NOISE_DOF)[None, :]
         u = self.u[None, :] + np.sqrt(self.var)[None, :] * rng.standard_t(dof, (count, self.workers))
-        k = rng.choice(self.k_grid, size=count, p=self.k_posterior())
+        k = self.fixed.draws(count, rng)[:, self.group]
         if (self.alt_p > 0).any():  # a hypothesis kept from the last step: a draw is of it with its probability
             spread = np.sqrt(self.noise2 / self.alt_count)[None, :]
             alt = self.alt_u[None, :] + spread * rng.standard_t(dof, (count, self.workers))
             u = np.where(rng.random((count, self.workers)) < self.alt_p[None, :], alt, u)
         at = np.maximum(self.measured_at(), 1.0)[None, :]
-        u = u + np.log(at + self.k) - np.log(at + k[:, None])
+        u = u + np.log(at + self.k) - np.log(at + k)
         return u, k
 
     def keep(self, workers: Sequence[int]) -> None:
@@ -566,6 +558,7 @@ class SpeedModel:
         self.alt_u, self.alt_count, self.alt_p = self.alt_u[idx], self.alt_count[idx], self.alt_p[idx]
         self.taken_back = self.taken_back[idx]
         self.regimes = [self.regimes[i] for i in workers]
+        self.group = self.group[idx]
         if self.relative:
             shift = self.u.mean()
             self.u -= shift
@@ -573,7 +566,7 @@ class SpeedModel:
 
     def state_dict(self) -> dict[str, Any]:
         return {"u": self.u.tolist(), "count": self.count.tolist(), "noise2": self.noise2.tolist(),
-                "k_log": self.k_log.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(), "scale": self.scale,
+                "k": self.fixed.state_dict(), "group": self.group.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(), "scale": self.scale,
                 "measured": self.measured, "regimes": list(self.regimes), "hist_nu": self.hist_nu.tolist(),
                 "hist_est": self.hist_est.tolist(), "hist_share": self.hist_share.tolist(),
                 "hist_count": self.hist_count.tolist(),
@@ -584,7 +577,7 @@ class SpeedModel:
                 "alt_count": self.alt_count.tolist(), "alt_p": self.alt_p.tolist()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        for key in ("u", "count", "noise2", "k_log", "lo", "hi", "hist_nu", "hist_est", "hist_share", "noise_abs"):
+        for key in ("u", "count", "noise2", "lo", "hi", "hist_nu", "hist_est", "hist_share", "noise_abs"):
             setattr(self, key, np.asarray(d[key], float))
         self.hist_count = np.asarray(d["hist_count"], int)
         self.noise_count = np.asarray(d["noise_count"], int)
@@ -598,3 +591,8 @@ class SpeedModel:
         self.alt_count = np.asarray(d.get("alt_count", [1.0] * n), float)
         self.alt_p = np.asarray(d.get("alt_p", [0.0] * n), float)
         self.scale, self.measured, self.regimes = d["scale"], int(d["measured"]), list(d["regimes"])
+        if "k" in d:
+            self.fixed.load_state_dict(d["k"])
+            self.group = np.asarray(d["group"], int)
+        else:  # a state of one k for every worker
+            self.fixed.log, self.group = np.atleast_2d(np.asarray(d["k_log"], float)), np.zeros(n, int)

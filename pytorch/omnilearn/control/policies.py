@@ -77,15 +77,18 @@ class Bounds:
                 and all(m >= self.min_batch for m in self.max_batch))
 
 
-def bounded_shares(weights: Sequence[float], total: float, lo: float, hi: Sequence[float]) -> list[float]:
-    """Split ``total`` in proportion to ``weights`` with every share clamped to ``[lo, hi_i]``.
+def bounded_shares(weights: Sequence[float], total: float, lo: float | Sequence[float], hi: Sequence[float]
+                   ) -> list[float]:
+    """Split ``total`` in proportion to ``weights`` with every share clamped to ``[lo_i, hi_i]`` (``lo``:
+    one bound for all, or one each).
 
     Water-filling: workers whose proportional share falls outside their bounds are pinned at the
     bound, and the rest of the total is split again among the others, until nothing moves.
     """
     n = len(weights)
-    assert n == len(hi) and n > 0
-    assert lo * n <= total + 1e-9 and total <= sum(hi) + 1e-9, (lo, hi, total)
+    low = [float(lo)] * n if isinstance(lo, int | float) else [float(x) for x in lo]
+    assert n == len(hi) == len(low) and n > 0
+    assert sum(low) <= total + 1e-9 and total <= sum(hi) + 1e-9, (lo, hi, total)
     w = [max(float(x), 0.0) for x in weights]
     if sum(w) <= 0:
         w = [1.0] * n
@@ -96,12 +99,12 @@ def bounded_shares(weights: Sequence[float], total: float, lo: float, hi: Sequen
         wsum = sum(w[i] for i in free)
         shares = {i: (rest * w[i] / wsum if wsum > 0 else rest / len(free)) for i in free}
         over = [i for i in free if shares[i] > hi[i] + 1e-12]
-        under = [i for i in free if shares[i] < lo - 1e-12]
+        under = [i for i in free if shares[i] < low[i] - 1e-12]
         if not over and not under:
             break
         # Pin the side that violates; pinning both at once could overshoot the total.
         for i in (over if over else under):
-            pinned[i] = hi[i] if over else lo
+            pinned[i] = hi[i] if over else low[i]
     out = [pinned.get(i, shares.get(i, 0.0)) for i in range(n)]
     return out
 
@@ -145,7 +148,7 @@ def static(cpu_shares: Sequence[float | None], global_batch: int, bounds: Bounds
     return split([s if s else fill for s in cpu_shares], global_batch, bounds)
 
 
-def balanced(batch: Sequence[int], compute_s: Sequence[float], overhead: float, global_batch: int,
+def balanced(batch: Sequence[int], compute_s: Sequence[float], overhead: float | Sequence[float], global_batch: int,
              bounds: Bounds) -> list[int]:
     """Batches that make ``t_i(b) = c_i (b + k)`` equal for all workers, bounded, summing to B.
 
@@ -154,17 +157,21 @@ def balanced(batch: Sequence[int], compute_s: Sequence[float], overhead: float, 
     :func:`bounded_shares` on ``b_i + k`` (total ``B + n k``, bounds shifted by ``k``). With ``k = 0``
     it is the proportional rule ``b_i * t_mean / t_i`` normalised to B. Rounding to integers then
     moves single samples from the slowest predicted worker to the fastest while that shortens the
-    slowest: a worker with 20 samples is 5% off with one sample too many.
+    slowest: a worker with 20 samples is 5% off with one sample too many. ``overhead``: k, one for all
+    or one per worker (workers of different kinds).
     """
-    assert len(batch) == len(compute_s) and overhead >= 0
-    k, n = float(overhead), len(batch)
-    cost = [max(float(t), 1e-9) / (b + k) for b, t in zip(batch, compute_s, strict=True)]  # c_i
-    shares = bounded_shares([1 / c for c in cost], global_batch + n * k, bounds.min_batch + k,
-                            [h + k for h in bounds.max_batch])
-    new = round_preserving_sum([x - k for x in shares], global_batch, bounds.min_batch, bounds.max_batch)
+    n = len(batch)
+    ks = [float(overhead)] * n if isinstance(overhead, int | float) else [float(x) for x in overhead]
+    assert len(compute_s) == len(ks) == n and min(ks) >= 0
+    extra = n * ks[0] if len(set(ks)) == 1 else sum(ks)
+    cost = [max(float(t), 1e-9) / (b + k) for b, t, k in zip(batch, compute_s, ks, strict=True)]  # c_i
+    shares = bounded_shares([1 / c for c in cost], global_batch + extra, [bounds.min_batch + k for k in ks],
+                            [h + k for h, k in zip(bounds.max_batch, ks, strict=True)])
+    new = round_preserving_sum([x - k for x, k in zip(shares, ks, strict=True)], global_batch, bounds.min_batch,
+                               bounds.max_batch)
     # Two heaps (the slowest first; the cheapest to give one more sample first, among workers below
     # their bound), stale entries skipped: a move costs O(log n), so a thousand workers decide in ms.
-    t = [c * (b + k) for c, b in zip(cost, new, strict=True)]
+    t = [c * (b + k) for c, b, k in zip(cost, new, ks, strict=True)]
     hi = bounds.max_batch
     slow_heap = [(-x, i) for i, x in enumerate(t)]  # the largest time, then the lowest index
     fast_heap = [(t[i] + cost[i], i) for i in range(n) if new[i] < hi[i]]
@@ -183,7 +190,7 @@ def balanced(batch: Sequence[int], compute_s: Sequence[float], overhead: float, 
         new[slow] -= 1
         new[fast] += 1
         for i in (slow, fast):
-            t[i] = cost[i] * (new[i] + k)
+            t[i] = cost[i] * (new[i] + ks[i])
             heapq.heappush(slow_heap, (-t[i], i))
             if new[i] < hi[i]:
                 heapq.heappush(fast_heap, (t[i] + cost[i], i))

@@ -322,6 +322,9 @@ class BatchController:
         self.forget(changed)
         return new
 
+    def set_threads(self, threads: Sequence[float]) -> None:
+        return None  # one k for every worker
+
     def set_bounds(self, bounds: Bounds) -> list[int] | None:
         """Adopt new bounds (memory-aware limits); re-split if the current batch breaks them."""
         self.bounds = bounds

@@ -233,8 +233,9 @@ class StepSession:
         self.board: LiveTensorBoard | None = None
         self.settings = {"control.policy": policy, **{f"control.{k}": v for k, v in (control or {}).items()}}
         self.out, self.library, self.params, self.device, self.model_name = out, library, params, device, model_name
-        # rank 0's clock, every rank's compute time, every rank's controller cost, a stop asked by any rank
-        self.extra_slots = 2 + 2 * world
+        # rank 0's clock, every rank's compute time, every rank's controller cost, a stop asked by any
+        # rank, every rank's threads
+        self.extra_slots = 2 + 3 * world
         self.asks_stop: Callable[[], bool] = lambda: False
         """Whether this rank asks every rank to stop (the loop's own signal, e.g. a SIGTERM it caught),
         read at the end of each backward: the answer rides that step's all-reduce."""
@@ -397,6 +398,7 @@ class StepSession:
         extra[1 + self.rank] = compute_s + late
         extra[1 + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
         extra[1 + 2 * self.world] = 1.0 if self.asks_stop() else 0.0
+        extra[2 + 2 * self.world + self.rank] = torch.get_num_threads()
 
     def read_slots(self, extra: torch.Tensor) -> None:
         """Just after the all-reduce (a sum over ranks): every rank's time, and the time spent in it."""
@@ -439,7 +441,8 @@ class StepSession:
         times = values[1:1 + self.world] if full and ctl.measures else None
         steps_left = t.steps_per_epoch * self.epochs - self.steps_done if self.epochs else None
         self.loop.step(times, ctl.due(self.steps_done, p["last"]), steps_left, self.levels.shares,
-                       max(values[1 + self.world:1 + 2 * self.world]), step=self.steps_done)
+                       max(values[1 + self.world:1 + 2 * self.world]), values[2 + 2 * self.world:2 + 3 * self.world],
+                       step=self.steps_done)
         self.closed_at = time.perf_counter() if self.steps_done > 1 else None  # the first's gap: one-off too
         self.closed_cpu_s = time.process_time()
 

@@ -46,7 +46,8 @@ from omnilearn.train.workload import Workload, gather, load_workload, make_optim
 log = logging.getLogger("omnilearn.worker")
 
 # Slots after the gradients in the all-reduced buffer: statistics that ride along for free; from TIMES
-# on, one slot per rank for its compute time of the step.
+# on, one slot per rank for its compute time of the step, then one each for its controller's cost and
+# its threads.
 LOSS, CORRECT, CLOCK, OOM, STOP, TIMES = 0, 1, 2, 3, 4, 5
 
 
@@ -84,7 +85,7 @@ class BSPTrainer:
             dist.broadcast(p.data, src=0)
         params = [p for p in self.model.parameters() if p.requires_grad]
         # every rank's time and its controller's cost
-        self.grads = GradBuffer(params, extra=TIMES + 2 * self.world)
+        self.grads = GradBuffer(params, extra=TIMES + 3 * self.world)
         self.optimizer = make_optimizer(cfg, params)
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=t.milestones, gamma=t.gamma)
         self.sampler = GlobalBatchSampler(len(self.work.train), t.global_batch, t.seed, drop_last=t.drop_last,
@@ -190,6 +191,7 @@ class BSPTrainer:
             # the wait for that CPU may land in the all-reduce); the update one step late: it comes after
             extra[TIMES + self.rank] = compute_s + (self.update_s if ctl.times_update else 0.0)
             extra[TIMES + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
+            extra[TIMES + 2 * self.world + self.rank] = torch.get_num_threads()  # and its kind of worker
             self.grads.all_reduce()
             self._sync_cuda()
             t2, c2 = time.perf_counter(), time.process_time()
@@ -223,8 +225,10 @@ class BSPTrainer:
         decision at the controller's decision points. A partial last step of an epoch is not measured:
         it does not describe the steady state. Every rank decides alike from the same numbers."""
         times = values[TIMES:TIMES + self.world] if full and self.controller.measures else None
+        w = self.world
         self.loop.step(times, self.controller.due(step, end_of_epoch), steps_left,
-                       lambda: self.shares(self.client.level), max(values[TIMES + self.world:TIMES + 2 * self.world]), step=step)
+                       lambda: self.shares(self.client.level), max(values[TIMES + w:TIMES + 2 * w]),
+                       values[TIMES + 2 * w:TIMES + 3 * w], step=step)
 
     def start_up(self, step: int, resumed: bool) -> None:
         """The start-up pass, once the first allocation is in force and before the training clock
