@@ -13,7 +13,7 @@ import pytest
 from omnilearn.cli import main
 from omnilearn.control.policies import Bounds
 from omnilearn.errors import UserError
-from omnilearn.simulate.scenarios import COLUMNS, load_suite, oracle_split, run_seeds, run_suite
+from omnilearn.simulate.scenarios import COLUMNS, load_suite, oracle_split, run_policy, run_seeds, run_suite
 from omnilearn.simulate.truth import Scenario, SpeedPoint, World, cfs_time, timeline
 
 SMALL = """
@@ -55,6 +55,30 @@ def test_oracle_is_optimal_on_a_small_case(exponent: float, fixed: float) -> Non
     split = oracle_split(world, 0, bounds)
     assert sum(split) == 13 and all(1 <= b <= 9 for b in split)
     assert float(world.fluid(0, np.asarray(split, float)).max()) == pytest.approx(brute_force(world, bounds), rel=1e-12)
+
+
+def test_a_worker_on_two_threads_has_its_own_k_in_the_truth_the_oracle_and_the_controller() -> None:
+    """Under CFS quotas a share above one core runs on two threads, whose k is ``fixed_threads``: the
+    oracle's split is the best integer split under it, and ``dynamic``, told each worker's threads at
+    the probe and at every step as the trainers tell it, learns each kind's k apart."""
+    sc = Scenario(name="threads", workers=3, global_batch=13, speeds=[SpeedPoint(0, [0.5, 0.25, 1.5])],
+                  cfs_period_ms=10.0, fixed=1.0, fixed_threads=6.0, min_batch=1, max_batch=9)
+    world = world_of(sc)
+    assert world.threads(0).tolist() == [1, 1, 2] and world.fixed(0).tolist() == [1.0, 1.0, 6.0]
+    bounds = Bounds.make(3, 1, 9, 13)
+    split = oracle_split(world, 0, bounds)
+    assert float(world.fluid(0, np.asarray(split, float)).max()) == pytest.approx(brute_force(world, bounds), rel=1e-12)
+    hl8 = Scenario(name="hl8-threads", level="HL8", cpus_per_worker=0.5, cfs_period_ms=10.0, fixed=5.0,
+                   fixed_threads=25.0, steps=30, steps_per_epoch=10, noise=0.02, host_noise=0.0)
+    hl8.check("test")
+    world = World(hl8, timeline(hl8, "test"), 0)
+    split = np.asarray(oracle_split(world, 0, Bounds.make(4, 2, None, hl8.global_batch or 0)), float)
+    records: list[dict] = []
+    run_policy(world, "dynamic", np.full(hl8.steps, float(world.fluid(0, split).max())),
+               [world.expected(0, split)], records=records)
+    last = [r for r in records if r["kind"] == "batch_change"][-1]
+    assert last["k_by_worker"][:3] == [pytest.approx(5.0, abs=3)] * 3
+    assert last["k_by_worker"][3] == pytest.approx(25.0, abs=10)
 
 
 def test_cfs_time_runs_a_share_per_period() -> None:

@@ -118,7 +118,7 @@ def oracle_split(world: World, regime: int, bounds: Bounds) -> list[int]:
     sc = world.sc
     shares = world.line.shares[regime]
     lo, hi = bounds.min_batch, np.asarray(bounds.max_batch, float)
-    p, k, unit = sc.exponent, sc.fixed, world.sample_s / world.b0 ** (sc.exponent - 1.0)
+    p, k, unit = sc.exponent, world.fixed(regime), world.sample_s / world.b0 ** (sc.exponent - 1.0)
 
     def largest(t: float) -> np.ndarray:
         """Each worker's largest batch done by ``t``: (b + k)^p <= t s / unit."""
@@ -191,7 +191,7 @@ def run_policy(world: World, policy: str, oracle_step_s: np.ndarray, oracle_expe
     wanted = loop.probe_sizes() is not None
     t_small, t_large, cost = world.probe(small, large, max(cfg.probe_steps, 2) if wanted else 2, wanted)
     if wanted:
-        loop.probe(small, large, t_small, t_large, cost, step=0)
+        loop.probe(small, large, t_small, t_large, cost, kinds=[[t, 0.0] for t in world.threads(0)], step=0)
     total = probe = cost
     gaps = np.empty(sc.steps)
     decisions = np.empty(sc.steps + 1, int)
@@ -208,7 +208,7 @@ def run_policy(world: World, policy: str, oracle_step_s: np.ndarray, oracle_expe
         decisions[step] = count[0]
         done = step + 1
         loop.step(times.tolist(), due=ctl.due(done, done % sc.steps_per_epoch == 0 or done == sc.steps),
-                  steps_left=sc.steps - done, shares=shares, step=done)
+                  steps_left=sc.steps - done, shares=shares, threads=world.threads(r).tolist(), step=done)
     decisions[sc.steps] = count[0]
     return Run(total, probe, gaps, decisions)
 

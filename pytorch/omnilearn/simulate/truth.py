@@ -79,6 +79,9 @@ class Scenario:
     """Milliseconds of one sample's work on one core."""
     fixed: float = 0.0
     """k: the fixed cost of a step, in samples."""
+    fixed_threads: float | None = None
+    """k of a worker on more than one thread (under a CFS quota a share above one core runs on
+    ``ceil(share)`` threads), which uses a small batch less well; null: ``fixed`` for every worker."""
     exponent: float = 1.0
     """p: 1 is time linear in the batch; above 1 time per sample grows with the batch."""
     noise: float = 0.05
@@ -106,8 +109,8 @@ class Scenario:
         for attr in ("cpus_per_worker", "sample_ms"):
             if not getattr(self, attr) > 0:
                 raise UserError(f"{key}.{attr}: must be positive")
-        for attr in ("fixed", "noise", "host_noise", "sync_ms"):
-            if getattr(self, attr) < 0:
+        for attr in ("fixed", "fixed_threads", "noise", "host_noise", "sync_ms"):
+            if (getattr(self, attr) or 0.0) < 0:
                 raise UserError(f"{key}.{attr}: must be at least 0")
         if self.exponent < 1:
             raise UserError(f"{key}.exponent: must be at least 1 (time per sample that shrinks with the batch "
@@ -256,21 +259,31 @@ class World:
         for step, worker, share in self.line.stalls:
             self.stalls.setdefault(step, []).append((worker, share))
 
-    def work(self, batch: np.ndarray) -> np.ndarray:
+    def threads(self, regime: int) -> np.ndarray:
+        """Each worker's threads: ``ceil(share)`` under a CFS quota, else one (a share is a slower core)."""
+        shares = self.line.shares[regime]
+        return np.maximum(np.ceil(shares - 1e-6), 1.0) if self.sc.cfs_period_ms is not None else np.ones(len(shares))
+
+    def fixed(self, regime: int) -> np.ndarray:
+        """Each worker's k: ``fixed``, or ``fixed_threads`` on more than one thread."""
+        more = self.sc.fixed_threads if self.sc.fixed_threads is not None else self.sc.fixed
+        return np.where(self.threads(regime) > 1, more, self.sc.fixed)
+
+    def work(self, batch: np.ndarray, regime: int) -> np.ndarray:
         """Core-seconds of a step of ``batch`` samples, per worker (no noise)."""
-        x = np.asarray(batch, float) + self.sc.fixed
+        x = np.asarray(batch, float) + self.fixed(regime)
         w = self.sample_s * x
         return w if self.sc.exponent == 1.0 else w * (x / self.b0) ** (self.sc.exponent - 1.0)
 
     def fluid(self, regime: int, batch: np.ndarray) -> np.ndarray:
         """The true noise-free time of every worker (seconds): work over share."""
-        return self.work(batch) / self.line.shares[regime]
+        return self.work(batch, regime) / self.line.shares[regime]
 
     def expected(self, regime: int, batch: np.ndarray) -> float:
         """The expected step time of the split ``batch`` (seconds, the slowest worker's; no stall):
         the mean over :data:`TYPICAL_DRAWS` draws of the noise and, under a CFS quota, of the phase.
         What a step at this split costs on this host, quantisation included (the fluid time is not)."""
-        t = self._time(self.line.shares[regime], self.work(batch) * self.typical_noise, self.typical_phase)
+        t = self._time(self.line.shares[regime], self.work(batch, regime) * self.typical_noise, self.typical_phase)
         return float(t.max(axis=1).mean())
 
     def _time(self, shares: np.ndarray, work: np.ndarray, phase: np.ndarray) -> np.ndarray:
@@ -282,7 +295,7 @@ class World:
         """Every worker's realised compute time of ``step`` (seconds). ``fluid_step_s``: the oracle's
         noise-free step time of this step, the scale of a stall."""
         shares = self.line.shares[self.regimes[step]]
-        t = self._time(shares, self.work(batch) * self.noise[step], self.phase[step])
+        t = self._time(shares, self.work(batch, self.regimes[step]) * self.noise[step], self.phase[step])
         for worker, share in self.stalls.get(step, ()):
             t[worker] += share * self.sc.steps * fluid_step_s
         return t
@@ -300,21 +313,21 @@ class World:
         while not done.all():
             for b in (small, large):
                 r = len(rows) % len(self.probe_noise)
-                cpu.append(self.work(np.full(n, b)) * self.probe_noise[r])  # core-seconds: a round's CPU time
+                cpu.append(self.work(np.full(n, b), 0) * self.probe_noise[r])  # core-seconds: a round's CPU time
                 rows.append(self._time(shares, cpu[-1], self.probe_phase[r]))
             elapsed += np.where(done, 0.0, rows[-2] + rows[-1])
             count += ~done
             done = np.array([pass_done(int(k), float(e), rounds, quota) if timed else k >= rounds
                              for k, e in zip(count, elapsed, strict=True)])
-        t, c = np.asarray(rows), np.asarray(cpu)
+        t, c, threads = np.asarray(rows), np.asarray(cpu), self.threads(0)
         readings = []
         for i, m in enumerate(count):
             ti, ci = t[:2 * m, i], c[:2 * m, i]
             # under a quota CPU seconds and the rate the pass got them at (it runs without pause); else wall
-            # seconds, in which a slower core shows; one kind of core, one thread
+            # seconds, in which a slower core shows; one kind of core, its threads
             x, rate = (ci, float(ci.sum() / ti.sum())) if quota else (ti, 0.0)
             readings.append([probe_time(x[0::2].tolist()), probe_time(x[1::2].tolist()), float(elapsed[i]), rate,
-                             1.0, 0.0])
+                             float(threads[i]), 0.0])
         t_small, t_large, _, _ = probe_times(readings)
         return t_small, t_large, float(elapsed.max())
 
