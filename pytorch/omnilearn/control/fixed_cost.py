@@ -3,7 +3,7 @@
 ``k`` is work a step does whatever its batch (the optimizer's update, the framework's own): on one kind
 of worker it is the same for every worker, but it is not the same across kinds. A core with two threads
 uses small batches less well than one thread does: the demo's ResNet18 step reads k = 3.5 samples on
-one thread and 13 on two, quiet, and 5 against 20-30 in a job's steps under CPU quotas
+one thread and 13 on two, alone on the host, and 7-10 against 27.5 in the job's steps under CPU quotas
 (``results/2026-11-28_2cpu_k-by-threads.md``). A kind is what a worker reports of itself: its threads
 and its kind of core (:func:`~omnilearn.control.loop.core_kind`), as the start-up probe pools them.
 
