@@ -134,8 +134,9 @@ class DynamicController:
     def set_threads(self, threads: Sequence[float]) -> None:
         """Every worker's threads (a level may change them): a worker's kind is its threads and its kind
         of core, and its k is its kind's (:mod:`~omnilearn.control.fixed_cost`)."""
-        if [float(t) for t in threads] != self.threads:
-            self.threads = [float(t) for t in threads]
+        threads = [float(t) for t in threads]
+        if threads != self.threads:
+            self.threads = threads
             self.model.set_kinds(list(zip(self.threads, self.cores, strict=True)))
 
     def allocations(self, read: Callable[[], Sequence[float | None]]) -> None:
@@ -167,9 +168,8 @@ class DynamicController:
         ``kinds``: each worker's threads and kind of core (its k is its kind's)."""
         self.probed, self.warmed = True, warm
         if kinds is not None:
-            self.cores = [float(c) for _, c in kinds]
-            self.threads = []
-            self.set_threads([t for t, _ in kinds])
+            self.threads, self.cores = [float(t) for t, _ in kinds], [float(c) for _, c in kinds]
+            self.model.set_kinds(list(zip(self.threads, self.cores, strict=True)))
         if self.synchronous:
             self.model.k_from_probe(small, large, t_small, t_large)
         self.model.speeds_from_probe(large, t_large, small, large)

@@ -105,5 +105,5 @@ class FixedCost:
         return {"kinds": [list(k) for k in self.kinds], "log": self.log.tolist()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.kinds = [tuple(float(x) for x in k) for k in d["kinds"]]
+        self.kinds = [kind_key(k) for k in d["kinds"]]
         self.log = np.atleast_2d(np.asarray(d["log"], float))

@@ -163,7 +163,7 @@ def balanced(batch: Sequence[int], compute_s: Sequence[float], overhead: float |
     n = len(batch)
     ks = [float(overhead)] * n if isinstance(overhead, int | float) else [float(x) for x in overhead]
     assert len(compute_s) == len(ks) == n and min(ks) >= 0
-    extra = n * ks[0] if len(set(ks)) == 1 else sum(ks)
+    extra = n * ks[0] if len(set(ks)) == 1 else sum(ks)  # one k: n k exactly, as a sum would not round
     cost = [max(float(t), 1e-9) / (b + k) for b, t, k in zip(batch, compute_s, ks, strict=True)]  # c_i
     shares = bounded_shares([1 / c for c in cost], global_batch + extra, [bounds.min_batch + k for k in ks],
                             [h + k for h, k in zip(bounds.max_batch, ks, strict=True)])
