@@ -254,6 +254,43 @@ def test_quota_clock_tells_a_core_set_from_a_quota(v1: CgroupV1Backend, job: str
     assert got["limited"] is False and got["held"] == 0.0
 
 
+QUOTA_CLOCK_FOLLOWS = """
+import json, sys
+from omnilearn.emulator.backends.cgroupfs import QuotaClock
+clock = QuotaClock()
+seen = []
+for _ in range(3):
+    reading = clock.read()
+    seen.append([str(reading[0]) if reading else None, clock.cpus(reading)])
+    print(json.dumps(seen[-1]), flush=True)
+    sys.stdin.readline()
+"""
+
+
+@needs_v1
+def test_quota_clock_follows_a_move_and_a_new_quota_with_its_files_kept_open(v1: CgroupV1Backend, job: str,
+                                                                            spawn) -> None:
+    """One clock, read before the process is moved into a cgroup, after, and after its quota changes:
+    each reading names the cgroup the process is in and the quota in force then."""
+    child = spawn(QUOTA_CLOCK_FOLLOWS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdin is not None
+    first = json.loads(child.stdout.readline())
+    v1.add_process("w0", child.pid)
+    v1.apply("w0", Allocation(cpus=0.1))
+    child.stdin.write("moved\n")
+    child.stdin.flush()
+    second = json.loads(child.stdout.readline())
+    v1.apply("w0", Allocation(cpus=0.5))
+    child.stdin.write("changed\n")
+    child.stdin.flush()
+    third = json.loads(child.stdout.readline())
+    child.communicate("end\n", timeout=20)
+    where = str(CGROUP_ROOT / "cpu/omnilearn" / job / "w0")
+    assert first[0] != where
+    assert second == [where, 0.1]
+    assert third == [where, 0.5]
+
+
 @needs_v1
 @two_cpus
 def test_toggler_through_real_cgroups(v1: CgroupV1Backend, job: str, tmp_path: Path, spawn) -> None:

@@ -13,7 +13,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from omnilearn.emulator.spec.levels import Allocation, format_cpuset, parse_cpuset
@@ -69,11 +69,16 @@ def check_name(kind: str, name: str) -> None:
 
 def membership(pid: int | str) -> dict[str, str]:
     """/proc/<pid>/cgroup as controller -> path; the unified (v2) hierarchy is under key ""."""
-    out: dict[str, str] = {}
     try:
         text = Path(f"/proc/{pid}/cgroup").read_text()
     except (FileNotFoundError, ProcessLookupError):
-        return out
+        return {}
+    return _parse_membership(text)
+
+
+def _parse_membership(text: str) -> dict[str, str]:
+    """The text of a /proc/<pid>/cgroup as controller -> path."""
+    out: dict[str, str] = {}
     for line in text.splitlines():
         _, controllers, path = line.split(":", 2)
         if not controllers:
@@ -280,21 +285,68 @@ class QuotaClock:
     time for its share of a step is its compute time plus the waits it caused elsewhere; this clock
     measures those waits. The cgroup is looked up at every reading (the emulator may move the process
     between readings): :meth:`since` is 0.0 across a move, and where no cgroup counts throttling.
+
+    A worker reads it every step, and on a rank under a quota its CPU is wall time at the quota's
+    rate, so the files it reads (``/proc/self/cgroup``, ``cpu.stat``, the quota's) stay open and a
+    reading is a few ``pread`` calls; the cgroup's directory is looked up again, and its files opened
+    again, only when ``/proc/self/cgroup`` changes (or in a forked child).
     """
 
     def __init__(self) -> None:
         self._mounts = [(point, root, version) for point, root, version, controllers in mounts()
                         if version == 2 or "cpu" in controllers]
+        self._seen: str | None = None  # /proc/self/cgroup as last read
+        self._dirs: list[Path] = []  # the cgroups that may count throttling, for that membership
+        self._fds: dict[str, int] = {}  # open files by path (-1: could not be opened, for that membership)
+        self._pid = os.getpid()
+
+    def _text(self, path: str | Path) -> str | None:
+        """A kernel file's text from its open descriptor (opened on first use), or None where it cannot be read."""
+        key = str(path)
+        fd = self._fds.get(key)
+        if fd is None:
+            try:
+                fd = os.open(key, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                fd = -1
+            self._fds[key] = fd
+        if fd < 0:
+            return None
+        try:
+            return os.pread(fd, 65536, 0).decode().strip()
+        except OSError:  # the cgroup was removed: open it again next time
+            os.close(self._fds.pop(key))
+            return None
+
+    def close(self) -> None:
+        """Close the files it keeps open (a later reading opens them again)."""
+        for fd in self._fds.values():
+            if fd >= 0:
+                os.close(fd)
+        self._fds, self._seen, self._dirs = {}, None, []
+
+    def __del__(self) -> None:
+        if getattr(self, "_pid", None) == os.getpid():
+            self.close()
+
+    def _counting(self) -> list[Path]:
+        if self._pid != os.getpid():  # a forked child: its own /proc/self
+            self._fds, self._seen, self._dirs, self._pid = {}, None, [], os.getpid()
+        text = self._text("/proc/self/cgroup")
+        if text != self._seen:
+            self.close()
+            self._seen = text = self._text("/proc/self/cgroup")
+            member = _parse_membership(text or "")
+            for point, root, version in self._mounts:
+                path = member.get("") if version == 2 else member.get("cpu")
+                if path is not None:
+                    self._dirs.append(own_dir(point, root, path))
+        return self._dirs
 
     def read(self) -> tuple[Path, float] | None:
         """(the counting cgroup, seconds held back so far), or None where nothing counts."""
-        member = membership("self")
-        for point, root, version in self._mounts:
-            path = member.get("") if version == 2 else member.get("cpu")
-            if path is None:
-                continue
-            d = own_dir(point, root, path)
-            for line in (try_read(d / "cpu.stat") or "").splitlines():
+        for d in self._counting():
+            for line in (self._text(d / "cpu.stat") or "").splitlines():
                 name, _, value = line.partition(" ")
                 if name == "throttled_time" and value.isdigit():
                     return d, int(value) / 1e9
@@ -305,18 +357,17 @@ class QuotaClock:
     def rate(self, reading: tuple[Path, float] | None) -> float:
         """The CPUs the quota of the cgroup of ``reading`` lets this process use, at most one (what a
         single thread, like the controller's, can run at): 1.0 without a quota or a reading."""
-        cpus = None if reading is None else dir_quota(reading[0])
+        cpus = self.cpus(reading)
         return 1.0 if cpus is None else min(cpus, 1.0)
 
     def cpus(self, reading: tuple[Path, float] | None) -> float | None:
         """The CPUs the quota of the cgroup of ``reading`` allows (None: no quota, or no reading)."""
-        return None if reading is None else dir_quota(reading[0])
+        return None if reading is None else dir_quota(reading[0], self._text)
 
     def limited(self) -> bool:
         """Whether this process's CPU cgroup has a quota now (a worker whose quota may hold it in the
         middle of a step, where a round's wall time need not show it)."""
-        reading = self.read()
-        return reading is not None and dir_quota(reading[0]) is not None
+        return self.cpus(self.read()) is not None
 
     def held_since(self, before: tuple[Path, float] | None) -> float:
         """Seconds held back since the reading ``before`` (0.0, and no reading, when it is None)."""
@@ -330,11 +381,11 @@ class QuotaClock:
         return max(after[1] - before[1], 0.0)
 
 
-def dir_quota(d: Path) -> float | None:
+def dir_quota(d: Path, reader: Callable[[Path], str | None] = try_read) -> float | None:
     """The CPUs the quota set on cgroup directory ``d`` allows (``cpu.max``, v2; ``cpu.cfs_quota_us`` over
     ``cpu.cfs_period_us``, v1; the tighter where both read), or None: no quota there."""
-    v2 = (try_read(d / "cpu.max") or "max").split()
-    v1 = [try_read(d / "cpu.cfs_quota_us"), try_read(d / "cpu.cfs_period_us")]
+    v2 = (reader(d / "cpu.max") or "max").split()
+    v1 = [reader(d / "cpu.cfs_quota_us"), reader(d / "cpu.cfs_period_us")]
     quotas = [int(quota) / int(period) for quota, period in ([v2] if v2[0] != "max" else []) + ([v1] if None not in v1 else [])
               if int(quota) > 0]
     return min(quotas) if quotas else None
