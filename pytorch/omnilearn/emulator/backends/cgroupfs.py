@@ -326,8 +326,11 @@ class QuotaClock:
         self._fds, self._seen, self._dirs = {}, None, []
 
     def __del__(self) -> None:
-        if getattr(self, "_pid", None) == os.getpid():
-            self.close()
+        try:
+            if self._pid == os.getpid():  # a forked child's copies are its own to close
+                self.close()
+        except (AttributeError, TypeError, OSError):  # half-built, or at interpreter exit
+            pass
 
     def _counting(self) -> list[Path]:
         if self._pid != os.getpid():  # a forked child: its own /proc/self
