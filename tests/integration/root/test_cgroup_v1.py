@@ -258,11 +258,9 @@ QUOTA_CLOCK_FOLLOWS = """
 import json, sys
 from omnilearn.emulator.backends.cgroupfs import QuotaClock
 clock = QuotaClock()
-seen = []
 for _ in range(3):
     reading = clock.read()
-    seen.append([str(reading[0]) if reading else None, clock.cpus(reading)])
-    print(json.dumps(seen[-1]), flush=True)
+    print(json.dumps([str(reading[0]) if reading else None, clock.cpus(reading)]), flush=True)
     sys.stdin.readline()
 """
 

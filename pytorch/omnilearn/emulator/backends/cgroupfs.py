@@ -283,8 +283,8 @@ class QuotaClock:
     for the next period, wherever it is: a step's compute that fits in what is left of a period runs
     at full speed, and the wait lands later (in the step's all-reduce, or the next step). A worker's
     time for its share of a step is its compute time plus the waits it caused elsewhere; this clock
-    measures those waits. The cgroup is looked up at every reading (the emulator may move the process
-    between readings): :meth:`since` is 0.0 across a move, and where no cgroup counts throttling.
+    measures those waits. Every reading checks which cgroup the process is in (the emulator may move
+    the process between readings): :meth:`since` is 0.0 across a move, and where no cgroup counts throttling.
 
     A worker reads it every step, and on a rank under a quota its CPU is wall time at the quota's
     rate, so the files it reads (``/proc/self/cgroup``, ``cpu.stat``, the quota's) stay open and a
@@ -337,8 +337,8 @@ class QuotaClock:
             self._fds, self._seen, self._dirs, self._pid = {}, None, [], os.getpid()
         text = self._text("/proc/self/cgroup")
         if text != self._seen:
-            self.close()
-            self._seen = text = self._text("/proc/self/cgroup")
+            self.close()  # the files of the cgroup it left
+            self._seen = text
             member = _parse_membership(text or "")
             for point, root, version in self._mounts:
                 path = member.get("") if version == 2 else member.get("cpu")
