@@ -66,7 +66,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "`rank`, `slot`, `world`, `target`, `role`, `params`, `policy`, `steps_per_epoch`, `train_samples`, "
          "`test_samples`, `metric`, `language_model`, `device`, `dist_backend`, `library`; ASP: `workers`, "
          "`samples`, `target_samples`, `pushes`, `lr_reference_batch`, `lr_power` (the exponent of b / b_ref in a "
-         "gradient's learning rate), `staleness_damping`"),
+         "gradient's weight), `staleness_damping`"),
     Kind(STEP, "every worker, every step",
          ("step", "epoch", "batch", "compute_ms"),
          ("sync_ms", "held_ms", "cpus", "threads", "level", "loss", "train_acc", "global_batch", "lr", "sample_sum",

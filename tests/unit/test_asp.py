@@ -89,15 +89,24 @@ def test_push_is_applied_once_with_linear_lr_scaling(tmp_path: Path) -> None:
         push(server, 1, 3, 2, grad, batch=4)  # a lost push is an internal error, never skipped silently
 
 
-def test_adamw_scales_the_update_lr_instead_of_the_gradient_by_the_square_root(tmp_path: Path) -> None:
+def test_adamw_weighs_each_gradient_by_its_batch_and_keeps_its_lr(tmp_path: Path) -> None:
     server = make_server(tmp_path, ("train.optimizer", "adamw"))
+    n = server.n_params
     grad = torch.ones_like(server.state)
     reply = push(server, 1, 1, 0, grad, batch=4)
-    lr = 0.1 * math.sqrt(4 / 8)  # the square-root rule: Adam's step does not grow with the gradient
-    assert reply["lr"] == pytest.approx(lr) and server.optimizer.param_groups[0]["lr"] == pytest.approx(lr)
-    assert torch.equal(server.grads.flat, grad[: server.n_params])  # Adam would normalise a scale away
-    linear = make_server(tmp_path / "linear", ("train.optimizer", "adamw"), ("asp.lr_scaling", "linear"))
-    assert push(linear, 1, 1, 0, grad, batch=4)["lr"] == pytest.approx(0.05)  # as asked
+    # A 4-sample gradient counts half an 8-sample one (b_ref = 16 / 2), in Adam's moments as in SGD's
+    # momentum; the optimizer's lr stays the base lr, which every gradient in its moments shares.
+    assert reply["lr"] == pytest.approx(0.1 * 4 / 8) and server.optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
+    assert torch.allclose(server.grads.flat, 0.5 * grad[:n])
+    first = next(iter(server.optimizer.state.values()))["exp_avg"].clone()
+    push(server, 2, 1, 0, grad, batch=12)  # then a 12-sample one: 1.5 times the weight
+    second = next(iter(server.optimizer.state.values()))["exp_avg"]
+    beta1 = server.optimizer.param_groups[0]["betas"][0]
+    assert torch.allclose(first, torch.full_like(first, (1 - beta1) * 0.5))
+    assert torch.allclose(second, beta1 * first + (1 - beta1) * 1.5)
+    root = make_server(tmp_path / "sqrt", ("train.optimizer", "adamw"), ("asp.lr_scaling", "sqrt"))
+    assert push(root, 1, 1, 0, grad, batch=4)["lr"] == pytest.approx(0.1 * math.sqrt(0.5))  # as asked
+    assert torch.allclose(root.grads.flat, math.sqrt(0.5) * grad[:n])
 
 
 def test_an_unknown_lr_scaling_is_refused() -> None:

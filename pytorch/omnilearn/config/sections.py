@@ -299,12 +299,12 @@ class AspConfig:
     """Asynchronous training (mode: asp): one parameter server, workers push gradients."""
 
     lr_reference_batch: int | None = None
-    """b_ref: a gradient of a b-sample batch is applied with lr scaled by b / b_ref as ``lr_scaling``
-    says (default: global_batch / workers)."""
+    """b_ref: a gradient of a b-sample batch is weighed by b / b_ref as ``lr_scaling`` says (default:
+    global_batch / workers, the mean batch)."""
     lr_scaling: str = "auto"
-    """How a gradient's learning rate follows its batch b: ``linear`` (lr * b / b_ref, the rule for SGD),
-    ``sqrt`` (lr * sqrt(b / b_ref), the rule for Adam-family optimizers, whose step does not grow with
-    the gradient), ``none``; ``auto``: linear for SGD, sqrt for the others."""
+    """How a gradient's weight follows its batch b (the gradient is scaled, for every optimizer, before
+    it enters the optimizer's momentum or moments): ``linear`` (b / b_ref: every sample weighs the same),
+    ``sqrt`` (sqrt(b / b_ref)), ``none``; ``auto``: linear."""
     staleness_damping: bool = False
     """Also divide a gradient's learning rate by 1 + its staleness."""
     eval_interval: float = 1.0

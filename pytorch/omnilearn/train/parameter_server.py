@@ -24,15 +24,16 @@ with the reply it got the first time; a gap in ``seq`` is an internal error. Eve
 bumps the version by one and writes one ``update`` record to ``metrics/rank-0.jsonl`` with its
 staleness: the server's version when it was applied minus the version it was computed on.
 
-**Learning rate.** A gradient of a ``b``-sample batch is applied with ``lr * (b / b_ref) ** p``
-(``b_ref`` is ``asp.lr_reference_batch``, by default ``global_batch / workers``; ``p`` follows
-``asp.lr_scaling``: 1 for SGD, the linear rule of Goyal et al. 2017, and 1/2 for Adam-family
-optimizers, the square-root rule of Malladi et al. 2022, whose update does not grow with the
-gradient's size while its noise falls as 1/sqrt(b)), divided by ``1 + staleness`` with
-``asp.staleness_damping``. With SGD it is implemented by scaling the gradient,
-not by changing the optimizer's lr: with momentum, a per-update lr would rescale every earlier gradient
-still held in the momentum buffer, while a scaled gradient keeps its own weight for as long as it lives
-there. AdamW normalises gradients away, so there the update's lr is scaled instead.
+**Learning rate.** A gradient of a ``b``-sample batch is weighed by ``(b / b_ref) ** p`` and
+divided by ``1 + staleness`` with ``asp.staleness_damping`` (``b_ref`` is ``asp.lr_reference_batch``, by
+default ``global_batch / workers``, the mean batch; ``p`` follows ``asp.lr_scaling``, 1 by default: every
+sample weighs the same, the linear rule of Goyal et al. 2017). The weight scales the gradient, not the
+optimizer's lr, for every optimizer: SGD's momentum and Adam's two moments hold the gradients of many
+workers at once, and a per-update lr would rescale all of them by the batch of the one that just
+arrived, while a scaled gradient keeps its own weight for as long as it lives there. With the weight,
+a split of unequal batches leaves Adam's first moment and the noise in its second where equal batches
+of the same mean put them; without it, a 6-sample gradient counts in both as much as a 43-sample
+one (``results/2026-11-28_2cpu_asp-gradient-weight.md``). The optimizer's lr is the schedule's.
 
 **BatchNorm.** The running statistics travel like gradients: a worker pushes the *change* its forward
 pass made to the statistics it pulled, and the server adds it. Each batch's statistics thus enter the
@@ -135,9 +136,7 @@ class ParameterServer:
         self.grads = GradBuffer(params, extra=0)
         self.counters = batchnorm_counters(model)
         self.optimizer = make_optimizer(cfg, params)
-        self.scale_gradient = isinstance(self.optimizer, torch.optim.SGD)
-        auto = 1.0 if self.scale_gradient else 0.5  # linear for SGD, the square root for Adam-family optimizers
-        self.lr_power = {"auto": auto, "linear": 1.0, "sqrt": 0.5, "none": 0.0}[cfg.asp.lr_scaling]
+        self.lr_power = {"auto": 1.0, "linear": 1.0, "sqrt": 0.5, "none": 0.0}[cfg.asp.lr_scaling]
         self.b_ref = float(cfg.asp.lr_reference_batch or t.global_batch / cfg.workers)
         self.train_size = train_size
         self.target_samples = t.epochs * train_size
@@ -251,11 +250,9 @@ class ParameterServer:
             if self.cfg.asp.staleness_damping:
                 scale /= 1 + staleness
             base = self.base_lr()
-            self.grads.flat.copy_(flat[:self.n_params])
-            if self.scale_gradient:
-                self.grads.flat.mul_(scale)
+            self.grads.flat.copy_(flat[:self.n_params]).mul_(scale)
             for group in self.optimizer.param_groups:
-                group["lr"] = base if self.scale_gradient else base * scale
+                group["lr"] = base
             self.optimizer.step()
             self.state[self.n_params:].add_(flat[self.n_params:])  # running-statistics change
             for counter in self.counters:
