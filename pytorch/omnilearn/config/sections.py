@@ -306,7 +306,7 @@ class AspConfig:
     it enters the optimizer's momentum or moments): ``linear`` (b / b_ref: every sample weighs the same),
     ``sqrt`` (sqrt(b / b_ref)), ``none``; ``auto``: linear."""
     staleness_damping: bool = False
-    """Also divide a gradient's learning rate by 1 + its staleness."""
+    """Also divide a gradient's weight by 1 + its staleness."""
     eval_interval: float = 1.0
     """Epochs (samples applied / training-set size) between snapshots of the server's model; each
     snapshot is evaluated on the held-out split after training (the end is always snapshotted)."""
