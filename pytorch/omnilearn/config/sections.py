@@ -180,7 +180,7 @@ class ControlConfig:
     neighbour's job): larger believes one surprising step sooner. 1 / hazard also bounds the steps a
     new split is expected to serve."""
     probe_steps: int = 2
-    """dynamic: rounds of the start-up probe (each worker times one step at B/(4n) and one at B/(2n) a
+    """dynamic: rounds of the start-up probe (each worker times one step at B/(8n) and one at B/(4n) a
     round, once its first allocation is in force; the least of two rounds counts, of more the median of
     each pair's least; under a CPU quota more rounds where steps are short, until the pass has lasted 0.1 s); 0: no
     probe, the equal split until steps are measured."""

@@ -38,9 +38,9 @@ from omnilearn.control import policies
 from omnilearn.control.model import SpeedModel
 from omnilearn.control.policies import Bounds
 
-TRUST = 8.0
+TRUST = 16.0
 """A new batch stays within [lowest measured / TRUST, highest measured * TRUST] of that worker: from
-the probe's larger size (B/(2n)) four times the equal share at once."""
+the probe's larger size (B/(4n)) four times the equal share at once."""
 DRAWS = 64
 """Posterior draws behind a decision's expected gain and its spread."""
 COST_PRIOR = 0.1

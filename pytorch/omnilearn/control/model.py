@@ -70,11 +70,10 @@ SHIFT_STEPS = 6
 """Recent innovations a worker's shift test looks back over."""
 PROBE_SHAPE = 0.1
 """The sd (log) of the probe's time ratio between its two sizes about the line ``c (b + k)`` the job's
-sizes follow: below B/(4n) a core is used less well than at a worker's share, and a ratio read there is
-low (k high). A ResNet18 step alone on one thread: log t16/t8 = 0.34, where the line through 16-187
-samples (k = 3.5) gives 0.53; log t32/t16 = 0.61 against 0.60 (two threads: 0.22 against 0.32, 0.42
-against 0.44). Another model's line may bend higher up; the first re-split tells k at the job's sizes
-(``results/2026-11-28_2cpu_probe-k.md``)."""
+sizes follow: at B/(8n) and B/(4n) a core is used less well than at a worker's share, and the ratio
+reads low (k high). A ResNet18 step alone on one thread: log t16/t8 = 0.34, where the line through 16-187
+samples (k = 3.5) gives 0.53; on two, 0.22 against 0.32 (k = 13). The smaller of the two misfits: the
+first re-split tells k at the job's sizes (``results/2026-11-28_2cpu_probe-k.md``)."""
 
 
 def _window_shifts(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

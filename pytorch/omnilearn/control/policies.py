@@ -259,12 +259,10 @@ def paper(batch: Sequence[int], compute_s: Sequence[float], global_batch: int, b
 
 def probe_sizes(global_batch: int, workers: int, bounds: Bounds) -> tuple[int, int]:
     """The two batch sizes of a job's start-up pass (the memory probe every policy runs, and the timing
-    ``dynamic`` takes from it): a quarter and a half of the equal share, within the bounds. Below a
-    quarter a step uses a core less well than at a worker's share, and its time ratio reads the fixed
-    cost k too high (:data:`~omnilearn.control.model.PROBE_SHAPE`)."""
+    ``dynamic`` takes from it): an eighth and a quarter of the equal share, within the bounds."""
     share = global_batch / workers
-    small = max(bounds.min_batch, 1, round(share / 4))
-    large = min(max(small + 1, round(share / 2)), min(bounds.max_batch))
+    small = max(bounds.min_batch, 1, round(share / 8))
+    large = min(max(small + 1, round(share / 4)), min(bounds.max_batch))
     return (small, large) if large > small else (max(1, large - 1), large)
 
 
