@@ -503,3 +503,21 @@ def test_missing_images_are_user_errors_naming_the_file(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="dataset incomplete") as info:
         load_dataset("food101", tmp_path, image_size=32)
     assert str(folder) in str(info.value)
+
+
+def test_resize_normalise_and_scale_match_torchvision_bit_for_bit() -> None:
+    from torchvision.transforms.v2 import functional as TF
+
+    from omnilearn.train.data import resize
+
+    g = torch.Generator().manual_seed(0)
+    for shape, size in [((5, 3, 8, 8), 24), ((7, 1, 32, 32), 16), ((3, 3, 4, 4), 16)]:
+        x = torch.randn(*shape, generator=g)
+        assert torch.equal(resize(x, size), TF.resize(x, [size, size], antialias=True))
+    pixels = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8, generator=g)
+    data = TensorData(pixels, torch.zeros(4, dtype=torch.long), image_size=12, mean=[0.1, 0.2, 0.3],
+                      std=[0.5, 0.6, 0.7])
+    xb, _ = data.batch(torch.arange(4))
+    want = TF.normalize(TF.resize(TF.to_dtype(pixels, torch.float32, scale=True), [12, 12], antialias=True),
+                        [0.1, 0.2, 0.3], [0.5, 0.6, 0.7])
+    assert torch.equal(xb, want)

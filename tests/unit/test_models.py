@@ -98,3 +98,18 @@ def test_user_errors() -> None:
         build_model("vgg11", 10, 16)
     with pytest.raises(UserError, match="num_classes"):
         build_model("smallcnn", 1, 32)
+
+
+@pytest.mark.parametrize("name", KNOWN_MODELS)
+def test_the_fork_server_preloads_torchvision_for_exactly_the_models_that_import_it(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from omnilearn.launch import forked
+    from omnilearn.train import models
+
+    used: list[str] = []
+    real = models._torchvision
+    monkeypatch.setattr(models, "_torchvision", lambda: used.append(name) or real())
+    build_model(name, num_classes=10, image_size=32)
+    assert bool(used) == (name in forked.TORCHVISION_MODELS)
+    assert ("torchvision" in forked.preload(name, "synthetic")) == bool(used)
+    assert "torchvision" in forked.preload(name, "cifar10")  # CIFAR's loader is torchvision's

@@ -20,7 +20,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from omnilearn.emulator.spec.plan import build_plan
     from omnilearn.launch.failures import WorkerFailed
-    from omnilearn.launch.forked import forks, warm
+    from omnilearn.launch.forked import forks, preload, warm
     from omnilearn.launch.job import check_launcher, run_job, with_policy
     from omnilearn.launch.runfolder import check_out, prepare_out
     from omnilearn.report.plot import plot_compare
@@ -37,7 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.resume:
         check_out(args.out, args.force)  # before the preflight: a refused folder is said at once
     if cfg.emulation.backend != "docker" and forks(plan):
-        warm()  # the workers' fork server imports torch while the preflight runs
+        warm(preload(cfg.model.name, cfg.data.name))  # the workers' fork server imports torch while the preflight runs
     from omnilearn.train.preflight import preflight  # torch: only once the config and flags passed
 
     facts = preflight(cfg)  # data present (or downloaded once), model builds, batch fits the data

@@ -30,10 +30,14 @@ import setproctitle
 from omnilearn.emulator.spec.plan import EmulationPlan
 from omnilearn.train.lifecycle import die_with_parent
 
-PRELOAD = ["torch", "torchvision", "torch._dynamo", "omnilearn.cli", "omnilearn.cli.run", "omnilearn.train.bsp",
-           "omnilearn.train.asp", "omnilearn.train.ddp", "sklearn.datasets", "sklearn.model_selection"]
+PRELOAD = ["torch", "torch._dynamo", "omnilearn.cli", "omnilearn.cli.run", "omnilearn.train.bsp", "omnilearn.train.asp",
+           "omnilearn.train.ddp", "sklearn.datasets", "sklearn.model_selection"]
 """What the fork server imports once: what every worker imports before its first step (scikit-learn: the
 bundled digits and the held-out splits, 2 CPU-seconds of imports)."""
+TORCHVISION_MODELS = ("resnet18", "resnet50", "vgg11", "alexnet")
+"""The models whose definitions are torchvision's (:mod:`omnilearn.train.models` imports it for these only)."""
+TORCHVISION_FREE_DATA = ("digits", "synthetic", "text")
+"""The datasets loaded and transformed without torchvision (CIFAR and the image folders use it)."""
 _ENV_AT_IMPORT = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
 """Read by OpenMP when torch loads it, so they must hold in the fork server (as in every worker's environment)."""
 
@@ -44,16 +48,31 @@ def forks(plan: EmulationPlan) -> bool:
     return not plan.links and not limits_memory
 
 
+def preload(model: str, dataset: str) -> list[str]:
+    """What the fork server imports for a job of ``model`` on ``dataset``: :data:`PRELOAD`, and torchvision
+    (1.5 CPU-seconds) where the model or the data need it."""
+    wants = model in TORCHVISION_MODELS or dataset not in TORCHVISION_FREE_DATA
+    return [*PRELOAD, "torchvision"] if wants else list(PRELOAD)
+
+
+_preload = list(PRELOAD)  # what a fork server started by this process imports
+
+
 def context() -> BaseContext:
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload(_preload)
     return ctx
 
 
-def warm() -> None:
-    """Start the fork server unless it runs (early: its imports then overlap the launcher's own work)."""
+def warm(modules: list[str] | None = None) -> None:
+    """Start the fork server unless it runs (early: its imports then overlap the launcher's own work).
+    ``modules``: what it imports when it starts (:func:`preload`); else what the first call said, or
+    :data:`PRELOAD`."""
     from multiprocessing import forkserver
 
+    global _preload
+    if modules is not None:
+        _preload = list(modules)
     context()
     added = {k: v for k, v in _ENV_AT_IMPORT.items() if k not in os.environ}
     os.environ.update(added)  # the server's environment is the launcher's when it starts

@@ -28,7 +28,7 @@ from omnilearn.errors import UserError
 from omnilearn.files import create_in
 from omnilearn.jobfile import JobSpec
 from omnilearn.launch.failures import WorkerFailed, last_error, tail
-from omnilearn.launch.forked import ForkedWorker, forks
+from omnilearn.launch.forked import ForkedWorker, forks, preload, warm
 from omnilearn.launch.interrupts import Interrupts
 from omnilearn.launch.pidfile import JobRecord
 from omnilearn.launch.supervise import States, supervise
@@ -95,6 +95,8 @@ def run_local(job: JobSpec, console: Console, label: str, show_progress: bool = 
         with Interrupts() as interrupts:
             toggler.start()
             fork = forks(job.plan)
+            if fork:
+                warm(preload(job.config.model.name, job.config.data.name))
             # Everything but the rendezvous knows a worker by its slot (its target's index in the plan):
             # the same files and allocations after survivors are re-ranked.
             for rank, slot in enumerate(slots):

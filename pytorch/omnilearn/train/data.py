@@ -25,7 +25,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import torch
 from torch import Tensor
-from torchvision.transforms.v2 import functional as TF
+from torch.nn import functional as F
 
 from omnilearn.errors import UserError
 from omnilearn.train.image_folders import (
@@ -105,19 +105,25 @@ class TensorData:
         indices = torch.as_tensor(indices, dtype=torch.long)
         xb = self.x.index_select(0, indices)
         yb = self.y.index_select(0, indices)
-        xb = TF.to_dtype(xb, torch.float32, scale=True) if xb.dtype == torch.uint8 else xb.float()
+        xb = xb.to(torch.float32).mul_(1.0 / 255) if xb.dtype == torch.uint8 else xb.float()
         if self.image_size is not None and xb.shape[-2:] != (self.image_size, self.image_size):
-            xb = TF.resize(xb, [self.image_size, self.image_size], antialias=True)
+            xb = resize(xb, self.image_size)
         if self.channels is not None and xb.shape[1] != self.channels:
             xb = xb.expand(-1, self.channels, -1, -1)
         if self.mean is not None and self.std is not None:
             c = xb.shape[1]
             mean = self.mean * c if len(self.mean) == 1 else self.mean
             std = self.std * c if len(self.std) == 1 else self.std
-            xb = TF.normalize(xb, mean, std)
+            xb = (xb - torch.tensor(mean).view(-1, 1, 1)) / torch.tensor(std).view(-1, 1, 1)
         if augment:
             xb = augment_batch(xb, generator)
         return xb.contiguous(), yb
+
+
+def resize(x: Tensor, size: int) -> Tensor:
+    """A float batch ``(N, C, H, W)`` resized to ``size x size``: bilinear and antialiased, as torchvision's
+    ``resize`` of a float tensor (the same call), without importing torchvision."""
+    return F.interpolate(x, size=[size, size], mode="bilinear", align_corners=False, antialias=True)
 
 
 def augment_batch(x: Tensor, generator: torch.Generator | None = None, padding: int = 4) -> Tensor:
@@ -242,7 +248,7 @@ def _grey_stats(x: Tensor, image_size: int, chunk: int = 256) -> tuple[float, fl
     for start in range(0, len(x), chunk):
         part = x[start : start + chunk]
         if part.shape[-1] != image_size:
-            part = TF.resize(part, [image_size, image_size], antialias=True)
+            part = resize(part, image_size)
         part = part.double()
         total += part.sum().item()
         total_sq += (part * part).sum().item()
@@ -322,14 +328,14 @@ def _make_synthetic(
     native = min(image_size, 16)
     gen = torch.Generator().manual_seed(seed)
     patterns = torch.randn(num_classes, 3, 4, 4, generator=gen)
-    patterns = TF.resize(patterns, [native, native], antialias=True)
+    patterns = resize(patterns, native)
     patterns = (patterns - patterns.mean()) / patterns.std()
     labels = torch.randperm(size, generator=gen) % num_classes
     noise = 4.0
     x = patterns[labels] + noise * torch.randn(size, 3, native, native, generator=gen)
     x = x / math.sqrt(1.0 + noise * noise)  # about unit variance
     train_idx, test_idx = split_indices(labels.numpy(), test_fraction, seed)
-    resize = None if native == image_size else image_size
-    train = TensorData(x[train_idx], labels[train_idx], image_size=resize)
-    test = TensorData(x[test_idx], labels[test_idx], image_size=resize)
+    served = None if native == image_size else image_size
+    train = TensorData(x[train_idx], labels[train_idx], image_size=served)
+    test = TensorData(x[test_idx], labels[test_idx], image_size=served)
     return LoadedData(train, test, num_classes)

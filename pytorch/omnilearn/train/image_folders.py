@@ -34,8 +34,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
-from torchvision.transforms.v2 import InterpolationMode
-from torchvision.transforms.v2 import functional as TF
 
 from omnilearn.errors import UserError
 
@@ -92,6 +90,9 @@ def random_resized_crop_params(
 
 def train_transform(image: Image.Image, image_size: int, generator: torch.Generator) -> Image.Image:
     """``RandomResizedCrop(image_size)`` then ``RandomHorizontalFlip()``, drawing from ``generator``."""
+    from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
     top, left, h, w = random_resized_crop_params(image.height, image.width, generator)
     out = TF.resized_crop(image, top, left, h, w, [image_size, image_size],
                           interpolation=InterpolationMode.BILINEAR, antialias=True)
@@ -102,6 +103,9 @@ def train_transform(image: Image.Image, image_size: int, generator: torch.Genera
 
 def eval_transform(image: Image.Image, image_size: int) -> Image.Image:
     """``Resize(int(image_size * 256 / 224))`` (shorter side) then ``CenterCrop(image_size)``."""
+    from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
     out = TF.resize(image, [eval_resize(image_size)], interpolation=InterpolationMode.BILINEAR, antialias=True)
     return TF.center_crop(out, [image_size, image_size])
 

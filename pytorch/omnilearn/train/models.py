@@ -10,10 +10,13 @@ distributed tests compare gradients of split batches against one process on the 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torchvision import models as tvm
+
+if TYPE_CHECKING:
+    from torchvision import models as tvm
 
 from omnilearn.errors import UserError
 
@@ -54,8 +57,8 @@ def build_model(
             f"model {name} needs image_size >= {MIN_IMAGE_SIZE[name]}, got {image_size!r}"
         )
     builders: dict[str, Callable[[], nn.Module]] = {
-        "resnet18": lambda: _resnet(tvm.resnet18, num_classes, image_size, in_channels, stem),
-        "resnet50": lambda: _resnet(tvm.resnet50, num_classes, image_size, in_channels, stem),
+        "resnet18": lambda: _resnet(_torchvision().resnet18, num_classes, image_size, in_channels, stem),
+        "resnet50": lambda: _resnet(_torchvision().resnet50, num_classes, image_size, in_channels, stem),
         "vgg11": lambda: _vgg11(num_classes, image_size, in_channels),
         "alexnet": lambda: _alexnet(num_classes, image_size, in_channels),
         "smallcnn": lambda: SmallCNN(num_classes, in_channels),
@@ -65,6 +68,14 @@ def build_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return builders[name]()
+
+
+def _torchvision():  # noqa: ANN202 - the module
+    """torchvision's models, imported by the models that use them: 1.5 CPU-seconds that a worker of any
+    other model does not spend before its first step (under a container's CPU quota, several seconds)."""
+    from torchvision import models
+
+    return models
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
@@ -106,14 +117,14 @@ def _vgg11(num_classes: int, image_size: int, in_channels: int) -> nn.Module:
     average pool and a dropout + linear 512 -> ``num_classes`` head.
     """
     if image_size >= SMALL_INPUT:
-        model = tvm.vgg11(weights=None, num_classes=num_classes)
+        model = _torchvision().vgg11(weights=None, num_classes=num_classes)
         if in_channels != 3:
             model.features[0] = nn.Conv2d(in_channels, 64, kernel_size=3, padding=1)
             _vgg_init(model.features[0])
         return model
     # Built on the meta device: allocating and initialising the stock head only to drop it takes seconds.
     with torch.device("meta"):
-        model = tvm.vgg11(weights=None, num_classes=num_classes)
+        model = _torchvision().vgg11(weights=None, num_classes=num_classes)
         model.features[0] = nn.Conv2d(in_channels, 64, kernel_size=3, padding=1)
         model.avgpool = nn.AdaptiveAvgPool2d(1)
         model.classifier = nn.Sequential(nn.Dropout(p=0.5), nn.Linear(512, num_classes))
@@ -144,14 +155,14 @@ def _alexnet(num_classes: int, image_size: int, in_channels: int) -> nn.Module:
     dropout/linear/ReLU head at width 512 (about 0.8M parameters). Works from 16x16 up.
     """
     if image_size >= SMALL_INPUT:
-        model = tvm.alexnet(weights=None, num_classes=num_classes)
+        model = _torchvision().alexnet(weights=None, num_classes=num_classes)
         if in_channels != 3:
             model.features[0] = nn.Conv2d(in_channels, 64, kernel_size=11, stride=4, padding=2)
         return model
     # Built on the meta device (the stock head is 58M parameters), then given PyTorch's default
     # initialisation, which is what torchvision's AlexNet uses.
     with torch.device("meta"):
-        model = tvm.alexnet(weights=None, num_classes=num_classes)
+        model = _torchvision().alexnet(weights=None, num_classes=num_classes)
         model.features[0] = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1)
         model.avgpool = nn.AdaptiveAvgPool2d(2)
         model.classifier = nn.Sequential(
