@@ -1,5 +1,3 @@
-import sys
+from omnilearn.cli import entry
 
-from omnilearn.cli import main
-
-sys.exit(main())
+entry()
