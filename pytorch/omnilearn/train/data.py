@@ -114,7 +114,7 @@ class TensorData:
             c = xb.shape[1]
             mean = self.mean * c if len(self.mean) == 1 else self.mean
             std = self.std * c if len(self.std) == 1 else self.std
-            xb = (xb - torch.tensor(mean).view(-1, 1, 1)) / torch.tensor(std).view(-1, 1, 1)
+            xb = (xb - torch.tensor(mean, dtype=xb.dtype).view(-1, 1, 1)) / torch.tensor(std, dtype=xb.dtype).view(-1, 1, 1)
         if augment:
             xb = augment_batch(xb, generator)
         return xb.contiguous(), yb
