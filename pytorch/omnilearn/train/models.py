@@ -10,6 +10,7 @@ distributed tests compare gradients of split batches against one process on the 
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
@@ -70,7 +71,7 @@ def build_model(
         return builders[name]()
 
 
-def _torchvision():  # noqa: ANN202 - the module
+def _torchvision() -> ModuleType:
     """torchvision's models, imported by the models that use them: 1.5 CPU-seconds that a worker of any
     other model does not spend before its first step (under a container's CPU quota, several seconds)."""
     from torchvision import models

@@ -277,11 +277,8 @@ def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = F
             with contextlib.suppress(dk.errors.NotFound):
                 volume.remove(force=True)
                 removed.append(f"volume {volume.name}")
-    # A just-removed container (another host's: its attachment task) holds a network briefly: try again for
-    # 20 s. Not while a host is silent: its tasks hold the network until it is back, and cleanup waits for that.
-    attempts = 1 if silent else 40
     for net in default.networks.list(filters={"label": f"{LABEL_JOB}={job_id}"}):
-        for attempt in range(attempts):
+        for attempt in range(40):  # a just-removed container (another host's: its attachment task) holds it briefly
             try:
                 net.remove()
                 removed.append(f"network {net.name}")
@@ -289,9 +286,9 @@ def down(job_id: str, hosts: dict[str, str] | None = None, leave_swarm: bool = F
             except dk.errors.NotFound:
                 break
             except dk.errors.APIError:
-                if silent:
+                if silent:  # its tasks hold the network until that host is back: cleanup's work, said below
                     break
-                if attempt == attempts - 1:
+                if attempt == 39:
                     raise
                 time.sleep(0.5)
     if leave_swarm and not default.networks.list(filters={"label": LABEL_JOB}):
