@@ -19,13 +19,14 @@ common factor (a Student-t weighted mean over the workers, removed: BSP) and the
   (:data:`NOISE_PRIOR`). A step that waits a whole CFS period is down-weighted, not chased.
 - *Drift and jumps.* Between steps ``u_i`` drifts (a random walk of variance ``drift**2`` a step) and,
   with probability ``hazard``, jumps (its variance grows by :data:`JUMP` squared). Each step weighs the
-  two hypotheses by the innovation's likelihood under each, and the likelier wins: a level change
-  needs one step of evidence, an outlier moves the estimate a little. Only the changed worker's speed
-  reopens. One step cannot always tell a slowdown from a one-off stall (a pause of the process, which
-  only ever slows a step): where a jump taken slows a worker, the hypothesis not taken (no jump) is
-  kept with its posterior probability until the worker's next step judges between the two, and a
-  decision in between draws from both. A shift too small for one step shows in a windowed test over
-  the last few innovations.
+  two hypotheses by the innovation's likelihood under each, and the likelier wins: a level change needs
+  one step of evidence, an outlier moves the estimate a little. Only the changed worker's speed reopens.
+  Where the step's common factor jumped (BSP: a change of the whole cluster, as a level change is), every
+  worker's chance of a jump at that step is higher (:mod:`~.changes`). One step cannot always tell a
+  slowdown from a one-off stall (a pause of the process, which only ever slows a step): where a jump taken
+  slows a worker, the hypothesis not taken (no jump) is kept with its posterior probability until the
+  worker's next step judges between the two, and a decision in between draws from both. A shift too small
+  for one step shows in a windowed test over the last few innovations.
 - *k.* Each kind's log-posterior on a grid (:class:`~.fixed_cost.FixedCost`): the
   start-up probe (every worker timed at two batch sizes) and every re-split (each worker's time
   before and after; BSP profiles out the step's common factor, ASP takes a moved worker's own steps)
@@ -46,6 +47,7 @@ from typing import Any
 import numpy as np
 from scipy.special import gammaln
 
+from omnilearn.control.changes import EVENT_SHARE, ClusterEvents, window_shifts
 from omnilearn.control.fixed_cost import DOF, FixedCost, distinct, kind_key, t_logpdf
 
 NOISE_PRIOR = 0.05
@@ -74,32 +76,6 @@ sizes follow: at B/(8n) and B/(4n) a core is used less well than at a worker's s
 reads low (k high). A ResNet18 step alone on one thread: log t16/t8 = 0.34, where the line through 16-187
 samples (k = 3.5) gives 0.53; on two, 0.22 against 0.32 (k = 13). The smaller of the two misfits: the
 first re-split tells k at the job's sizes (``results/2026-11-28_2cpu_probe-k.md``)."""
-
-
-def _window_shifts(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For innovations ``nu`` (rows: newest first; columns: workers) with variances ``s`` under
-    Student-t noise of ``dof`` degrees of freedom (per worker): for every window of the newest m rows,
-    the shift that best explains it (an M-estimate: a few reweighted means from the window's mean, or
-    its median from three rows on), the log-likelihood ratio of that shift against none, and the
-    shift's variance. Each returned array has one row per m. Every window at once: axes (window, row,
-    worker), the rows past a window's end masked out."""
-    rows, n = nu.shape
-    m = np.arange(1, rows + 1)
-    inside = (np.arange(rows)[None, :] < m[:, None])[:, :, None]
-    x = np.broadcast_to(nu[None], (rows, rows, n))
-    v = np.broadcast_to(s[None], (rows, rows, n))
-    ordered = np.sort(np.where(inside, x, np.inf), axis=1)  # a window's rows first, in order
-    middle = [np.take_along_axis(ordered, np.broadcast_to(i[:, None, None], (rows, 1, n)), 1)[:, 0]
-              for i in ((m - 1) // 2, m // 2)]
-    mean = np.where(inside, x, 0.0).sum(axis=1) / m[:, None]
-    d = np.where((m < 3)[:, None], mean, 0.5 * (middle[0] + middle[1]))
-    for _ in range(4):
-        w = np.where(inside, (dof + 1) / (dof + (x - d[:, None]) ** 2 / v) / v, 0.0)
-        d = (w * x).sum(axis=1) / w.sum(axis=1)
-    e, e0 = (x - d[:, None]) ** 2 / (v * dof), x * x / (v * dof)
-    lr = np.where(inside, 0.5 * (dof + 1) * (np.log1p(e0) - np.log1p(e)), 0.0).sum(axis=1)
-    var = 1.0 / np.where(inside, 1.0 / v, 0.0).sum(axis=1)
-    return d, lr, var
 
 
 @dataclass
@@ -158,6 +134,7 @@ class SpeedModel:
         self.alt_count = np.ones(n)
         self.alt_p = np.zeros(n)
         self.taken_back = np.zeros(n, bool)  # the workers whose last step took back the change before it
+        self.events = ClusterEvents(NOISE_PRIOR, PRIOR_WEIGHT, NOISE_MEMORY, JUMP)  # BSP: the common factor's
 
     # ------------------------------------------------------------------ k's posterior
 
@@ -274,10 +251,13 @@ class SpeedModel:
         self.scale = common
         self.measured += 1
 
-    def update(self, batch: Sequence[int], times: Sequence[float], steps: int = 1) -> tuple[list[int], np.ndarray]:
+    def update(self, batch: Sequence[int], times: Sequence[float], steps: int = 1, extra: float = 0.0
+               ) -> tuple[list[int], np.ndarray]:
         """One step's compute times at ``batch`` (every worker's: BSP), ``steps`` steps after the last
-        one measured (the speeds drifted, and may have jumped, over each). Returns the workers whose speed
-        jumped (posterior probability above one half) and the innovations (log)."""
+        one measured (the speeds drifted, and may have jumped, over each); ``extra``: a variance (log) the
+        step's times carry beyond the noise (the first step at new shapes: each worker's one-off cost).
+        Returns the workers whose speed jumped (posterior probability above one half) and the
+        innovations (log)."""
         b = np.asarray(batch, float)
         live = b > 0
         self._extrapolate(b, live)
@@ -285,7 +265,10 @@ class SpeedModel:
         resid = z - self.u
         common = self._common(resid, live) if self.relative else 0.0
         share = 1.0 - 1.0 / max(int(live.sum()), 2) if self.relative else 1.0
-        changed = self._filter(np.where(live, resid - common, 0.0), live, b, share, steps)
+        hazard = -math.expm1(steps * math.log1p(-self.hazard))  # a change in the steps since the last
+        event = self.events.observe(common, hazard) if self.relative else 0.0
+        hazard = 1.0 - (1.0 - hazard) * (1.0 - EVENT_SHARE * event)
+        changed = self._filter(np.where(live, resid - common, 0.0), live, b, share, steps, hazard, extra)
         self.scale = common if self.scale is None else 0.7 * self.scale + 0.3 * common
         self.lo = np.where(live & ((self.lo == 0) | (b < self.lo)), b, self.lo)
         self.hi = np.where(live & (b > self.hi), b, self.hi)
@@ -295,6 +278,7 @@ class SpeedModel:
             self.u -= shift
             self.alt_u -= shift
             self.scale += shift
+            self.events.shift(shift)
         return changed, resid - common
 
     def _extrapolate(self, batch: np.ndarray, live: np.ndarray) -> None:
@@ -348,19 +332,23 @@ class SpeedModel:
         self.measured += 1
         return bool(changed)
 
-    def _filter(self, nu: np.ndarray, live: np.ndarray, batch: np.ndarray, share: float = 1.0, steps: int = 1
-                ) -> list[int]:
+    def _filter(self, nu: np.ndarray, live: np.ndarray, batch: np.ndarray, share: float = 1.0, steps: int = 1,
+                hazard: float | None = None, extra: float = 0.0) -> list[int]:
         """The Kalman step of every live worker on its innovation ``nu``, a mixture of 'no jump' (a
         Student-t weighted update) and 'jump' (the variance reopened), weighed by their likelihoods.
         ``share``: the part of a worker's noise left in its innovation once the step's common factor
         (estimated from the same n times) is removed, about ``1 - 1/n``; ``steps``: the steps since the
-        worker's last measurement (its drift and its chance of a jump add up over each)."""
+        worker's last measurement (its drift and its chance of a jump add up over each); ``hazard``: the
+        chance of a jump since then, where the step's common factor says more (:mod:`~.changes`);
+        ``extra``: the step's variance beyond the noise (:meth:`update`)."""
         before, kept_nu = self.u.copy(), nu
         taken_back = self._judge(nu, live, share, steps)
         nu = np.where(taken_back, nu + before - self.u, nu)
         prior = self.var + steps * self.drift ** 2
-        hazard = -math.expm1(steps * math.log1p(-self.hazard))
-        s = (prior + self.noise2) * share
+        if hazard is None:
+            hazard = -math.expm1(steps * math.log1p(-self.hazard))
+        noise2 = self.noise2 + extra
+        s = (prior + noise2) * share
         e2 = nu * nu / s
         # Student-t tails: the measurement noise's (DOF), heavier while the noise scale itself rests on
         # few steps (its own estimate's degrees of freedom).
@@ -371,10 +359,10 @@ class SpeedModel:
         s_jump = s + JUMP ** 2
         log_jump = math.log(hazard) - 0.5 * nu * nu / s_jump - 0.5 * np.log(2 * math.pi * s_jump)
         p_jump = 1.0 / (1.0 + np.exp(np.clip(log_stay - log_jump, -50, 50)))
-        gain0 = prior / (prior + self.noise2 / w)
+        gain0 = prior / (prior + noise2 / w)
         u0, v0 = self.u + gain0 * nu, (1 - gain0) * prior
         jumped = prior + JUMP ** 2
-        gain1 = jumped / (jumped + self.noise2)
+        gain1 = jumped / (jumped + noise2)
         u1, v1 = self.u + gain1 * nu, (1 - gain1) * jumped
         # The more likely hypothesis wins (a mixture's variance would hold the ambiguity of one step
         # for many and delay the answer to a jump it already saw).
@@ -386,7 +374,7 @@ class SpeedModel:
         self.alt_count = np.where(stall, self.noise2 / np.maximum(v0, 1e-12), self.alt_count)
         self.alt_p = np.where(live, np.where(stall, 1.0 - p_jump, 0.0), self.alt_p)
         self.hist_count[jump] = 0
-        shifted = self._shifts(nu, prior * share, share, live & ~jump)
+        shifted = self._shifts(nu, (prior + extra) * share, share, live & ~jump)
         jump = jump | shifted | taken_back
         # Every step after a worker's first tells the noise, a jump taken back at the next step included:
         # one odd step is one outlier to a median, but a worker that "jumps" step after step (waits of
@@ -483,7 +471,7 @@ class SpeedModel:
     def _shifts(self, nu: np.ndarray, estimate: np.ndarray, share: float, live: np.ndarray) -> np.ndarray:
         """A change too small to show in one step shows in several: for each worker and each window of
         its last m innovations (m = 1..:data:`SHIFT_STEPS`), the shift that best explains them and its
-        log-likelihood ratio against none, under the Student-t noise (:func:`_window_shifts`). The ratio
+        log-likelihood ratio against none, under the Student-t noise (:func:`~.changes.window_shifts`). The ratio
         becomes a Bayes factor as the jump test weighs a jump: the shift's prior is the jump's (normal,
         sd :data:`JUMP`), integrated over by Laplace's approximation (the window's shift variance against
         the prior's, the fitted shift's prior density), and a change at that step has prior odds
@@ -503,7 +491,7 @@ class SpeedModel:
         count[live] = np.minimum(count[live] + 1, SHIFT_STEPS)
         dof = np.minimum(DOF, self.noise_count + NOISE_DOF).astype(float)
         h_s = h_est + self.noise2[None, :] * h_share
-        delta, lr, var = _window_shifts(h_nu[::-1], h_s[::-1], dof)  # rows: m = 1..
+        delta, lr, var = window_shifts(h_nu[::-1], h_s[::-1], dof)  # rows: m = 1..
         m = np.arange(1, SHIFT_STEPS + 1)[:, None]
         odds = (lr + math.log(self.hazard) + 0.5 * np.log(var / JUMP ** 2) - 0.5 * delta ** 2 / JUMP ** 2)
         odds = np.where(live & (count >= m), odds, -np.inf)
@@ -559,6 +547,7 @@ class SpeedModel:
         self.taken_back = self.taken_back[idx]
         self.regimes = [self.regimes[i] for i in workers]
         self.group = self.group[idx]
+        self.events.last = None  # the common factor of other workers: no step to compare the next with
         if self.relative:
             shift = self.u.mean()
             self.u -= shift
@@ -574,7 +563,7 @@ class SpeedModel:
                 "last_nu": [None if math.isnan(x) else x for x in self.last_nu], "last_b": self.last_b.tolist(),
                 "prev_nu": [None if math.isnan(x) else x for x in self.prev_nu], "prev_b": self.prev_b.tolist(),
                 "last_changed": [bool(x) for x in self.last_changed], "alt_u": self.alt_u.tolist(),
-                "alt_count": self.alt_count.tolist(), "alt_p": self.alt_p.tolist()}
+                "alt_count": self.alt_count.tolist(), "alt_p": self.alt_p.tolist(), "events": self.events.state_dict()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         for key in ("u", "count", "noise2", "lo", "hi", "hist_nu", "hist_est", "hist_share", "noise_abs"):
@@ -591,6 +580,7 @@ class SpeedModel:
         self.alt_count = np.asarray(d.get("alt_count", [1.0] * n), float)
         self.alt_p = np.asarray(d.get("alt_p", [0.0] * n), float)
         self.scale, self.measured, self.regimes = d["scale"], int(d["measured"]), list(d["regimes"])
+        self.events.load_state_dict(d.get("events"))
         if "k" in d:
             self.fixed.load_state_dict(d["k"])
             self.group = np.asarray(d["group"], int)

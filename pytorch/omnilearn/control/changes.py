@@ -1,0 +1,106 @@
+"""Tests of a change of speed: a shift too small for one step over a window of a worker's innovations
+(:func:`window_shifts`), and a change of the whole cluster read from a step's common factor
+(:class:`ClusterEvents`).
+
+A level change, a reallocation or a neighbour's job moves several workers' speeds at the same step,
+and every worker's time with them: the step's common factor (BSP: the robust mean of the workers'
+residuals, which the relative model otherwise removes) jumps by many times its own step-to-step noise.
+That jump is evidence that the cluster changed at this step, and a worker's speed is then far likelier
+to have moved than the once-in-``1 / hazard``-steps of a quiet run: the worker's own jump test weighs
+its innovation against that likelier prior, and a level change is taken at its first step instead of
+its second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.special import gammaln
+
+from omnilearn.control.fixed_cost import DOF
+
+EVENT_SHARE = 0.5
+"""The chance that a worker's speed, relative to the others', moved when the cluster changed: a level
+change moves every allocation, and about half the workers' shares of the job move with them."""
+
+
+def window_shifts(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For innovations ``nu`` (rows: newest first; columns: workers) with variances ``s`` under
+    Student-t noise of ``dof`` degrees of freedom (per worker): for every window of the newest m rows,
+    the shift that best explains it (an M-estimate: a few reweighted means from the window's mean, or
+    its median from three rows on), the log-likelihood ratio of that shift against none, and the
+    shift's variance. Each returned array has one row per m. Every window at once: axes (window, row,
+    worker), the rows past a window's end masked out."""
+    rows, n = nu.shape
+    m = np.arange(1, rows + 1)
+    inside = (np.arange(rows)[None, :] < m[:, None])[:, :, None]
+    x = np.broadcast_to(nu[None], (rows, rows, n))
+    v = np.broadcast_to(s[None], (rows, rows, n))
+    ordered = np.sort(np.where(inside, x, np.inf), axis=1)  # a window's rows first, in order
+    middle = [np.take_along_axis(ordered, np.broadcast_to(i[:, None, None], (rows, 1, n)), 1)[:, 0]
+              for i in ((m - 1) // 2, m // 2)]
+    mean = np.where(inside, x, 0.0).sum(axis=1) / m[:, None]
+    d = np.where((m < 3)[:, None], mean, 0.5 * (middle[0] + middle[1]))
+    for _ in range(4):
+        w = np.where(inside, (dof + 1) / (dof + (x - d[:, None]) ** 2 / v) / v, 0.0)
+        d = (w * x).sum(axis=1) / w.sum(axis=1)
+    e, e0 = (x - d[:, None]) ** 2 / (v * dof), x * x / (v * dof)
+    lr = np.where(inside, 0.5 * (dof + 1) * (np.log1p(e0) - np.log1p(e)), 0.0).sum(axis=1)
+    var = 1.0 / np.where(inside, 1.0 / v, 0.0).sum(axis=1)
+    return d, lr, var
+
+
+@dataclass
+class ClusterEvents:
+    """The step's common factor from step to step, and the posterior probability that a step brought a
+    change of the cluster (see the module). Its noise is the median of its last ``memory`` step-to-step
+    changes (as a normal sd), shrunk towards ``prior`` (``weight`` steps of it, as the workers' noise
+    is); a change under the jump hypothesis is normal with sd ``jump``, a change under none
+    Student-t (:data:`~omnilearn.control.fixed_cost.DOF`): a host's slow step is down-weighted, not
+    taken for an event."""
+
+    prior: float
+    weight: float
+    memory: int
+    jump: float
+    last: float | None = None
+    """The common factor of the last step measured (log), in the estimate's current terms."""
+    changes: list[float] = field(default_factory=list)
+    """The last ``memory`` step-to-step changes of it not taken for an event (absolute, log)."""
+
+    def noise(self) -> float:
+        """The sd of one step-to-step change of the common factor (log)."""
+        n = len(self.changes)
+        own = (1.4826 * float(np.median(self.changes))) ** 2 if n else 0.0
+        return math.sqrt((own * n + self.prior ** 2 * self.weight) / (n + self.weight))
+
+    def observe(self, common: float, hazard: float) -> float:
+        """This step's common factor (log) and the chance of a change in the steps since the last one
+        measured: the posterior probability that the cluster changed (0 on the first step)."""
+        last, self.last = self.last, common
+        if last is None:
+            return 0.0
+        d, s = common - last, self.noise()
+        log_stay = (math.log1p(-hazard) - 0.5 * (DOF + 1) * math.log1p(d * d / (s * s * DOF))
+                    - 0.5 * math.log(s * s * DOF * math.pi) + gammaln((DOF + 1) / 2) - gammaln(DOF / 2))
+        s_jump = s * s + self.jump ** 2
+        log_jump = math.log(hazard) - 0.5 * d * d / s_jump - 0.5 * math.log(2 * math.pi * s_jump)
+        p = 1.0 / (1.0 + math.exp(min(max(log_stay - log_jump, -50.0), 50.0)))
+        if p < 0.5:
+            self.changes = [*self.changes, abs(d)][-self.memory:]
+        return p
+
+    def shift(self, delta: float) -> None:
+        """The estimate's terms moved by ``delta`` (the speeds re-centred): the common factor with them."""
+        if self.last is not None:
+            self.last += delta
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last": self.last, "changes": list(self.changes)}
+
+    def load_state_dict(self, d: dict[str, Any] | None) -> None:
+        d = d or {}  # a state without it: no step before
+        self.last, self.changes = d.get("last"), [float(x) for x in d.get("changes", [])]
