@@ -1,5 +1,4 @@
-"""A change of the whole cluster, read from the step's common factor (control/changes.py), and the first
-step at a new split weighed as the one-off cost it carries (control/model.py ``update``'s ``extra``)."""
+"""A change of the whole cluster, read from the step's common factor (control/changes.py)."""
 
 from __future__ import annotations
 
@@ -83,25 +82,3 @@ def test_a_change_that_moves_the_whole_step_is_taken_at_its_first_step_more_ofte
     host_taken, host_false = _first_step_taken("host")
     assert level >= alone + 5, (level, alone)
     assert level_false == 0 and host_taken == 0 and host_false == 0
-
-
-def test_the_first_step_at_a_new_split_is_weighed_as_its_one_off_cost_allows() -> None:
-    """A worker's first step at a new batch hides its change (its one-off cost is the others' too, and
-    the step reads as predicted); the second shows it (0.15 in log). With the first step's extra
-    variance (a 10% one-off cost) the second moves the estimate further towards the truth."""
-    def after(extra: float) -> float:
-        rng = np.random.default_rng(5)
-        model, speed = SpeedModel(N, B), np.ones(N)
-        for _ in range(30):
-            model.update([64] * N, _times(speed, 64, rng, 0.03, 0.0))
-        batch = [48, 48, 48, 112]
-        predicted = np.exp(model.predict_log(batch))
-        model.update(batch, (predicted * 1e-3 / np.exp(model.predict_log(batch)).mean()).tolist(), extra=extra)
-        slower = predicted * 1e-3 / np.exp(model.predict_log(batch)).mean()
-        slower[3] *= math.exp(0.15)
-        model.update(batch, slower.tolist())
-        return float(model.u[3] - model.u[:3].mean())
-
-    before = after(0.0)
-    weighed = after(0.01)
-    assert weighed > before + 0.02, (before, weighed)

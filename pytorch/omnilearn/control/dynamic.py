@@ -207,7 +207,6 @@ class DynamicController:
         """BSP: every worker's compute time of one full step at the current split, ``steps`` steps after
         the last one measured. Returns the workers whose speed jumped."""
         times = [float(t) for t in seconds]
-        extra = 0.0
         if not self.warmed:
             self.warmed = True
             return []
@@ -222,10 +221,9 @@ class DynamicController:
             self._moved = None
             self._first = times
             observed = np.log(np.maximum(np.asarray(times), 1e-9))
-            extra = self._first_step_var()
-            sd = np.sqrt(self.model.var + 2 * self.model.noise2 + extra)
+            sd = np.sqrt(self.model.var + 2 * self.model.noise2)
             self.model.k_from_move(old, self.batch, predicted, observed, sd)
-        changed, _ = self.model.update(self.batch, times, steps, extra)
+        changed, _ = self.model.update(self.batch, times, steps)
         self.watch = 2 if changed else max(self.watch - 1, 0)
         return changed
 
@@ -292,7 +290,10 @@ class DynamicController:
         if mean <= 0:
             return self._hold("balanced")
         step = float(self._seconds(self.batch).max())
-        resplit = self._resplit_cost(step) if cost is None else cost
+        if cost is not None:
+            resplit = cost
+        else:  # differences of two noisy steps and the prior: their median, never below zero
+            resplit = max(statistics.median([*self.costs, *[COST_PRIOR * step] * COST_PRIOR_WEIGHT]), 0.0)
         horizon = 1.0 / self.config.hazard
         if steps_left is not None:
             horizon = max(min(horizon, steps_left), 1.0)
@@ -310,20 +311,6 @@ class DynamicController:
             self.at_stake = mean
             return self._hold("uncertain")
         return self._hold("cost")
-
-    def _resplit_cost(self, step: float) -> float:
-        """The cost of a re-split (seconds) at steps of ``step`` seconds: the measured costs, differences
-        of two noisy steps, and the prior's; their median, never below zero."""
-        return max(statistics.median([*self.costs, *[COST_PRIOR * step] * COST_PRIOR_WEIGHT]), 0.0)
-
-    def _first_step_var(self) -> float:
-        """The variance (log) of a worker's time at the first step at a new split beyond the noise: the
-        step carries each worker's one-off cost of its new shapes (allocations, caches), the re-split's
-        cost as a share of the step, and not alike: a worker whose batch grew pays for new memory, one
-        whose batch shrank may not. The speeds take that step at this weight, not as a steady step's
-        (its relative times would otherwise pin the moved workers' new speeds to the prediction)."""
-        step = float(self._seconds(self.batch).max())
-        return (self._resplit_cost(step) / step) ** 2 if step > 0 else 0.0
 
     def _partway(self, new: list[int], part: float) -> list[int]:
         """The split ``part`` of the way from the current one to ``new``, in whole samples summing to B."""

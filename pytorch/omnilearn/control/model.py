@@ -134,7 +134,7 @@ class SpeedModel:
         self.alt_count = np.ones(n)
         self.alt_p = np.zeros(n)
         self.taken_back = np.zeros(n, bool)  # the workers whose last step took back the change before it
-        self.events = ClusterEvents(NOISE_PRIOR, PRIOR_WEIGHT, NOISE_MEMORY, JUMP)  # BSP: the common factor's
+        self.events = ClusterEvents(NOISE_PRIOR, PRIOR_WEIGHT, NOISE_MEMORY, JUMP)  # BSP: the step's common factor, step to step
 
     # ------------------------------------------------------------------ k's posterior
 
@@ -251,13 +251,10 @@ class SpeedModel:
         self.scale = common
         self.measured += 1
 
-    def update(self, batch: Sequence[int], times: Sequence[float], steps: int = 1, extra: float = 0.0
-               ) -> tuple[list[int], np.ndarray]:
+    def update(self, batch: Sequence[int], times: Sequence[float], steps: int = 1) -> tuple[list[int], np.ndarray]:
         """One step's compute times at ``batch`` (every worker's: BSP), ``steps`` steps after the last
-        one measured (the speeds drifted, and may have jumped, over each); ``extra``: a variance (log) the
-        step's times carry beyond the noise (the first step at new shapes: each worker's one-off cost).
-        Returns the workers whose speed jumped (posterior probability above one half) and the
-        innovations (log)."""
+        one measured (the speeds drifted, and may have jumped, over each). Returns the workers whose speed
+        jumped (posterior probability above one half) and the innovations (log)."""
         b = np.asarray(batch, float)
         live = b > 0
         self._extrapolate(b, live)
@@ -268,7 +265,7 @@ class SpeedModel:
         hazard = -math.expm1(steps * math.log1p(-self.hazard))  # a change in the steps since the last
         event = self.events.observe(common, hazard) if self.relative else 0.0
         hazard = 1.0 - (1.0 - hazard) * (1.0 - EVENT_SHARE * event)
-        changed = self._filter(np.where(live, resid - common, 0.0), live, b, share, steps, hazard, extra)
+        changed = self._filter(np.where(live, resid - common, 0.0), live, b, share, steps, hazard)
         self.scale = common if self.scale is None else 0.7 * self.scale + 0.3 * common
         self.lo = np.where(live & ((self.lo == 0) | (b < self.lo)), b, self.lo)
         self.hi = np.where(live & (b > self.hi), b, self.hi)
@@ -333,22 +330,20 @@ class SpeedModel:
         return bool(changed)
 
     def _filter(self, nu: np.ndarray, live: np.ndarray, batch: np.ndarray, share: float = 1.0, steps: int = 1,
-                hazard: float | None = None, extra: float = 0.0) -> list[int]:
+                hazard: float | None = None) -> list[int]:
         """The Kalman step of every live worker on its innovation ``nu``, a mixture of 'no jump' (a
         Student-t weighted update) and 'jump' (the variance reopened), weighed by their likelihoods.
         ``share``: the part of a worker's noise left in its innovation once the step's common factor
         (estimated from the same n times) is removed, about ``1 - 1/n``; ``steps``: the steps since the
         worker's last measurement (its drift and its chance of a jump add up over each); ``hazard``: the
-        chance of a jump since then, where the step's common factor says more (:mod:`~.changes`);
-        ``extra``: the step's variance beyond the noise (:meth:`update`)."""
+        chance of a jump since then, where the step's common factor says more (:mod:`~.changes`)."""
         before, kept_nu = self.u.copy(), nu
         taken_back = self._judge(nu, live, share, steps)
         nu = np.where(taken_back, nu + before - self.u, nu)
         prior = self.var + steps * self.drift ** 2
         if hazard is None:
             hazard = -math.expm1(steps * math.log1p(-self.hazard))
-        noise2 = self.noise2 + extra
-        s = (prior + noise2) * share
+        s = (prior + self.noise2) * share
         e2 = nu * nu / s
         # Student-t tails: the measurement noise's (DOF), heavier while the noise scale itself rests on
         # few steps (its own estimate's degrees of freedom).
@@ -359,10 +354,10 @@ class SpeedModel:
         s_jump = s + JUMP ** 2
         log_jump = math.log(hazard) - 0.5 * nu * nu / s_jump - 0.5 * np.log(2 * math.pi * s_jump)
         p_jump = 1.0 / (1.0 + np.exp(np.clip(log_stay - log_jump, -50, 50)))
-        gain0 = prior / (prior + noise2 / w)
+        gain0 = prior / (prior + self.noise2 / w)
         u0, v0 = self.u + gain0 * nu, (1 - gain0) * prior
         jumped = prior + JUMP ** 2
-        gain1 = jumped / (jumped + noise2)
+        gain1 = jumped / (jumped + self.noise2)
         u1, v1 = self.u + gain1 * nu, (1 - gain1) * jumped
         # The more likely hypothesis wins (a mixture's variance would hold the ambiguity of one step
         # for many and delay the answer to a jump it already saw).
@@ -374,7 +369,7 @@ class SpeedModel:
         self.alt_count = np.where(stall, self.noise2 / np.maximum(v0, 1e-12), self.alt_count)
         self.alt_p = np.where(live, np.where(stall, 1.0 - p_jump, 0.0), self.alt_p)
         self.hist_count[jump] = 0
-        shifted = self._shifts(nu, (prior + extra) * share, share, live & ~jump)
+        shifted = self._shifts(nu, prior * share, share, live & ~jump)
         jump = jump | shifted | taken_back
         # Every step after a worker's first tells the noise, a jump taken back at the next step included:
         # one odd step is one outlier to a median, but a worker that "jumps" step after step (waits of
