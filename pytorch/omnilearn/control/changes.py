@@ -7,8 +7,8 @@ and every worker's time with them: the step's common factor (BSP: the robust mea
 residuals, which the relative model otherwise removes) jumps by many times its own step-to-step noise.
 That jump is evidence that the cluster changed at this step, and a worker's speed is then far likelier
 to have moved than the once-in-``1 / hazard``-steps of a quiet run: the worker's own jump test weighs
-its innovation against that likelier prior, and a level change is taken at its first step instead of
-its second.
+its innovation against that likelier prior, and a level change is more often taken at its first step
+than at its second (a worker's noise can leave one step of it ambiguous).
 """
 
 from __future__ import annotations
