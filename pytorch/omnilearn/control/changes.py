@@ -27,6 +27,19 @@ EVENT_SHARE = 0.5
 change moves every allocation, and about half the workers' shares of the job move with them."""
 
 
+def jump_probability(nu: np.ndarray, var: np.ndarray | float, dof: np.ndarray | float, hazard: float,
+                     jump: float) -> np.ndarray:
+    """The posterior probability that innovations ``nu`` of variance ``var`` (under Student-t noise of
+    ``dof`` degrees of freedom) bring a jump (normal, sd ``jump``, on top of that variance) rather than
+    none, at a prior chance ``hazard`` of one: a worker's speed (:class:`~.model.SpeedModel`) and the
+    step's common factor (:class:`ClusterEvents`) are tested alike."""
+    log_stay = (math.log1p(-hazard) - 0.5 * (dof + 1) * np.log1p(nu * nu / var / dof) - 0.5 * np.log(var * dof * math.pi)
+                + gammaln((dof + 1) / 2) - gammaln(dof / 2))
+    var_jump = var + jump ** 2
+    log_jump = math.log(hazard) - 0.5 * nu * nu / var_jump - 0.5 * np.log(2 * math.pi * var_jump)
+    return 1.0 / (1.0 + np.exp(np.clip(log_stay - log_jump, -50, 50)))
+
+
 def window_shifts(nu: np.ndarray, s: np.ndarray, dof: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For innovations ``nu`` (rows: newest first; columns: workers) with variances ``s`` under
     Student-t noise of ``dof`` degrees of freedom (per worker): for every window of the newest m rows,
@@ -83,12 +96,8 @@ class ClusterEvents:
         last, self.last = self.last, common
         if last is None:
             return 0.0
-        d, s = common - last, self.noise()
-        log_stay = (math.log1p(-hazard) - 0.5 * (DOF + 1) * math.log1p(d * d / (s * s * DOF))
-                    - 0.5 * math.log(s * s * DOF * math.pi) + gammaln((DOF + 1) / 2) - gammaln(DOF / 2))
-        s_jump = s * s + self.jump ** 2
-        log_jump = math.log(hazard) - 0.5 * d * d / s_jump - 0.5 * math.log(2 * math.pi * s_jump)
-        p = 1.0 / (1.0 + math.exp(min(max(log_stay - log_jump, -50.0), 50.0)))
+        d = common - last
+        p = float(jump_probability(np.float64(d), self.noise() ** 2, DOF, hazard, self.jump))
         if p < 0.5:
             self.changes = [*self.changes, abs(d)][-self.memory:]
         return p

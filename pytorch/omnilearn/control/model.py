@@ -45,9 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.special import gammaln
 
-from omnilearn.control.changes import EVENT_SHARE, ClusterEvents, window_shifts
+from omnilearn.control.changes import EVENT_SHARE, ClusterEvents, jump_probability, window_shifts
 from omnilearn.control.fixed_cost import DOF, FixedCost, distinct, kind_key, t_logpdf
 
 NOISE_PRIOR = 0.05
@@ -262,10 +261,10 @@ class SpeedModel:
         resid = z - self.u
         common = self._common(resid, live) if self.relative else 0.0
         share = 1.0 - 1.0 / max(int(live.sum()), 2) if self.relative else 1.0
-        hazard = -math.expm1(steps * math.log1p(-self.hazard))  # a change in the steps since the last
+        hazard = self._hazard(steps)
         event = self.events.observe(common, hazard) if self.relative else 0.0
         hazard = 1.0 - (1.0 - hazard) * (1.0 - EVENT_SHARE * event)
-        changed = self._filter(np.where(live, resid - common, 0.0), live, b, share, steps, hazard)
+        changed = self._filter(np.where(live, resid - common, 0.0), live, b, share, steps, hazard=hazard)
         self.scale = common if self.scale is None else 0.7 * self.scale + 0.3 * common
         self.lo = np.where(live & ((self.lo == 0) | (b < self.lo)), b, self.lo)
         self.hi = np.where(live & (b > self.hi), b, self.hi)
@@ -322,15 +321,19 @@ class SpeedModel:
         at = np.zeros(self.workers)
         at[worker] = batch
         self._extrapolate(at, live)
-        changed = self._filter(resid, live, at)
+        changed = self._filter(resid, live, at, hazard=self._hazard(1))
         self.scale = 0.0
         self.lo[worker] = batch if self.lo[worker] == 0 else min(self.lo[worker], batch)
         self.hi[worker] = max(self.hi[worker], batch)
         self.measured += 1
         return bool(changed)
 
-    def _filter(self, nu: np.ndarray, live: np.ndarray, batch: np.ndarray, share: float = 1.0, steps: int = 1,
-                hazard: float | None = None) -> list[int]:
+    def _hazard(self, steps: int) -> float:
+        """The chance of a worker's jump in ``steps`` steps, at ``hazard`` a step."""
+        return -math.expm1(steps * math.log1p(-self.hazard))
+
+    def _filter(self, nu: np.ndarray, live: np.ndarray, batch: np.ndarray, share: float = 1.0, steps: int = 1, *,
+                hazard: float) -> list[int]:
         """The Kalman step of every live worker on its innovation ``nu``, a mixture of 'no jump' (a
         Student-t weighted update) and 'jump' (the variance reopened), weighed by their likelihoods.
         ``share``: the part of a worker's noise left in its innovation once the step's common factor
@@ -341,19 +344,13 @@ class SpeedModel:
         taken_back = self._judge(nu, live, share, steps)
         nu = np.where(taken_back, nu + before - self.u, nu)
         prior = self.var + steps * self.drift ** 2
-        if hazard is None:
-            hazard = -math.expm1(steps * math.log1p(-self.hazard))
         s = (prior + self.noise2) * share
         e2 = nu * nu / s
         # Student-t tails: the measurement noise's (DOF), heavier while the noise scale itself rests on
         # few steps (its own estimate's degrees of freedom).
         dof = np.minimum(DOF, self.noise_count + NOISE_DOF)
         w = (dof + 1) / (dof + e2)  # the Student-t's weight of this residual
-        log_stay = (math.log1p(-hazard) - 0.5 * (dof + 1) * np.log1p(e2 / dof) - 0.5 * np.log(s * dof * math.pi)
-                    + gammaln((dof + 1) / 2) - gammaln(dof / 2))
-        s_jump = s + JUMP ** 2
-        log_jump = math.log(hazard) - 0.5 * nu * nu / s_jump - 0.5 * np.log(2 * math.pi * s_jump)
-        p_jump = 1.0 / (1.0 + np.exp(np.clip(log_stay - log_jump, -50, 50)))
+        p_jump = jump_probability(nu, s, dof, hazard, JUMP)
         gain0 = prior / (prior + self.noise2 / w)
         u0, v0 = self.u + gain0 * nu, (1 - gain0) * prior
         jumped = prior + JUMP ** 2
