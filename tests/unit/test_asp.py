@@ -246,7 +246,9 @@ def test_asp_targets_are_in_rank_order_and_levels_may_set_the_server(tmp_path: P
     paper = build_plan(config.build(None, [("mode", "asp"), ("emulation.hl", "HL8"),
                                            ("emulation.allocation", "quota")]), host=[0, 1])
     assert paper.targets[0] == SERVER_TARGET
-    assert [round(paper.allocation("HL8", t).cpus, 3) for t in paper.targets] == [0.333, 0.167, 0.167, 0.167, 1.167]
+    share = cfg.emulation.host_share  # the table's quotas add up to this share of the host's CPUs
+    assert [round(paper.allocation("HL8", t).cpus / share, 3) for t in paper.targets] == [0.333, 0.167, 0.167, 0.167,
+                                                                                         1.167]
     with pytest.raises(UserError, match=r"emulation.levels.SKEW: has 2 entries for 3 workers \(or 4"):
         build_plan(config.build(None, [("mode", "asp"), ("workers", 3), ("emulation.hl", "SKEW"),
                                        ("emulation.levels", {"SKEW": [0.3, 0.3]})]), host=[0, 1])

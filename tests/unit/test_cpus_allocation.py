@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from omnilearn.config.sections import EmulationConfig
 from omnilearn.emulator.spec.levels import load_tables, parse_cpuset, resolve_level
 
 DOC = (Path(__file__).resolve().parents[2] / "cpus_allocation.md").read_text()
+SHARE = EmulationConfig().host_share
 
 
 def section(title: str) -> list[list[str]]:
@@ -55,12 +57,12 @@ def test_quota_tables_match_scaling(mode: str) -> None:
     bsp_part, asp_part = body.split("ASP on 2 CPUs", 1)
     rows = level_rows(bsp_part if mode == "bsp" else asp_part)
     if mode == "asp":
-        _, server = resolve_level(table, "HL1", 4, "quota", host=[0, 1])
+        _, server = resolve_level(table, "HL1", 4, "quota", host=[0, 1], share=SHARE)
         stated = re.search(r"server ([0-9.]+) CPU", asp_part)
         assert float(stated.group(1)) == pytest.approx(server.cpus, abs=1e-4)
     assert [r[0] for r in rows] == list(table.levels)
     for r in rows:
-        workers, _ = resolve_level(table, r[0], 4, "quota", host=[0, 1])
+        workers, _ = resolve_level(table, r[0], 4, "quota", host=[0, 1], share=SHARE)
         assert [float(c) for c in r[1:5]] == pytest.approx([a.cpus for a in workers], abs=1e-4)
 
 

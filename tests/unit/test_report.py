@@ -9,12 +9,16 @@ import pytest
 from omnilearn.report.summary import settle
 
 
-def run_records(times: list[list[float]], batch_steps: list[int], levels: list[tuple[int, str]], B: int = 64
+def run_records(times: list[list[float]], batch_steps: list[int], levels: list[tuple[int, str]], B: int = 64,
+                batch: list[int] | None = None
                 ) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Step records of 2 workers (``times[k]``: their compute ms at step k+1, one second per step),
-    level changes ``(steps done, level)`` and compute-time decisions after ``batch_steps``."""
-    steps = [[{"step": k + 1, "batch": B // 2, "global_batch": B, "compute_ms": row[w], "time": 100.0 + k + 1}
-              for k, row in enumerate(times)] for w in range(2)]
+    """Step records of the workers of ``times[k]`` (their compute ms at step k+1, one second per step;
+    ``batch``: their batches, default B split equally), level changes ``(steps done, level)`` and
+    compute-time decisions after ``batch_steps``."""
+    n = len(times[0])
+    batch = batch or [B // n] * n
+    steps = [[{"step": k + 1, "batch": batch[w], "global_batch": sum(batch), "compute_ms": row[w],
+               "time": 100.0 + k + 1} for k, row in enumerate(times)] for w in range(n)]
     hl, previous = [], None
     for at, level in levels:
         hl.append({"step": at, "level": level, "from_level": previous, "time": 100.0 + at})
@@ -36,8 +40,22 @@ def test_settle_counts_decisions_until_balanced_per_level_change() -> None:
     assert got[1]["decisions"] == 2 and got[1]["seconds"] == pytest.approx(4.0)
     assert got[2]["decisions"] is None and got[2]["seconds"] is None
     # the imbalance of the stretch that settled; of one that never did, the least it reached: 2:1 at
-    # first (loads 4/3 and 2/3 of the step's median), 3:1 after the overshoot
-    assert [r["imbalance"] for r in got] == pytest.approx([0.0, 0.04, 1.0])
+    # first (loads 4/3 and 2/3 of the step's median; balanced, 8/9: a third of the slow load is lost),
+    # 3:1 after the overshoot (loads 3/2 and 1/2, balanced 3/4: half lost)
+    assert [r["imbalance"] for r in got] == pytest.approx([0.0, 0.02, 0.5], abs=1e-4)
+    assert [r["spread"] for r in got] == pytest.approx([0.0, 0.04, 1.0])  # max/min - 1 of the same stretch
+
+
+def test_settle_judges_the_time_lost_not_the_spread() -> None:
+    # A small worker left fast (10 samples in half the others' time) is a spread of 1 but costs the step
+    # little: the same speeds (40, 40, 40 and 20 samples a step) balanced do 130 samples in 130/140 of
+    # it. A worker as much slower is the step's time: a load of 1.5 against 130/126.7.
+    fast = settle(*run_records([[100, 100, 100, 50]] * 3, [], [(0, "HL8")], batch=[40, 40, 40, 10]))[0]
+    assert fast["decisions"] == 0 and fast["spread"] == pytest.approx(1.0)
+    assert fast["imbalance"] == pytest.approx(140 / 130 - 1, abs=1e-4)
+    slow = settle(*run_records([[100, 100, 100, 150]] * 3, [], [(0, "HL8")], batch=[40, 40, 40, 10]))[0]
+    assert slow["decisions"] is None and slow["imbalance"] == pytest.approx(1.5 * (120 + 10 / 1.5) / 130 - 1,
+                                                                             abs=1e-4)
 
 
 def test_settle_leaves_out_partial_steps_and_the_first_step_of_a_stretch() -> None:

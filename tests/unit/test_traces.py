@@ -369,7 +369,7 @@ def test_a_trace_becomes_levels_stretched_over_the_epochs(tmp_path: Path) -> Non
     assert s.name == "trace:trace" and s.unit == "epoch"
     # 40 s of trace over 4 epochs: a row at t starts at epoch t / 10; the restated row at 40 changes nothing.
     assert s.starts == (0.0, 1.0, 2.0, 3.0) and s.levels == ("T00", "T01", "T02", "T03")
-    full = 0.5  # HL1 on 2 CPUs: a share is a fraction of it
+    full = round(0.5 * 0.85, 4)  # HL1 on 2 CPUs (at the default host share): a share is a fraction of it
     assert plan.allocation("T00", "worker2") == Allocation(cpus=full)
     assert plan.allocation("T01", "worker2") == Allocation(cpus=full / 2)
     assert plan.allocation("T02", "worker2") == Allocation(cpus=full / 2)  # the stall's level keeps the state
@@ -379,7 +379,7 @@ def test_a_trace_becomes_levels_stretched_over_the_epochs(tmp_path: Path) -> Non
     assert EmulationPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan  # the job file keeps it all
     # The level a share is a fraction of: emulation.hl.
     hl8 = build_plan(_trace_job(tmp_path, trace, ("emulation.hl", "HL8")), host=[0, 1])
-    assert hl8.allocation("T01", "worker2").cpus == pytest.approx(0.25 / 2)
+    assert hl8.allocation("T01", "worker2").cpus == pytest.approx(0.25 * 0.85 / 2, abs=1e-4)
     # A schedule naming a trace file is the same as emulation.trace.
     from omnilearn import config
     same = build_plan(config.build(None, [("emulation.schedule", str(trace)), ("emulation.allocation", "quota"),

@@ -104,19 +104,22 @@ def cmd_toggle(args: argparse.Namespace) -> int:
 
 
 def cmd_levels(args: argparse.Namespace) -> int:
+    from omnilearn.config.sections import EmulationConfig
     from omnilearn.emulator.spec.levels import host_cpus, load_tables, resolve_level
 
     tables = load_tables()
     host = host_cpus()
+    share = EmulationConfig().host_share
     out: dict[str, Any] = {}
     for mode, table in tables.items():
         rows = {}
         for level in table.levels:
-            workers, server = resolve_level(table, level, table.workers, args.allocation, host)
+            workers, server = resolve_level(table, level, table.workers, args.allocation, host, share)
             rows[level] = {"workers": [a.describe() for a in workers],
                            **({"server": server.describe()} if server else {})}
         out[mode] = rows
-    print(json.dumps({"host_cpus": len(host), "allocation": args.allocation, "levels": out}, indent=2))
+    print(json.dumps({"host_cpus": len(host), "host_share": share, "allocation": args.allocation, "levels": out},
+                     indent=2))
     return 0
 
 

@@ -278,6 +278,12 @@ class EmulationConfig:
     speed, then waits out the period: with the kernel's 100 ms, a step of a few tens of ms runs at
     full speed or waits whole periods by its phase, and its time jumps rather than growing with the
     batch. A short period makes a share of a core behave like a slower core."""
+    host_share: float = 0.85
+    """Quota allocation: the share of the host's CPUs the workers' (and the server's) quotas add up
+    to. The rest runs what the host runs beside them: the launcher, the toggler, the kernel, the
+    all-reduce's own threads. Quotas that add up to every CPU are not met whenever anything else runs,
+    and each worker's step time jitters with it: on 2 CPUs, a worker's time about the others' read
+    0.045 (sd of the log) at 1.0 and 0.027 at 0.85 (``results/2026-11-29_2cpu_host-share.md``)."""
 
     def check(self, bad: Bad) -> None:
         """This section's own checks (keys relative to it)."""
@@ -289,6 +295,8 @@ class EmulationConfig:
             raise bad("ack_timeout", "must be positive")
         if not 1_000 <= self.cpu_period_us <= 1_000_000:  # the kernel's range of CFS periods
             raise bad("cpu_period_us", f"must be in 1000-1000000 (microseconds), not {self.cpu_period_us}")
+        if not 0 < self.host_share <= 1:
+            raise bad("host_share", f"must be in (0, 1], not {self.host_share}")
 
 
 LR_SCALINGS = ("auto", "linear", "sqrt", "none")

@@ -209,7 +209,8 @@ def calibrate(cfg: JobConfig, out: Path, console: Console, rounds: int = 3, wind
     facts = preflight(cfg)
     host = host_cpus()
     table = load_tables()[cfg.mode]
-    resolved = {lv: resolve_level(table, lv, cfg.workers, "quota", host) for lv in table.levels}
+    resolved = {lv: resolve_level(table, lv, cfg.workers, "quota", host, cfg.emulation.host_share)
+                for lv in table.levels}
     nominal = {lv: [a.cpus for a in workers] for lv, (workers, _) in resolved.items()}
     batch = max(1, cfg.train.global_batch // cfg.workers)
     targets = [worker_target(cfg.mode, r) for r in range(cfg.workers)]

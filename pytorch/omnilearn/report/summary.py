@@ -21,7 +21,7 @@ from omnilearn.report.stragglers import step_scores
 from omnilearn.report.targets import target_report
 
 FINAL_WINDOW = 8  # steps per worker behind the "final" compute time (at the final batch size)
-SETTLED = 0.10  # a level change is settled once the compute-time imbalance is at most this
+SETTLED = 0.10  # a level change is settled once its slowest worker loses at most this against balance
 # What ``summary.json``'s ``control`` says the policy ran with: every field of the control section but the
 # policy's name (its own key) and the memory keys (the same whatever the policy). Derived, so a new field shows.
 CONTROL_KEYS = tuple(f.name for f in dataclasses.fields(ControlConfig)
@@ -123,25 +123,28 @@ def stretch_loads(busy: list[list[float]]) -> list[float]:
 def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
            batch_changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per level change (the start counts as the first, ``from_level`` null): how many compute-time
-    decisions the controller took until the workers' busy times were balanced, and how long.
+    decisions the controller took until its split came within :data:`SETTLED` of the balanced step
+    time, and how long (the measure the scenario benchmark settles by, on measured times).
 
     A worker's busy time in a step is its compute and the wait for its CPU beyond that under a CPU
     quota (``held_ms``: a worker under a quota computes at a core's speed until its quota runs out,
     and the wait for the next CFS period lands in the all-reduce, so its compute time alone does not
     show the quota: ``held_ms`` is its compute's CPU at the quota's rate less its wall time; ``dynamic``
-    balances the same sum, and records the wait). The steps from one change
-    to the next are cut at every compute-time decision into stretches; a stretch's imbalance is
-    ``max/min - 1`` of the workers' loads: each worker's median, over the stretch's full steps (its
-    first step, which carries the change, is left out when it has more), of its busy time over its
-    step's median busy time. A BSP step's workers share its moment: a host busier at one step slows
-    them all, and is no imbalance; each step's own median takes it out, where medians of raw times
-    over a few steps would keep it (each worker's median may fall on a different step). The change is
+    balances the same sum, and records the wait). The steps from one change to the next are cut at
+    every compute-time decision into stretches. A stretch's workers' loads are each worker's median,
+    over the stretch's full steps (its first step, which carries the change, is left out when it has
+    more), of its busy time over its step's median busy time. A BSP step's workers share its moment: a
+    host busier at one step slows them all, and is no imbalance; each step's own median takes it out,
+    where medians of raw times over a few steps would keep it (each worker's median may fall on a
+    different step). The stretch's ``imbalance`` is the time its slowest worker loses against the same
+    speeds balanced (:func:`balance_loss`); ``spread``, ``max/min - 1`` of the loads, says how far apart
+    they are (a small worker left a little fast is a large spread and little time). The change is
     settled at the first stretch whose imbalance is at most SETTLED: ``decisions`` is the number of
     decisions before it, ``seconds`` the time from the change to the start of that stretch. Both are
-    null when no stretch settles before the next change or the end of the run. ``imbalance`` is the least of
-    its stretches' up to the one that settled, which is that one's (or how near it came, when none
-    did; null when no stretch had a full step). (Decisions taken by other reasons, allocation or memory, are not
-    counted; ``static`` settles with 0 or never.)
+    null when no stretch settles before the next change or the end of the run. ``imbalance`` and
+    ``spread`` are those of the least imbalanced stretch up to the one that settled, which is that one
+    (or how near it came, when none did; null when no stretch had a full step). (Decisions taken by other
+    reasons, allocation or memory, are not counted; ``static`` settles with 0 or never.)
     """
     n = min(len(s) for s in steps)
     if n == 0:
@@ -155,7 +158,7 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
         cuts = [d for d in decided if start < d < end]
         bounds = [start, *cuts, end]
         record: dict[str, Any] = {"level": ev["level"], "from_level": ev.get("from_level"), "step": start,
-                                  "decisions": None, "seconds": None, "imbalance": None}
+                                  "decisions": None, "seconds": None, "imbalance": None, "spread": None}
         for m in range(len(bounds) - 1):
             ks = [k for k in range(bounds[m], bounds[m + 1]) if steps[0][k]["global_batch"] == full]
             if len(ks) > 1:
@@ -163,15 +166,24 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
             if not ks:
                 continue
             loads = stretch_loads([[busy_ms(s[k]) for s in steps] for k in ks])
-            imbalance = round(max(loads) / max(min(loads), 1e-9) - 1, 4)
+            batch = [statistics.median(s[k]["batch"] for k in ks) for s in steps]
+            imbalance = round(balance_loss(batch, loads), 4)
             if record["imbalance"] is None or imbalance < record["imbalance"]:
-                record["imbalance"] = imbalance
+                record.update(imbalance=imbalance, spread=round(max(loads) / max(min(loads), 1e-9) - 1, 4))
             if imbalance <= SETTLED:
                 began = ev["time"] if m == 0 else steps[0][bounds[m] - 1]["time"]
                 record.update(decisions=m, seconds=round(max(began - ev["time"], 0.0), 3))
                 break
         out.append(record)
     return out
+
+
+def balance_loss(batch: list[float], loads: list[float]) -> float:
+    """The slowest worker's load over the load of the same speeds balanced, less one: with worker i
+    doing ``batch[i]`` samples in ``loads[i]``, the same global batch split in proportion to the speeds
+    ``batch[i] / loads[i]`` takes ``sum(batch) / sum(speeds)``."""
+    speed = sum(b / max(x, 1e-9) for b, x in zip(batch, loads, strict=True))
+    return max(loads) * speed / max(sum(batch), 1e-9) - 1 if speed > 0 else 0.0
 
 
 def settle_counted(records: list[dict[str, Any]]) -> list[int | None]:

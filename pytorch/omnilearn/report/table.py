@@ -10,7 +10,7 @@ from rich.table import Table
 from omnilearn.report.fidelity import link_note
 from omnilearn.report.ideal import describe_source
 from omnilearn.report.stragglers import WINDOW_SCANS
-from omnilearn.report.summary import settle_counted, settle_median
+from omnilearn.report.summary import SETTLED, settle_counted, settle_median
 
 
 def _fmt(v: Any, spec: str = "") -> str:
@@ -157,7 +157,8 @@ def settle_line(s: dict[str, Any]) -> str | None:
     tail = f" · median over {over}: " + ("never" if median is None else f"{median:g}")
     if None in counted:
         tail += f" ({counted.count(None)} of {len(counted)} never settled)"
-    return (f"{s['policy']} settled (compute-time decisions until busy-time imbalance ≤ 0.10, time): "
+    return (f"{s['policy']} settled (compute-time decisions until the slowest worker's busy time is within "
+            f"{SETTLED:.0%} of the balanced step, time): "
             + " · ".join(parts) + tail)
 
 

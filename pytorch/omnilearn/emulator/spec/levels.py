@@ -2,8 +2,9 @@
 
 The paper's tables give each worker a set of cores on a 48-core server (``configs/levels.yaml``).
 On a host with at least that many CPUs the sets are used as they are; on a smaller host each
-allocation becomes a CFS quota of ``cores / server_cores * host_cpus`` CPUs, which keeps the ratios
-between workers (HL8 stays 8:1 on 2 cores).
+allocation becomes a CFS quota of ``cores / server_cores * host_cpus * share`` CPUs, which keeps the
+ratios between workers (HL8 stays 8:1 on 2 cores); ``share`` (``emulation.host_share``) leaves the
+rest of the host to its own processes.
 """
 
 from __future__ import annotations
@@ -192,7 +193,7 @@ def _clusters(raw: Any, levels: dict[str, list[str]], server_cores: int, path: P
     return {"clusters": clusters, "per_server": per}
 
 
-def _scaled_share(cores: int, server_cores: int, host: int) -> float:
+def _scaled_share(cores: int, server_cores: int, host: float) -> float:
     return round(cores / server_cores * host, 4)
 
 
@@ -207,12 +208,13 @@ def resolve_level(
     workers: int,
     mode: str,
     host: list[int] | None = None,
+    share: float = 1.0,
 ) -> tuple[list[Allocation], Allocation | None]:
     """Allocations of ``level`` for ``workers`` workers (and the ASP server) on this host.
 
     ``mode``: ``cpuset`` uses the table's core sets (the host needs the server's cores, and only
-    4-worker tables have sets), ``quota`` scales core counts to CPU quotas of the host,
-    ``none`` gives unlimited allocations (emulation off).
+    4-worker tables have sets), ``quota`` scales core counts to CPU quotas of ``share`` of the host's
+    CPUs (``emulation.host_share``), ``none`` gives unlimited allocations (emulation off).
     """
     if level not in table.levels:
         raise UserError(f"heterogeneity level {level!r} is not in the {table.mode.upper()} table "
@@ -243,7 +245,7 @@ def resolve_level(
     # Scale so the whole job (workers, and the server in ASP) gets the host's CPUs in the table's
     # proportions: with more workers than the table, the reference server is as many times bigger.
     server_cores = table.server_cores * workers / (table.per_server if cluster else len(sets))
-    n_host = len(host)
+    n_host = len(host) * share
     server = (Allocation(cpus=_scaled_share(len(parse_cpuset(table.server)), table.server_cores, n_host))
               if table.server else None)
     return [Allocation(cpus=_scaled_share(c, server_cores, n_host)) for c in counts], server

@@ -286,7 +286,7 @@ def _levels(cfg: JobConfig, schedule: Schedule, host: list[int], tables: dict[st
                 raise UserError(f"{where}: {key}: level {level!r} is not in the {cfg.mode.upper()} table "
                                 f"(known: {', '.join(table.levels)})")
             try:
-                workers, server = resolve_level(table, level, cfg.workers, mode, host)
+                workers, server = resolve_level(table, level, cfg.workers, mode, host, e.host_share)
             except UserError as err:
                 raise UserError(f"{where}: emulation.allocation: {err}") from None
             allocs = {server_target: server or Allocation()} if server_target else {}
