@@ -242,7 +242,7 @@ def resolve_level(
         return [Allocation(cpuset=s) for s in sets], server
     assert mode == "quota", mode
     counts = cluster or _stretch([len(parse_cpuset(s)) for s in sets], workers)
-    # Scale so the whole job (workers, and the server in ASP) gets the host's CPUs in the table's
+    # Scale so the whole job (workers, and the server in ASP) gets its share of the host's CPUs in the table's
     # proportions: with more workers than the table, the reference server is as many times bigger.
     server_cores = table.server_cores * workers / (table.per_server if cluster else len(sets))
     n_host = len(host) * share
