@@ -16,6 +16,7 @@ Two figures, both for BSP:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +47,18 @@ def ideal_speedups(uniform_dir: Path) -> tuple[float, float] | None:
         if any(r["batch"] <= 0 or r["compute_ms"] <= 0 for r in row):
             continue
         slowest += max(r["compute_ms"] for r in row)
-        balanced += row[0]["global_batch"] / sum(r["batch"] / r["compute_ms"] for r in row)
+        balanced += proportional_time(row[0]["global_batch"], [r["batch"] for r in row], [r["compute_ms"] for r in row])
         comm += min(r["sync_ms"] for r in row)
     if balanced <= 0:
         return None
     return round((slowest + comm) / (balanced + comm), 4), round(slowest / balanced, 4)
+
+
+def proportional_time(total: float, batch: Sequence[float], times: Sequence[float]) -> float:
+    """The time ``total`` samples take split in proportion to the workers' speeds ``batch[i] / times[i]``
+    (balance under ``t = c b``, no fixed cost), in the unit of ``times``."""
+    speed = sum(b / max(t, 1e-9) for b, t in zip(batch, times, strict=True))
+    return total / speed if speed > 0 else 0.0
 
 
 def balanced_time(c: list[float], k: float, global_batch: float, lo: float, hi: float) -> float:

@@ -16,7 +16,7 @@ from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, read_rank, restarts_path
 from omnilearn.records import BATCH_CHANGE, END, EVAL, HL_CHANGE, HL_OUTCOME, START, STEP, UPDATE, of_kind
 from omnilearn.report.fidelity import allreduce_ms, change_outcomes, level_fidelity, level_speeds
-from omnilearn.report.ideal import group_ideal, ideal_speedups
+from omnilearn.report.ideal import group_ideal, ideal_speedups, proportional_time
 from omnilearn.report.stragglers import step_scores
 from omnilearn.report.targets import target_report
 
@@ -181,9 +181,9 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
 def balance_loss(batch: list[float], loads: list[float]) -> float:
     """The slowest worker's load over the load of the same speeds balanced, less one: with worker i
     doing ``batch[i]`` samples in ``loads[i]``, the same global batch split in proportion to the speeds
-    ``batch[i] / loads[i]`` takes ``sum(batch) / sum(speeds)``."""
-    speed = sum(b / max(x, 1e-9) for b, x in zip(batch, loads, strict=True))
-    return max(loads) * speed / max(sum(batch), 1e-9) - 1 if speed > 0 else 0.0
+    (:func:`~omnilearn.report.ideal.proportional_time`)."""
+    balanced = proportional_time(sum(batch), batch, loads)
+    return max(loads) / balanced - 1 if balanced > 0 else 0.0
 
 
 def settle_counted(records: list[dict[str, Any]]) -> list[int | None]:
