@@ -126,3 +126,16 @@ def test_settle_median_ranks_never_above_any_number_and_falls_back_to_the_start(
     assert settle_median([rec(None, 0), rec("HL1", 1), rec("HL8", 2)]) == 1.5
     assert settle_median([rec(None, 2)]) == 2  # a pinned level: the start is all there is
     assert settle_median([]) is None
+
+
+def test_settle_balances_under_the_fixed_cost() -> None:
+    # t = c (b + k) with k = 100 samples: worker 2 costs three times worker 1 per sample. At 60 and 4
+    # samples (160 and 312 time units) the split is as good as the bounds allow: balanced, worker 2 at
+    # the least batch (1) takes 3 x 101 = 303 and worker 1 the other 63 (163). Judged as if time were in
+    # proportion to batch (k = 0) the same step is 89% slower than balanced.
+    times = [[160, 312]] * 3
+    with_k = settle(*run_records(times, [], [(0, "HL8")], batch=[60, 4]), fixed_cost=100, batch_bounds=(1, None))[0]
+    assert with_k["decisions"] == 0 and with_k["imbalance"] == pytest.approx(312 / 303 - 1, abs=1e-4)
+    without = settle(*run_records(times, [], [(0, "HL8")], batch=[60, 4]))[0]
+    assert without["decisions"] is None
+    assert without["imbalance"] == pytest.approx(312 / (64 / (60 / 160 + 4 / 312)) - 1, abs=1e-4)

@@ -167,6 +167,11 @@ def test_a_balanced_policy_gets_all_of_the_ideal_and_never_more(group: tuple[Pat
     alone = result["runs"]["dynamic"]["level_speeds"]["SKEW"]
     synthetic = alone["measured_ratio"]  # from the records written above, not from this host
     assert alone["k_status"] == "not identified" and synthetic > 6
+    # a compare's settle records are balanced under the group's k; each run's own summary under its own fit
+    grouped = result["runs"]["dynamic"]["settle_k"]
+    assert grouped["runs"] == ["uniform", "static", "dynamic"] and grouped["k"] == source["k"]
+    own = json.loads((runs["dynamic"] / "summary.json").read_text())["settle_k"]
+    assert own == {"k": 0.0, "k_status": "not identified", "runs": ["this run"]}
     written = json.loads((out / "compare.json").read_text())
     assert written["ideal_speedup"] == result["ideal_speedup"]
     assert "fraction_of_ideal_uniform_run" in written["policies"]["static"]

@@ -16,9 +16,10 @@ from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, read_rank, restarts_path
 from omnilearn.records import BATCH_CHANGE, END, EVAL, HL_CHANGE, HL_OUTCOME, START, STEP, UPDATE, of_kind
 from omnilearn.report.fidelity import allreduce_ms, change_outcomes, level_fidelity, level_speeds
-from omnilearn.report.ideal import group_ideal, ideal_speedups, proportional_time
+from omnilearn.report.ideal import balanced_time, group_ideal, ideal_speedups
 from omnilearn.report.stragglers import step_scores
 from omnilearn.report.targets import target_report
+from omnilearn.report.worker_models import fit_worker_models
 
 FINAL_WINDOW = 8  # steps per worker behind the "final" compute time (at the final batch size)
 SETTLED = 0.10  # a level change is settled once its slowest worker loses at most this against balance
@@ -121,7 +122,8 @@ def stretch_loads(busy: list[list[float]]) -> list[float]:
 
 
 def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
-           batch_changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+           batch_changes: list[dict[str, Any]], fixed_cost: float = 0.0,
+           batch_bounds: tuple[float, float | None] = (0.0, None)) -> list[dict[str, Any]]:
     """Per level change (the start counts as the first, ``from_level`` null): how many compute-time
     decisions the controller took until its split came within :data:`SETTLED` of the balanced step
     time, and how long (the measure the scenario benchmark settles by, on measured times).
@@ -137,7 +139,8 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
     host busier at one step slows them all, and is no imbalance; each step's own median takes it out,
     where medians of raw times over a few steps would keep it (each worker's median may fall on a
     different step). The stretch's ``imbalance`` is the time its slowest worker loses against the same
-    speeds balanced (:func:`balance_loss`); ``spread``, ``max/min - 1`` of the loads, says how far apart
+    workers balanced under ``t_i = c_i (b_i + k)`` within ``batch_bounds`` (:func:`balance_loss`; ``k`` is
+    ``fixed_cost``, the workload's in samples, from models fitted on runs' steps: :func:`run_settle`); ``spread``, ``max/min - 1`` of the loads, says how far apart
     they are (a small worker left a little fast is a large spread and little time). The change is
     settled at the first stretch whose imbalance is at most SETTLED: ``decisions`` is the number of
     decisions before it, ``seconds`` the time from the change to the start of that stretch. Both are
@@ -167,7 +170,7 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
                 continue
             loads = stretch_loads([[busy_ms(s[k]) for s in steps] for k in ks])
             batch = [statistics.median(s[k]["batch"] for k in ks) for s in steps]
-            imbalance = round(balance_loss(batch, loads), 4)
+            imbalance = round(balance_loss(batch, loads, fixed_cost, batch_bounds), 4)
             if record["imbalance"] is None or imbalance < record["imbalance"]:
                 record.update(imbalance=imbalance, spread=round(max(loads) / max(min(loads), 1e-9) - 1, 4))
             if imbalance <= SETTLED:
@@ -178,12 +181,33 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
     return out
 
 
-def balance_loss(batch: list[float], loads: list[float]) -> float:
-    """The slowest worker's load over the load of the same speeds balanced, less one: with worker i
-    doing ``batch[i]`` samples in ``loads[i]``, the same global batch split in proportion to the speeds
-    (:func:`~omnilearn.report.ideal.proportional_time`)."""
-    balanced = proportional_time(sum(batch), batch, loads)
+def balance_loss(batch: list[float], loads: list[float], k: float = 0.0,
+                 bounds: tuple[float, float | None] = (0.0, None)) -> float:
+    """The slowest worker's load over the load of the same workers balanced, less one: with worker i
+    doing ``batch[i]`` samples in ``loads[i]``, its cost per sample is ``c_i = loads[i] / (batch[i] + k)``,
+    and balanced, the same global batch is split so that every ``c_i (b_i + k)`` is equal, each ``b_i``
+    within ``bounds`` (:func:`~omnilearn.report.ideal.balanced_time`; with ``k`` 0 and no bound binding,
+    the split in proportion to the speeds ``batch[i] / loads[i]``)."""
+    total = sum(batch)
+    if total <= 0 or min(loads) <= 0:
+        return 0.0
+    c = [t / (b + k) for b, t in zip(batch, loads, strict=True)]
+    balanced = balanced_time(c, k, total, bounds[0], bounds[1] or total)
     return max(loads) / balanced - 1 if balanced > 0 else 0.0
+
+
+def run_settle(steps: list[list[dict[str, Any]]], r0: list[dict[str, Any]], job: JobSpec,
+               k_from: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A BSP run's ``settle`` (:func:`settle`, within the job's batch bounds) and ``settle_k``, the fixed
+    cost it balanced under and where that came from: ``k_from`` (the ``ideal_from`` of
+    :func:`~omnilearn.report.ideal.group_ideal`, models fitted over a compare's runs), or else models
+    fitted on this run's steps alone (k 0 when they do not identify it: every worker at one batch size)."""
+    source = k_from or fit_worker_models([steps], ["this run"]).provenance()
+    control = job.config.control
+    bounds = (float(control.min_batch), float(control.max_batch or job.config.train.global_batch))
+    records = settle(steps, of_kind(r0, HL_CHANGE), of_kind(r0, BATCH_CHANGE), source["k"], bounds)
+    return {"settle": records, "settle_k": {"k": source["k"], "k_status": source["k_status"],
+                                            "runs": [r["run"] for r in source["runs"]]}}
 
 
 def settle_counted(records: list[dict[str, Any]]) -> list[int | None]:
@@ -273,7 +297,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "hl_changes": [{"time": round(e["time"] - run_start, 3), "epoch": e["epoch"], "level": e["level"]}
                        for e in hl_events],
         "batch_changes": sum(1 for e in of_kind(r0, BATCH_CHANGE) if e.get("reason") != "initial"),
-        "settle": settle(steps, hl_events, of_kind(r0, BATCH_CHANGE)),
+        **run_settle(steps, r0, job),
         **controller_cost(end0, of_kind(r0, BATCH_CHANGE)),
         "level_speeds": level_fidelity(level_speeds(steps), out_dir, job.plan, [job.plan.targets[s] for s in job.slots]),
         "allocation_changes": change_outcomes(out_dir / "logs"),
@@ -456,6 +480,12 @@ def compare(out_dir: Path, runs: dict[str, Path], target: float | None = None, t
             result[key] = {name: s.get(key) for name, s in summaries.items()}
     else:
         result.update(group_ideal(runs) or {})
+        for name in (result.get("ideal_from") or {}).get("runs", []):  # settled against the group's k too
+            folder = Path(runs[name["run"]])
+            job = JobSpec.load(folder / "job.json", out_dir=folder)
+            ranks = [read_rank(folder, r) for r in job.slots]
+            summaries[name["run"]].update(run_settle([of_kind(r, STEP) for r in ranks], ranks[0], job,
+                                                     result["ideal_from"]))
         old = ideal_speedups(runs["uniform"])
         if old:
             result["ideal_speedup_uniform_run"], result["ideal_compute_speedup_uniform_run"] = old

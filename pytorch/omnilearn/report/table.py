@@ -157,8 +157,10 @@ def settle_line(s: dict[str, Any]) -> str | None:
     tail = f" · median over {over}: " + ("never" if median is None else f"{median:g}")
     if None in counted:
         tail += f" ({counted.count(None)} of {len(counted)} never settled)"
+    k = s.get("settle_k") or {}
+    model = f" under t = c (b + k), k = {k['k']:.3g} samples fitted over {', '.join(k['runs'])}" if k.get("k") else ""
     return (f"{s['policy']} settled (compute-time decisions until the slowest worker's busy time is within "
-            f"{SETTLED:.0%} of the balanced step, time): "
+            f"{SETTLED:.0%} of the balanced step{model}, time): "
             + " · ".join(parts) + tail)
 
 
@@ -200,7 +202,7 @@ def print_report(console: Console, summaries: dict[str, dict[str, Any]], compare
     for s in summaries.values():
         if s.get("policy_knows"):
             console.print(f"{s['policy']} knows: {s['policy_knows']}", markup=False)
-    for s in summaries.values():
+    for s in (compare or {}).get("runs", summaries).values():  # a compare's: balanced under the group's k
         line = settle_line(s)
         if line and s["policy"] != "uniform":
             console.print(line, markup=False)
