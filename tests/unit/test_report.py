@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from omnilearn.report.summary import settle
+from omnilearn.report.summary import settle, settle_fixed_cost
 
 
 def run_records(times: list[list[float]], batch_steps: list[int], levels: list[tuple[int, str]], B: int = 64,
@@ -139,3 +139,12 @@ def test_settle_balances_under_the_fixed_cost() -> None:
     without = settle(*run_records(times, [], [(0, "HL8")], batch=[60, 4]))[0]
     assert without["decisions"] is None
     assert without["imbalance"] == pytest.approx(312 / (64 / (60 / 160 + 4 / 312)) - 1, abs=1e-4)
+
+
+def test_settle_takes_the_least_k_the_fit_allows() -> None:
+    assert settle_fixed_cost({"k": 150.0, "k_se": 38.0, "k_status": "fitted"}) == pytest.approx(74.0)
+    assert settle_fixed_cost({"k": 20.0, "k_se": 15.0, "k_status": "fitted"}) == 0.0
+    # k at the top of its range (a few noisy steps whose time did not follow the batch) would call any
+    # split balanced; not identified, there is nothing to go on: both judge as time in proportion to batch
+    assert settle_fixed_cost({"k": 3072.0, "k_se": None, "k_status": "upper bound"}) == 0.0
+    assert settle_fixed_cost({"k": 0.0, "k_se": None, "k_status": "not identified"}) == 0.0

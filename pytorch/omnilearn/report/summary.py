@@ -198,16 +198,29 @@ def balance_loss(batch: list[float], loads: list[float], k: float = 0.0,
 
 def run_settle(steps: list[list[dict[str, Any]]], r0: list[dict[str, Any]], job: JobSpec,
                k_from: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A BSP run's ``settle`` (:func:`settle`, within the job's batch bounds) and ``settle_k``, the fixed
-    cost it balanced under and where that came from: ``k_from`` (the ``ideal_from`` of
-    :func:`~omnilearn.report.ideal.group_ideal`, models fitted over a compare's runs), or else models
-    fitted on this run's steps alone (k 0 when they do not identify it: every worker at one batch size)."""
+    """A BSP run's ``settle`` (:func:`settle`, within the job's batch bounds) and ``settle_k``: the fixed
+    cost it balanced under and where that came from, ``k_from`` (the ``ideal_from`` of
+    :func:`~omnilearn.report.ideal.group_ideal`, models fitted over a compare's runs) or else models
+    fitted on this run's steps alone (:func:`settle_fixed_cost`)."""
     source = k_from or fit_worker_models([steps], ["this run"]).provenance()
+    k = settle_fixed_cost(source)
     control = job.config.control
     bounds = (float(control.min_batch), float(control.max_batch or job.config.train.global_batch))
-    records = settle(steps, of_kind(r0, HL_CHANGE), of_kind(r0, BATCH_CHANGE), source["k"], bounds)
-    return {"settle": records, "settle_k": {"k": source["k"], "k_status": source["k_status"],
+    records = settle(steps, of_kind(r0, HL_CHANGE), of_kind(r0, BATCH_CHANGE), k, bounds)
+    return {"settle": records, "settle_k": {"k": round(k, 3), "fitted": source["k"], "k_se": source.get("k_se"),
+                                            "k_status": source["k_status"],
                                             "runs": [r["run"] for r in source["runs"]]}}
+
+
+def settle_fixed_cost(source: dict[str, Any]) -> float:
+    """The k a run's settle balances under, from a fit's provenance (``k``, ``k_se``, ``k_status``): the
+    fit's k less two standard errors, at least 0. A larger k leaves balance less to gain, so an uncertain
+    k does not call a split settled that the data cannot; 0 where the fit gives no k within its range
+    (every worker at one batch size, or k at a bound: a few noisy steps can read as time that does not
+    grow with the batch)."""
+    if source["k_status"] != "fitted" or source.get("k_se") is None:
+        return 0.0
+    return max(source["k"] - 2 * source["k_se"], 0.0)
 
 
 def settle_counted(records: list[dict[str, Any]]) -> list[int | None]:

@@ -158,7 +158,8 @@ def settle_line(s: dict[str, Any]) -> str | None:
     if None in counted:
         tail += f" ({counted.count(None)} of {len(counted)} never settled)"
     k = s.get("settle_k") or {}
-    model = f" under t = c (b + k), k = {k['k']:.3g} samples fitted over {', '.join(k['runs'])}" if k.get("k") else ""
+    model = (f" under t = c (b + k), k = {k['k']:.3g} samples (fitted over {', '.join(k['runs'])}: "
+             f"{k['fitted']:.3g} ± {k['k_se']:.2g}, less two standard errors)" if k.get("k") else "")
     return (f"{s['policy']} settled (compute-time decisions until the slowest worker's busy time is within "
             f"{SETTLED:.0%} of the balanced step{model}, time): "
             + " · ".join(parts) + tail)

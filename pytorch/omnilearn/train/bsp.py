@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import statistics
 import time
 from pathlib import Path
 
@@ -93,6 +94,9 @@ class BSPTrainer:
         self.configured_bounds = Bounds.make(self.world, c.min_batch, c.max_batch, t.global_batch)
         self.controller = make_controller(c, t.global_batch, self.configured_bounds)
         self.update_s = 0.0  # this rank's last optimizer step: it rides in the next step's buffer
+        # the start-up pass's update, standing in for the run's first (which allocates the optimizer's
+        # state the pass's restore emptied: a one-off no split changes); None once used or without a pass
+        self.pass_update_s: float | None = None
         self.quota = QuotaClock()
         self.held_s = 0.0  # the last step's wait for its CPU beyond its wall time, under a quota (its record's)
         self.quota_reading: tuple[Path, float] | None = None  # the quota clock's last reading
@@ -207,8 +211,9 @@ class BSPTrainer:
             self.optimizer.step()
             self._sync_cuda()
             t3 = time.perf_counter()
-            self.update_s = quota_seconds(t3 - t2, time.process_time() - c2, cpus)
-            self.held_s = (compute_s - (t1 - t0)) + (self.update_s - (t3 - t2))
+            update_s = quota_seconds(t3 - t2, time.process_time() - c2, cpus)
+            self.held_s = (compute_s - (t1 - t0)) + (update_s - (t3 - t2))
+            self.update_s, self.pass_update_s = (update_s if self.pass_update_s is None else self.pass_update_s), None
             return sizes, (t1 - t0) + (t3 - t2), t1 - t0, t2 - t1, values
 
     def held_ms(self) -> float | None:
@@ -242,7 +247,10 @@ class BSPTrainer:
         carries the new allocation, threads and shapes; on a CPU under a quota in CPU seconds, the median
         of the workers on the same kind of core with as many threads, at the rate this worker's whole
         pass got CPU: :func:`~omnilearn.control.loop.probe_times`), so its first split is balanced before
-        step 1. The model and optimizer are restored after."""
+        step 1. The model and optimizer are restored after. The rounds' updates, timed apart, give the
+        update that rides in step 1's time (every later step carries the one before it), and stand in for
+        step 1's own: the first update after the restore allocates the optimizer's state again, a one-off
+        that says nothing of speeds."""
         sizes = policies.probe_sizes(self.cfg.train.global_batch, self.world, self.configured_bounds)
         probe = not resumed and self.controller.probe_sizes() is not None
         if not self.cfg.control.memory_bounds and not probe:
@@ -254,11 +262,19 @@ class BSPTrainer:
                              threads=torch.get_num_threads())
         available = len(self.work.train)
 
+        reading = self.quota.read() if self.controller.times_quota else None
+        cpus = self.quota.cpus(reading) if self.env.device.type == "cpu" else None  # as a step times its update
+        updates: list[float] = []
+
         def local_step(b: int) -> None:
             self.grads.zero()
             x, y = gather(self.work.train, torch.arange(b) % available)
             local_backward(self.work, self.model, x.to(self.env.device), y.to(self.env.device), b)
+            self._sync_cuda()
+            t0, c0 = time.perf_counter(), time.process_time()
             self.optimizer.step()
+            self._sync_cuda()
+            updates.append(quota_seconds(time.perf_counter() - t0, time.process_time() - c0, cpus))
 
         def timed(b: int) -> None:
             rounds.time(local_step, b)
@@ -271,6 +287,8 @@ class BSPTrainer:
         # before the bounds' collective: a worker waiting there for a slower one gets no CPU, and its
         # rate would read lower than its rounds ran at
         own = rounds.own(*sizes) if probe else []
+        if updates:  # step 1's time carries an update as every probe round's did; the first's one-off stays out
+            self.update_s = self.pass_update_s = statistics.median(updates[len(updates) // 2:])
         self.model.load_state_dict(saved[0])
         self.optimizer.load_state_dict(saved[1])
         self.grads.zero()
