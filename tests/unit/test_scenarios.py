@@ -132,7 +132,7 @@ def test_a_bad_scenario_file_names_the_culprit(tmp_path: Path, capfd: pytest.Cap
 
 def test_the_default_suite_loads() -> None:
     suite = load_suite()
-    assert len(suite) >= 15 and all(sc.seeds >= 10 for sc in suite)
+    assert len(suite) >= 15 and all(sc.seeds >= 100 for sc in suite)  # at least 100 seeds a scenario
     assert {sc.workers for sc in suite} >= {4, 32, 1000}
 
 
