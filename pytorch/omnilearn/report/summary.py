@@ -140,10 +140,10 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
     where medians of raw times over a few steps would keep it (each worker's median may fall on a
     different step). The stretch's ``imbalance`` is the time its slowest worker loses against the same
     workers balanced under ``t_i = c_i (b_i + k)`` within ``batch_bounds`` (:func:`balance_loss`; ``k`` is
-    ``fixed_cost``, the workload's in samples, from models fitted on runs' steps: :func:`run_settle`); ``spread``, ``max/min - 1`` of the loads, says how far apart
-    they are (a small worker left a little fast is a large spread and little time). The change is
-    settled at the first stretch whose imbalance is at most SETTLED: ``decisions`` is the number of
-    decisions before it, ``seconds`` the time from the change to the start of that stretch. Both are
+    ``fixed_cost``, the workload's, in samples, from models fitted on runs' steps: :func:`run_settle`);
+    ``spread``, ``max/min - 1`` of the loads, says how far apart they are (a small worker left a little
+    fast is a large spread and little time). The change is settled at the first stretch whose imbalance
+    is at most SETTLED: ``decisions`` is the number of decisions before it, ``seconds`` the time from the change to the start of that stretch. Both are
     null when no stretch settles before the next change or the end of the run. ``imbalance`` and
     ``spread`` are those of the least imbalanced stretch up to the one that settled, which is that one
     (or how near it came, when none did; null when no stretch had a full step). (Decisions taken by other
