@@ -94,9 +94,9 @@ class BSPTrainer:
         self.configured_bounds = Bounds.make(self.world, c.min_batch, c.max_batch, t.global_batch)
         self.controller = make_controller(c, t.global_batch, self.configured_bounds)
         self.update_s = 0.0  # this rank's last optimizer step: it rides in the next step's buffer
-        # the start-up pass's update, standing in for the run's first (which allocates the optimizer's
-        # state the pass's restore emptied: a one-off no split changes); None once used or without a pass
-        self.pass_update_s: float | None = None
+        # the next update allocates the optimizer's state the start-up pass's restore emptied: a one-off
+        # no split changes, so the pass's update (already in update_s) rides in its place
+        self.update_one_off = False
         self.quota = QuotaClock()
         self.held_s = 0.0  # the last step's wait for its CPU beyond its wall time, under a quota (its record's)
         self.quota_reading: tuple[Path, float] | None = None  # the quota clock's last reading
@@ -213,7 +213,9 @@ class BSPTrainer:
             t3 = time.perf_counter()
             update_s = quota_seconds(t3 - t2, time.process_time() - c2, cpus)
             self.held_s = (compute_s - (t1 - t0)) + (update_s - (t3 - t2))
-            self.update_s, self.pass_update_s = (update_s if self.pass_update_s is None else self.pass_update_s), None
+            if not self.update_one_off:
+                self.update_s = update_s
+            self.update_one_off = False
             return sizes, (t1 - t0) + (t3 - t2), t1 - t0, t2 - t1, values
 
     def held_ms(self) -> float | None:
@@ -288,7 +290,7 @@ class BSPTrainer:
         # rate would read lower than its rounds ran at
         own = rounds.own(*sizes) if probe else []
         if updates:  # step 1's time carries an update as every probe round's did; the first's one-off stays out
-            self.update_s = self.pass_update_s = statistics.median(updates[len(updates) // 2:])
+            self.update_s, self.update_one_off = statistics.median(updates[len(updates) // 2:]), True
         self.model.load_state_dict(saved[0])
         self.optimizer.load_state_dict(saved[1])
         self.grads.zero()
