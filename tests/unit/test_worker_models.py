@@ -19,7 +19,7 @@ from omnilearn.emulator.spec.plan import build_plan
 from omnilearn.jobfile import JobSpec, new_job_id
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.report.fidelity import level_speeds
-from omnilearn.report.ideal import group_ideal
+from omnilearn.report.ideal import expected_slowest, group_ideal
 from omnilearn.report.results import build_rows
 from omnilearn.report.summary import compare, summarize
 from omnilearn.report.worker_models import fit_worker_models
@@ -205,3 +205,61 @@ def test_a_transient_in_the_uniform_run_moves_the_old_figure_not_the_ideal(tmp_p
     balanced = result["policies"]["dynamic"]
     assert balanced["fraction_of_ideal_uniform_run"] > 1.05, result
     assert 0.9 <= balanced["fraction_of_ideal"] <= 1.02, result
+
+
+def test_each_workers_own_scatter_leaves_the_hosts_out() -> None:
+    """A host that slows whole steps (sd 0.3, every worker alike) is no worker's scatter; a worker that
+    scatters on its own (sd 0.2 against 0.02) is told apart."""
+    rng = random.Random(4)
+    runs = [records(s, noise=0.02, seed=i) for i, s in enumerate([UNIFORM, STATIC])]
+    for per_rank in runs:
+        for j in range(len(per_rank[0])):
+            host = rng.lognormvariate(0.0, 0.3)
+            for r, steps in enumerate(per_rank):
+                steps[j]["compute_ms"] *= host * (rng.lognormvariate(0.0, 0.2) if r == 2 else 1.0)
+    spread = fit_worker_models(runs).spread
+    assert spread[(2, "SKEW")] == pytest.approx(0.2, rel=0.35)
+    assert spread[(0, "SKEW")] < 0.06 and spread[(1, "SKEW")] < 0.06, spread
+
+
+def test_the_slowest_of_noisy_times_is_their_expected_maximum() -> None:
+    """The integral behind the ideal at the workers' scatter gives what a Monte Carlo of the step gives;
+    no scatter, the slowest time."""
+    gen = random.Random(5)
+    times, sd = [0.070, 0.060, 0.064, 0.062], [0.02, 0.3, 0.05, 0.1]
+    draws = [max(t * gen.lognormvariate(0.0, s) for t, s in zip(times, sd, strict=True)) for _ in range(100_000)]
+    assert expected_slowest(times, sd) == pytest.approx(sum(draws) / len(draws), rel=3e-3)
+    assert expected_slowest(times, [0.0] * 4) == pytest.approx(0.070, rel=1e-4)
+
+
+def test_a_balanced_run_reaches_the_ideal_at_its_workers_scatter(tmp_path: Path) -> None:
+    """Every step of a balanced run waits for the slowest of three noisy times (sd 0.04 each): it falls
+    short of the ideal without scatter and reaches the ideal with it."""
+    runs = {p: make_run(tmp_path / p, p, s, 0.04, i) for i, (p, s) in enumerate(POLICIES.items())}
+    result = compare(tmp_path, runs)
+    balanced = result["policies"]["dynamic"]
+    assert result["ideal_speedup_at_scatter"] < result["ideal_speedup"]
+    assert balanced["fraction_of_ideal"] < balanced["fraction_of_ideal_at_scatter"]
+    assert 0.97 <= balanced["fraction_of_ideal_at_scatter"] <= 1.03, result
+
+
+def test_omnilearn_report_redoes_a_compare_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``omnilearn report OUT`` on a ``--compare`` folder recomputes its ``compare.json`` from the runs
+    (an older record lacks a figure) and prints it; a compare whose run folder is gone is refused by name."""
+    import argparse
+
+    from omnilearn.cli.manage import cmd_report
+    from omnilearn.errors import UserError
+
+    runs = {p: make_run(tmp_path / p, p, s, 0.02, i) for i, (p, s) in enumerate(POLICIES.items())}
+    old = compare(tmp_path, runs)
+    del old["ideal_speedup_at_scatter"]
+    (tmp_path / "compare.json").write_text(json.dumps(old))
+    capsys.readouterr()
+    assert cmd_report(argparse.Namespace(out=str(tmp_path))) == 0
+    again = json.loads((tmp_path / "compare.json").read_text())
+    assert list(again["runs"]) == ["uniform", "static", "dynamic"] and again["ideal_speedup_at_scatter"]
+    assert "speed-up of dynamic over uniform" in capsys.readouterr().out
+    (runs["static"] / "job.json").unlink()
+    with pytest.raises(UserError, match="static"):
+        cmd_report(argparse.Namespace(out=str(tmp_path)))

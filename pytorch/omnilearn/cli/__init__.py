@@ -113,7 +113,7 @@ def _add_levels(sub: Any) -> None:
 
 
 def _add_report(sub: Any) -> None:
-    rp = sub.add_parser("report", help="summarize a finished run folder again")
+    rp = sub.add_parser("report", help="summarize a finished run folder, or a --compare folder, again")
     rp.add_argument("out")
     rp.set_defaults(func=cmd_report)
 

@@ -130,14 +130,40 @@ def cmd_report(args: argparse.Namespace) -> int:
     from omnilearn.report.table import emulate_table, print_report
 
     out = Path(args.out)
+    if (out / "compare.json").is_file() and not (out / "job.json").is_file():
+        return _report_compare(out)
     if not (out / "job.json").is_file():
-        raise UserError(f"{out}: not a run folder (no job.json)")
+        raise UserError(f"{out}: not a run folder (no job.json) nor a compare folder (no compare.json)")
     summary = out / "summary.json"
     if not any((out / METRICS_DIR).glob("rank-*.jsonl")) and summary.is_file():
         # omnilearn emulate around a command that records no steps: what emulate measured
         make_console().print(emulate_table(json.loads(summary.read_text())))
         return 0
     print_report(make_console(), {"run": summarize(out)}, None)
+    return 0
+
+
+def _report_compare(out: Path) -> int:
+    """A ``--compare`` folder again: every run's summary, then ``compare.json`` (the ideal, settle) from
+    the runs as they are, in the order the compare ran them."""
+    from omnilearn.jobfile import JobSpec
+    from omnilearn.report.summary import compare, summarize
+    from omnilearn.report.table import print_report, targets_line
+
+    try:
+        order = list(json.loads((out / "compare.json").read_text())["runs"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{out / 'compare.json'}: not a compare's record ({e})") from None
+    runs = {name: out / name for name in order}
+    missing = [name for name, d in runs.items() if not (d / "job.json").is_file()]
+    if missing:
+        raise UserError(f"{out}: the compare's runs {missing} have no run folder (job.json) here")
+    summaries = {name: summarize(d) for name, d in runs.items()}
+    report = JobSpec.load(runs[order[0]] / "job.json", out_dir=runs[order[0]]).config.report
+    result = compare(out, runs, report.target, report.target_fraction)
+    console = make_console()
+    print_report(console, summaries, result)
+    console.print(targets_line(result["targets"]), markup=False)
     return 0
 
 

@@ -1,6 +1,6 @@
 """The ideal speed-up a policy is judged against: what perfect balance would give over ``uniform``.
 
-Two figures, both for BSP:
+Three figures, all for BSP:
 
 - :func:`group_ideal`, the one reports judge by (``ideal_speedup``): from per-worker models
   ``t = c_i (b + k)`` (:mod:`omnilearn.report.worker_models`) fitted over ALL the BSP runs of a
@@ -8,7 +8,10 @@ Two figures, both for BSP:
   run at other batch sizes than uniform's (``static``, ``dynamic``) is predicted by the same models
   that predict uniform. For every step of the uniform run (the reference job: its levels, its
   all-reduce) the uniform time under the models is set against the balanced time under the same
-  models; the all-reduce's measured cost is added to both.
+  models; the all-reduce's measured cost is added to both. Beside it, ``ideal_speedup_at_scatter``:
+  the same with every worker's own step-to-step scatter in both times (a balanced step still waits
+  for the slowest of the workers' draws, and at equal times that wait is longest; a uniform step is
+  set by its slowest worker almost alone): what perfect balance can reach on the host measured.
 - :func:`ideal_speedups`, the earlier figure (``ideal_speedup_uniform_run``): from the uniform run's
   raw measured speeds at its one batch size, step by step. In short runs a policy can beat it, since
   one run's speeds at one batch size are a noisy and biased measure of the workers.
@@ -16,9 +19,13 @@ Two figures, both for BSP:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+from scipy import special
 
 from omnilearn.config.sections import PEERS
 from omnilearn.control.policies import bounded_shares
@@ -27,6 +34,13 @@ from omnilearn.metrics import read_rank
 from omnilearn.records import STEP, of_kind
 from omnilearn.report.fidelity import model_speeds
 from omnilearn.report.worker_models import WorkerModels, fit_worker_models, run_steps, same_job
+
+SCATTER_Z = tuple(z / 4 for z in range(13))
+"""The quantiles (z-scores of each worker's scatter, 0 to 3) :func:`scattered_time` balances at."""
+STEP_GRID = 256
+"""Points of the integral behind :func:`expected_slowest` (log-spaced over its range)."""
+STEP_RANGE = 6.0
+"""Standard deviations of each worker's scatter the integral spans on either side."""
 
 
 def ideal_speedups(uniform_dir: Path) -> tuple[float, float] | None:
@@ -61,37 +75,75 @@ def proportional_time(total: float, batch: Sequence[float], times: Sequence[floa
     return total / speed if speed > 0 else 0.0
 
 
-def balanced_time(c: list[float], k: float, global_batch: float, lo: float, hi: float) -> float:
-    """Compute time of one step perfectly balanced under ``t_i = c_i (b_i + k)``: ``b_i + k`` in
-    proportion to ``1 / c_i`` (the water-filling of :func:`~omnilearn.control.policies.balanced`, in
-    real numbers, so that no split into integers does better), each ``b_i`` within ``[lo, hi]``."""
+def balanced_shares(c: Sequence[float], k: float, global_batch: float, lo: float, hi: float) -> list[float]:
+    """The split of one step perfectly balanced under ``t_i = c_i (b_i + k)``: ``b_i + k`` in proportion to
+    ``1 / c_i`` (the water-filling of :func:`~omnilearn.control.policies.balanced`, in real numbers, so
+    that no split into integers does better), each ``b_i`` within ``[lo, hi]``."""
     n = len(c)
     lo = min(lo, global_batch / n)
     shares = bounded_shares([1 / x for x in c], global_batch + n * k, lo + k, [max(hi, global_batch / n) + k] * n)
-    return max(ci * s for ci, s in zip(c, shares, strict=True))
+    return [x - k for x in shares]
+
+
+def balanced_time(c: list[float], k: float, global_batch: float, lo: float, hi: float) -> float:
+    """Compute time of one step perfectly balanced under ``t_i = c_i (b_i + k)`` (:func:`balanced_shares`)."""
+    return max(ci * (b + k) for ci, b in zip(c, balanced_shares(c, k, global_batch, lo, hi), strict=True))
+
+
+def expected_slowest(times: Sequence[float], sd: Sequence[float]) -> float:
+    """The expected time of a BSP step, its slowest worker's: ``E[max_i t_i f_i]`` for times ``t_i`` and
+    independent factors ``log f_i ~ N(0, sd_i^2)``, as ``lo + int_lo^hi (1 - prod_i F_i(x)) dx`` over the
+    slowest time's distribution (below ``lo`` some worker is almost surely slower, above ``hi`` none is),
+    on a log grid of :data:`STEP_GRID` points."""
+    t, s = np.asarray(times, float), np.maximum(np.asarray(sd, float), 1e-6)
+    lo, hi = float((t * np.exp(-STEP_RANGE * s)).max()), float((t * np.exp(STEP_RANGE * s)).max())
+    x = lo * (hi / lo) ** np.linspace(0.0, 1.0, STEP_GRID)
+    log_f = special.log_ndtr((np.log(x)[:, None] - np.log(t)[None, :]) / s[None, :]).sum(axis=1)
+    return float(x[0] + np.trapezoid(-np.expm1(log_f), x))
+
+
+def scattered_time(c: list[float], k: float, sd: list[float], global_batch: float, lo: float, hi: float) -> float:
+    """Expected compute time of one step at the best split for the workers' scatter ``sd`` (log, each
+    worker's own: :attr:`~omnilearn.report.worker_models.WorkerModels.spread`): the least
+    :func:`expected_slowest` over the splits balanced at a quantile of every worker's time, ``c_i
+    exp(z sd_i)`` for ``z`` in :data:`SCATTER_Z` (``z = 0``: balanced at the medians). A worker that
+    scatters more is the slowest in more steps and carries less; no split escapes the slowest draw."""
+    def at(z: float) -> float:
+        b = balanced_shares([ci * math.exp(z * si) for ci, si in zip(c, sd, strict=True)], k, global_batch, lo, hi)
+        return expected_slowest([ci * (bi + k) for ci, bi in zip(c, b, strict=True)], sd)
+    return min(at(z) for z in SCATTER_Z)
 
 
 def model_ideal(models: WorkerModels, steps: list[list[dict[str, Any]]], lo: float, hi: float
-                ) -> tuple[float, float, int] | None:
-    """(with, without communication, steps used): the ideal speed-up over the reference run's
-    ``steps`` (per rank), its time per step under ``models`` at its own batches against the balanced
-    time (:func:`balanced_time`), the all-reduce's measured cost (the sync time of the rank that
-    waited least) added to both. Steps at a level the models lack for some worker are left out."""
+                ) -> tuple[float, float, int, float] | None:
+    """(with, without communication, steps used, with communication at the workers' scatter): the ideal
+    speed-up over the reference run's ``steps`` (per rank), its time per step under ``models`` at its own
+    batches against the balanced time (:func:`balanced_time`), the all-reduce's measured cost (the sync
+    time of the rank that waited least) added to both. The last figure takes every worker's own scatter
+    (:attr:`~omnilearn.report.worker_models.WorkerModels.spread`) into both times: each step's expected
+    slowest time at the reference's batches against the best split's (:func:`scattered_time`). Steps at
+    a level the models lack for some worker are left out."""
     n = min((len(s) for s in steps), default=0)
-    uniform = balanced = comm = 0.0
+    uniform = balanced = comm = noisy_uniform = noisy_balanced = 0.0
     used = 0
     for j in range(n):
         row = [s[j] for s in steps]
         cells = [(i, r.get("level")) for i, r in enumerate(row)]
         if any(r["batch"] <= 0 for r in row) or any(cell not in models.c for cell in cells):
             continue
-        uniform += max(models.time(i, lv, r["batch"]) for (i, lv), r in zip(cells, row, strict=True))
-        balanced += balanced_time([models.c[cell] for cell in cells], models.k, sum(r["batch"] for r in row), lo, hi)
+        times = [models.time(i, lv, r["batch"]) for (i, lv), r in zip(cells, row, strict=True)]
+        c, sd, total = [models.c[cell] for cell in cells], [models.spread.get(cell, 0.0) for cell in cells], sum(
+            r["batch"] for r in row)
+        uniform += max(times)
+        balanced += balanced_time(c, models.k, total, lo, hi)
+        noisy_uniform += expected_slowest(times, sd)
+        noisy_balanced += scattered_time(c, models.k, sd, total, lo, hi)
         comm += min(r["sync_ms"] for r in row) / 1e3
         used += 1
     if balanced <= 0:
         return None
-    return round((uniform + comm) / (balanced + comm), 4), round(uniform / balanced, 4), used
+    return (round((uniform + comm) / (balanced + comm), 4), round(uniform / balanced, 4), used,
+            round((noisy_uniform + comm) / (noisy_balanced + comm), 4))
 
 
 def group_ideal(runs: dict[str, Path], reference: str = "uniform") -> dict[str, Any] | None:
@@ -137,7 +189,7 @@ def group_ideal(runs: dict[str, Path], reference: str = "uniform") -> dict[str, 
     paths = {name: str(runs[name]) for name in chosen}
     source = models.provenance()
     source["runs"] = [{**r, "path": paths[r["run"]]} for r in source["runs"]]
-    return {"ideal_speedup": ideal[0], "ideal_compute_speedup": ideal[1],
+    return {"ideal_speedup": ideal[0], "ideal_compute_speedup": ideal[1], "ideal_speedup_at_scatter": ideal[3],
             "ideal_from": {**source, "reference": reference, "reference_steps": ideal[2],
                            "bounds": [lo, hi], "left_out": left_out},
             "level_speeds": model_speeds(models, len(ref_steps))}

@@ -28,7 +28,7 @@ from omnilearn.report.summary import lower_is_better, main_metric, settle_counte
 
 COLUMNS = ("mode", "policy", "level", "schedule", "seed", "backend", "epochs", "samples", "wall_time_s",
            "train_time_s", "samples_per_s", "speedup", "time_reduction_pct", "ideal_speedup", "fraction_of_ideal",
-           "ideal_speedup_uniform_run", "fraction_of_ideal_uniform_run", "ideal_k", "ideal_from",
+           "ideal_speedup_at_scatter", "fraction_of_ideal_at_scatter", "ideal_speedup_uniform_run", "fraction_of_ideal_uniform_run", "ideal_k", "ideal_from",
            "metric", "final_metric", "accuracy", "perplexity", "target", "time_to_target_s", "equal_time_s",
            "metric_at_equal_time", "imbalance", "batch_changes", "settle_median", "unsettled", "staleness_mean",
            "update_rate_spread", "path")
@@ -69,8 +69,9 @@ def build_rows(out: Path, cells: list[dict[str, Any]], target_value: float | Non
     for row in rows:
         uniform = next((r for r in rows if r["policy"] == "uniform" and r["seed"] == row["seed"]
                         and r["mode"] == row["mode"] and r["level"] == row["level"]), None)
-        for key in ("speedup", "time_reduction_pct", "ideal_speedup", "fraction_of_ideal", "ideal_speedup_uniform_run",
-                    "fraction_of_ideal_uniform_run", "ideal_k", "ideal_from", "_ideal_from"):
+        for key in ("speedup", "time_reduction_pct", "ideal_speedup", "fraction_of_ideal", "ideal_speedup_at_scatter",
+                    "fraction_of_ideal_at_scatter", "ideal_speedup_uniform_run", "fraction_of_ideal_uniform_run",
+                    "ideal_k", "ideal_from", "_ideal_from"):
             row[key] = None
         if uniform is None:
             continue
@@ -81,7 +82,7 @@ def build_rows(out: Path, cells: list[dict[str, Any]], target_value: float | Non
             if group not in ideals:
                 ideals[group] = _group_ideal(out, rows, uniform)
             row.update(ideals[group])
-            for key in ("", "_uniform_run"):
+            for key in ("", "_at_scatter", "_uniform_run"):
                 if row[f"ideal_speedup{key}"]:
                     row[f"fraction_of_ideal{key}"] = _round(row["speedup"] / row[f"ideal_speedup{key}"])
     for group in _groups(rows, lambda r: (r["mode"], r["level"])).values():
@@ -104,7 +105,8 @@ def _group_ideal(out: Path, rows: list[dict[str, Any]], uniform: dict[str, Any])
     new = group_ideal(group) or {}
     old = ideal_speedups(out / uniform["path"])
     source = new.get("ideal_from")
-    return {"ideal_speedup": new.get("ideal_speedup"), "ideal_speedup_uniform_run": old[0] if old else None,
+    return {"ideal_speedup": new.get("ideal_speedup"), "ideal_speedup_at_scatter": new.get("ideal_speedup_at_scatter"),
+            "ideal_speedup_uniform_run": old[0] if old else None,
             "ideal_k": source["k"] if source else None,
             "ideal_from": "+".join(r["run"] for r in source["runs"]) if source else None, "_ideal_from": source}
 

@@ -470,8 +470,12 @@ def compare(out_dir: Path, runs: dict[str, Path], target: float | None = None, t
     uniform run's raw speeds alone (:func:`~omnilearn.report.ideal.ideal_speedups`). ``level_speeds``:
     the workers' speeds per level from the same models (a summary's are from its own run alone).
 
+    ``ideal_speedup_at_scatter``: the model-based ideal with every worker's own step-to-step scatter in
+    both times (what balance can reach when each step waits for the slowest draw).
+
     ``policies`` holds, for every policy other than uniform, its ``speedup`` (samples/s over
-    uniform's), ``fraction_of_ideal`` (of the model-based ideal), ``fraction_of_ideal_uniform_run``
+    uniform's), ``fraction_of_ideal`` (of the model-based ideal), ``fraction_of_ideal_at_scatter``,
+    ``fraction_of_ideal_uniform_run``
     and ``accuracy_delta``; the reactive ``dynamic``'s are also at the top level (``speedup``,
     ``fraction_of_ideal``, ``accuracy_delta``), as before.
     """
@@ -507,7 +511,7 @@ def compare(out_dir: Path, runs: dict[str, Path], target: float | None = None, t
         if name == "uniform":
             continue
         entry: dict[str, Any] = {"speedup": round(d["samples_per_s"] / u["samples_per_s"], 4)}
-        for key in ("", "_uniform_run"):
+        for key in ("", "_at_scatter", "_uniform_run"):
             if result.get(f"ideal_speedup{key}"):
                 entry[f"fraction_of_ideal{key}"] = round(entry["speedup"] / result[f"ideal_speedup{key}"], 4)
         if u.get("final_accuracy") is not None and d.get("final_accuracy") is not None:

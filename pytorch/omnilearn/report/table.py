@@ -126,13 +126,15 @@ def ideal_lines(compare: dict[str, Any]) -> list[str]:
     lines = []
     for name, e in compare["policies"].items():
         shares = [f"{v} of the ideal" for v in [share(e, "fraction_of_ideal")] if v]
+        shares += [f"{v} of the ideal at the workers' scatter" for v in [share(e, "fraction_of_ideal_at_scatter")] if v]
         shares += [f"{v} of the uniform run's" for v in [share(e, "fraction_of_ideal_uniform_run")] if v]
         lines.append(f"speed-up of {name} over uniform: {e['speedup']:.2f}x"
                      + (f" ({'; '.join(shares)})" if shares else ""))
     if compare.get("ideal_from"):
         lines.append(f"ideal from {describe_source(compare['ideal_from'])}: "
                      f"{_fmt(compare.get('ideal_speedup'), '.2f')}x; compute alone would allow "
-                     f"{_fmt(compare.get('ideal_compute_speedup'), '.2f')}x")
+                     f"{_fmt(compare.get('ideal_compute_speedup'), '.2f')}x; at the workers' own step-to-step "
+                     f"scatter (each step waits for the slowest draw) {_fmt(compare.get('ideal_speedup_at_scatter'), '.2f')}x")
     if compare.get("ideal_speedup_uniform_run") is not None:
         lines.append(f"ideal from the uniform run's measured worker speeds alone: "
                      f"{_fmt(compare.get('ideal_speedup_uniform_run'), '.2f')}x; compute alone "

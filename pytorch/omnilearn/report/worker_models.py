@@ -80,6 +80,11 @@ class WorkerModels:
     """Step-to-step noise of each worker-level: robust sd of log(t / median at its batch)."""
     steps: dict[Cell, int]
     """Kept steps behind each worker-level."""
+    spread: dict[Cell, float] = field(default_factory=dict)
+    """Each worker-level's scatter against the other workers of its steps: robust sd of its log time
+    (over its median at its batch) less the step's median over the workers, scaled back by
+    ``sqrt(n / (n - 1))``. A host that slows a whole step is left out: it slows every split alike,
+    where a worker's own scatter makes a step wait for the slowest of the workers' draws."""
     runs: list[dict[str, Any]] = field(default_factory=list)
     """``{"run": name, "steps": kept steps}`` per run the fit used, in order."""
     mean_batch: float = 0.0
@@ -221,7 +226,29 @@ def fit_worker_models(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], names:
     return WorkerModels(c={cell: math.exp(v) for cell, v in sorted(logc.items())}, k=k, k_se=k_se, k_status=status,
                         sigma={cell: _robust_sigma(v) for cell, v in logs.items()},
                         steps={cell: sum(len(ts) for ts in bs.values()) for cell, bs in by_batch.items()},
+                        spread=_spread(runs, {cell: {b: statistics.median(ts) for b, ts in bs.items()}
+                                              for cell, bs in by_batch.items()}),
                         runs=used, mean_batch=mean_batch)
+
+
+def _spread(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], medians: dict[Cell, dict[int, float]]
+            ) -> dict[Cell, float]:
+    """:attr:`WorkerModels.spread` from each run's kept steps (``medians``: each worker-level's median
+    time per batch): the steps every rank kept, matched by their step number."""
+    own: dict[Cell, list[float]] = {}
+    for per_rank in runs:
+        kept = _kept(per_rank)
+        n = len(kept)
+        if n < 2:
+            continue
+        by_step = [{r["step"]: r for r in steps if "step" in r} for steps in kept]
+        for step in set.intersection(*(set(d) for d in by_step)):
+            row = [d[step] for d in by_step]
+            logs = [math.log(r["compute_ms"] / 1e3 / medians[(i, r["level"])][r["batch"]]) for i, r in enumerate(row)]
+            centre = statistics.median(logs)
+            for i, (r, x) in enumerate(zip(row, logs, strict=True)):
+                own.setdefault((i, r["level"]), []).append((x - centre) * math.sqrt(n / (n - 1)))
+    return {cell: _robust_sigma(v) for cell, v in own.items()}
 
 
 def run_steps(run: Path) -> tuple[JobSpec, list[list[dict[str, Any]]]]:
