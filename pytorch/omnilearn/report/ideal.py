@@ -132,8 +132,9 @@ def model_ideal(models: WorkerModels, steps: list[list[dict[str, Any]]], lo: flo
         if any(r["batch"] <= 0 for r in row) or any(cell not in models.c for cell in cells):
             continue
         times = [models.time(i, lv, r["batch"]) for (i, lv), r in zip(cells, row, strict=True)]
-        c, sd, total = [models.c[cell] for cell in cells], [models.spread.get(cell, 0.0) for cell in cells], sum(
-            r["batch"] for r in row)
+        c = [models.c[cell] for cell in cells]
+        sd = [models.spread.get(cell, 0.0) for cell in cells]
+        total = sum(r["batch"] for r in row)
         uniform += max(times)
         balanced += balanced_time(c, models.k, total, lo, hi)
         noisy_uniform += expected_slowest(times, sd)

@@ -28,7 +28,8 @@ from omnilearn.report.summary import lower_is_better, main_metric, settle_counte
 
 COLUMNS = ("mode", "policy", "level", "schedule", "seed", "backend", "epochs", "samples", "wall_time_s",
            "train_time_s", "samples_per_s", "speedup", "time_reduction_pct", "ideal_speedup", "fraction_of_ideal",
-           "ideal_speedup_at_scatter", "fraction_of_ideal_at_scatter", "ideal_speedup_uniform_run", "fraction_of_ideal_uniform_run", "ideal_k", "ideal_from",
+           "ideal_speedup_at_scatter", "fraction_of_ideal_at_scatter", "ideal_speedup_uniform_run",
+           "fraction_of_ideal_uniform_run", "ideal_k", "ideal_from",
            "metric", "final_metric", "accuracy", "perplexity", "target", "time_to_target_s", "equal_time_s",
            "metric_at_equal_time", "imbalance", "batch_changes", "settle_median", "unsettled", "staleness_mean",
            "update_rate_spread", "path")

@@ -234,12 +234,13 @@ def fit_worker_models(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], names:
 def _spread(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], medians: dict[Cell, dict[int, float]]
             ) -> dict[Cell, float]:
     """:attr:`WorkerModels.spread` from each run's kept steps (``medians``: each worker-level's median
-    time per batch): the steps every rank kept, matched by their step number."""
+    time per batch): the steps every rank kept, matched by their step number. ASP runs, whose workers
+    share no step (their records have no global batch), give none."""
     own: dict[Cell, list[float]] = {}
     for per_rank in runs:
         kept = _kept(per_rank)
         n = len(kept)
-        if n < 2:
+        if n < 2 or not any(r.get("global_batch") for steps in kept for r in steps):
             continue
         by_step = [{r["step"]: r for r in steps if "step" in r} for steps in kept]
         for step in set.intersection(*(set(d) for d in by_step)):
