@@ -143,8 +143,9 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
     ``fixed_cost``, the workload's, in samples, from models fitted on runs' steps: :func:`run_settle`);
     ``spread``, ``max/min - 1`` of the loads, says how far apart they are (a small worker left a little
     fast is a large spread and little time). The change is settled at the first stretch whose imbalance
-    is at most SETTLED: ``decisions`` is the number of decisions before it, ``seconds`` the time from the change to the start of that stretch. Both are
-    null when no stretch settles before the next change or the end of the run. ``imbalance`` and
+    is at most SETTLED: ``decisions`` is the number of decisions before it, ``seconds`` the time from
+    the change to the start of that stretch. Both are null when no stretch settles before the next
+    change or the end of the run. ``imbalance`` and
     ``spread`` are those of the least imbalanced stretch up to the one that settled, which is that one
     (or how near it came, when none did; null when no stretch had a full step). (Decisions taken by other
     reasons, allocation or memory, are not counted; ``static`` settles with 0 or never.)
