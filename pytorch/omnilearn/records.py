@@ -62,11 +62,11 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          ("rank", "world", "target", "params", "train_samples", "policy"),
          ("slot", "role", "steps_per_epoch", "test_samples", "metric", "language_model", "device", "dist_backend",
           "library", "workers", "samples", "target_samples", "pushes", "lr_reference_batch", "lr_power",
-          "staleness_damping"),
+          "staleness_damping", "update", "push", "delay_tolerance"),
          "`rank`, `slot`, `world`, `target`, `role`, `params`, `policy`, `steps_per_epoch`, `train_samples`, "
          "`test_samples`, `metric`, `language_model`, `device`, `dist_backend`, `library`; ASP: `workers`, "
-         "`samples`, `target_samples`, `pushes`, `lr_reference_batch`, `lr_power` (the exponent of b / b_ref in a "
-         "gradient's weight), `staleness_damping`"),
+         "`samples`, `target_samples`, `pushes`, `lr_reference_batch`, `lr_power` (scaled-gradient: the exponent "
+         "of b / b_ref in a gradient's weight), `staleness_damping`, `update`, `push`, `delay_tolerance`"),
     Kind(STEP, "every worker, every step",
          ("step", "epoch", "batch", "compute_ms"),
          ("sync_ms", "held_ms", "cpus", "threads", "level", "loss", "train_acc", "global_batch", "lr", "sample_sum",
@@ -81,9 +81,11 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          ("batch", "reason"),
          ("step", "version", "epoch", "old", "compute_ms", "overhead", "samples", "gain_s", "gain_sd_s", "cost_s",
           "horizon", "stride", "sizes", "probe_ms", "probe_times_s", "probe_own_ms", "speeds", "probe_s", "warm",
-          "kinds", "k_by_worker"),
-         "`step` (ASP: `version`, `epoch`), `batch`, `old`, `reason` (`initial`, `probe`, `compute-time`, "
-         "`allocation`, `memory`, `resumed`), `compute_ms`, `overhead` (k), `samples`; `dynamic`'s decisions: "
+          "kinds", "k_by_worker", "worker", "worth", "worth_new", "k", "noise_scale", "staleness_predicted"),
+         "`step` (ASP: `version`, `epoch`, `worker`: whose push it followed), `batch`, `old`, `reason` (`initial`, "
+         "`probe`, `compute-time`, `progress` (ASP `dynamic`), `allocation`, `memory`, `resumed`), `compute_ms`, "
+         "`overhead` (k), `samples`; ASP `dynamic`'s moves: `worth` and `worth_new` (the effective samples a "
+         "second predicted before and after), `k`, `noise_scale`, `staleness_predicted`; BSP `dynamic`'s decisions: "
          "`gain_s`, `gain_sd_s`, `cost_s`, `horizon`, `stride` (the part of the way to the balanced split "
          "taken: 1, 0.5 or 0.25); `probe`: `sizes`, `probe_ms`, `probe_times_s` (what the controller took: "
          "under CPU quotas the median CPU seconds of the workers on the same kind of core with as many "
@@ -141,9 +143,11 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "`batch`, `level`, `samples`, `target_samples`, `version`, `clock`"),
     Kind(UPDATE, "ASP server, every applied push",
          ("worker", "seq", "version", "grad_version", "staleness", "batch", "scale", "lr", "loss", "compute_ms",
-          "samples", "epoch", "elapsed_s"), (),
-         "`worker`, `seq`, `version`, `grad_version`, `staleness`, `batch`, `scale`, `lr`, `loss`, `compute_ms`, "
-         "`samples`, `epoch`, `elapsed_s`"),
+          "samples", "epoch", "elapsed_s"), ("staleness_time", "apply_ms"),
+         "`worker`, `seq`, `version`, `grad_version`, `staleness` (updates applied since the pull), "
+         "`staleness_time` (their b / b_ref summed), `batch`, `scale` (the gradient's weight: b / b_ref times "
+         "its staleness factor), `lr` (the step: the schedule's lr times the weight), `loss`, `compute_ms`, "
+         "`apply_ms` (the server's time to apply it), `samples`, `epoch`, `elapsed_s`"),
     Kind(DUPLICATE, "ASP server, a retried push",
          ("worker", "seq", "applied_seq"), (),
          "`worker`, `seq`, `applied_seq`"),

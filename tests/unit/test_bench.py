@@ -61,7 +61,7 @@ def test_default_matrix_is_the_documented_one() -> None:
     ("modes: {bsp: {config: nowhere.yaml, policies: [uniform]}}\nlevels: [SKEW]\n", "modes.bsp.config"),
     ("modes: {bsp: {config: bsp.yaml, policies: [uniform]}}\nlevels: [SKEW]\nseeds: [1, one]\n", "seeds"),
     ("modes: {bsp: {config: bsp.yaml, policies: [uniform]}}\nlevels: [SKEW]\ntime_budget_s: -1\n", "time_budget_s"),
-    ("modes: {gpu: {config: bsp.yaml, policies: [uniform]}}\nlevels: [SKEW]\n", "unknown key 'modes.gpu'"),
+    ("modes: {gpu: {config: bsp.yaml, policies: [uniform]}}\nlevels: [SKEW]\n", "modes.gpu.mode: must be one of bsp, asp"),
     ("modes: [bsp]\nlevels: [SKEW]\n", "modes: expected a mapping"),
     ("modes: {bsp: {config: bsp.yaml, policies: [uniform]}}\nlevels: [SKEW]\ntarget: {fraction: 2}\n",
      "target.fraction"),

@@ -11,6 +11,7 @@
     omnilearn emulate --hl HL8 --containers c1,c2 -- CMD       containers started with docker run, rank i the i-th
     omnilearn simulate --replay RUN --out DIR [--workers N]    predict a BSP job from a finished run's measurements
     omnilearn simulate --scenarios [FILE] --out DIR            the controllers against the oracle on known models
+    omnilearn simulate --asp-scenarios [FILE] --out DIR        ASP's policies against a delay-free reference
     omnilearn cluster up | status | down --out OUT             a job's Docker Swarm containers, step by step
     omnilearn toggle --out OUT                                 the host-side toggler of a `cluster up` job
     omnilearn image build | base | status                      the Docker images the container launcher runs
@@ -161,12 +162,18 @@ def _add_simulate(sub: Any) -> None:
     what.add_argument("--scenarios", nargs="?", const="", metavar="FILE",
                       help="run a scenario suite (default configs/scenarios.yaml): DIR/scenarios.csv and "
                            "DIR/scenarios.md, every policy's fraction of the oracle, settling and overshoot")
+    what.add_argument("--asp-scenarios", nargs="?", const="", metavar="FILE",
+                      help="run the ASP suite (default configs/asp_scenarios.yaml): known problems trained through "
+                           "the server's update rule and controller on simulated workers; DIR/asp_scenarios.csv and "
+                           "DIR/asp_scenarios.md, each policy's time to target against a delay-free reference")
     sm.add_argument("--out", required=True, help="new folder for summary.json, run.png and the simulated metrics "
-                                                 "(--scenarios: for scenarios.csv and scenarios.md)")
+                                                 "(--scenarios, --asp-scenarios: for their CSV and Markdown)")
     sm.add_argument("--policies", nargs="+", metavar="POLICY",
-                    help="--scenarios: the policies to score (default: uniform dynamic dynamic-v1 paper static)")
-    sm.add_argument("--seeds", type=int, help="--scenarios: seeds of every scenario (default: each scenario's)")
-    sm.add_argument("--jobs", type=int, help="--scenarios: processes (default: the CPUs, at most 2)")
+                    help="--scenarios: the policies to score (default: uniform dynamic dynamic-v1 paper static; "
+                         "--asp-scenarios: uniform dynamic static)")
+    sm.add_argument("--seeds", type=int, help="--scenarios, --asp-scenarios: seeds of every scenario (default: "
+                                              "each scenario's)")
+    sm.add_argument("--jobs", type=int, help="--scenarios, --asp-scenarios: processes (default: the CPUs, at most 2)")
     sm.add_argument("--workers", type=int, help="default: the run's; more repeat its workers' models in turn")
     sm.add_argument("--policy", choices=list(POLICIES), help="default: the run's")
     sm.add_argument("--epochs", type=int, help="default: the run's")

@@ -190,6 +190,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     if args.scenarios is not None:
         return cmd_scenarios(args)
+    if args.asp_scenarios is not None:
+        return cmd_asp_scenarios(args)
     if args.policies or args.seeds is not None or args.jobs is not None:
         raise UserError("--policies, --seeds and --jobs apply to --scenarios; --replay takes --policy and --seed")
     s = simulate(Path(args.replay), Path(args.out), args.workers, args.policy, args.epochs, args.seed, args.noise,
@@ -199,6 +201,27 @@ def cmd_simulate(args: argparse.Namespace) -> int:
           f"final batches {s['batch_sizes'] if s['workers'] <= 16 else '(see summary.json)'}, controller decision "
           f"{s['decision_ms'] if s['decision_ms'] is not None else '-'} ms mean over {s['simulated']['decisions']}; "
           f"{args.out}/summary.json")
+    return 0
+
+
+def cmd_asp_scenarios(args: argparse.Namespace) -> int:
+    """``omnilearn simulate --asp-scenarios [FILE] --out DIR``: the ASP benchmark."""
+    from omnilearn.simulate.asp_scenarios import run_suite
+
+    for flag in ("workers", "policy", "epochs", "calibration"):
+        if getattr(args, flag, None) is not None:
+            raise UserError(f"--{flag} applies to --replay; --asp-scenarios takes --policies and --seeds")
+    file = args.asp_scenarios or None
+    command = " ".join(["omnilearn simulate --asp-scenarios", *([file] if file else []), "--out", str(args.out),
+                        *(["--policies", *args.policies] if args.policies else []),
+                        *(["--seeds", str(args.seeds)] if args.seeds is not None else [])])
+    result = run_suite(Path(args.out), file, args.policies, args.seeds, jobs=args.jobs, command=command)
+    print(f"{result['scenarios']} scenarios, {len(result['rows'])} runs in {result['seconds']:.1f} s: "
+          f"{args.out}/asp_scenarios.csv, {args.out}/asp_scenarios.md")
+    for line in result["lines"]:
+        if line["policy"] != "uniform" and line["ratio"] is not None:
+            print(f"  {line['scenario']:<22} {line['policy']:<8} time to target vs uniform {line['ratio']:.3f} "
+                  f"± {line['ratio_se']:.3f}")
     return 0
 
 

@@ -300,21 +300,37 @@ class EmulationConfig:
 
 
 LR_SCALINGS = ("auto", "linear", "sqrt", "none")
+ASP_UPDATES = ("sample-time", "scaled-gradient")
+ASP_PUSHES = ("gradients", "parameters")
 
 
 @dataclass
 class AspConfig:
-    """Asynchronous training (mode: asp): one parameter server, workers push gradients."""
+    """Asynchronous training (mode: asp): one parameter server, workers push gradients (or parameters)."""
 
+    update: str = "sample-time"
+    """The server's update rule (docs/design/asp.md): ``sample-time`` (a push of b samples counts as
+    b / b_ref units of the optimizer's time, and its gradient is weighed by min(1, delay_tolerance /
+    staleness)) | ``scaled-gradient`` (torch's optimizer on the gradient scaled by (b / b_ref) ** p,
+    ``lr_scaling``; the rule kept for comparison)."""
+    push: str = "gradients"
+    """What a worker pushes: ``gradients`` (the server applies each one) | ``parameters`` (the paper's
+    released code: each worker steps its own optimizer, sample-time at staleness 0, and the server
+    keeps the last writer's parameters; the workers' own optimizer states are not checkpointed)."""
+    delay_tolerance: float = 1.0
+    """sample-time: rho, the staleness (in units of b_ref samples applied since the gradient's pull) up
+    to which a gradient keeps its full weight; beyond, its weight is rho / staleness. 1 suits a step
+    tuned without delay; a step small enough for the delays of n workers tolerates about n (.inf: no
+    cut). The ASP controller's model uses the same rho."""
     lr_reference_batch: int | None = None
-    """b_ref: a gradient of a b-sample batch is weighed by b / b_ref as ``lr_scaling`` says (default:
-    global_batch / workers, the mean batch)."""
+    """b_ref: the batch a push counts one unit of the optimizer's time at (default: global_batch /
+    workers, the mean batch)."""
     lr_scaling: str = "auto"
-    """How a gradient's weight follows its batch b (the gradient is scaled, for every optimizer, before
-    it enters the optimizer's momentum or moments): ``linear`` (b / b_ref: every sample weighs the same),
-    ``sqrt`` (sqrt(b / b_ref)), ``none``; ``auto``: linear."""
+    """scaled-gradient: how a gradient's weight follows its batch b (the gradient is scaled before it
+    enters the optimizer's momentum or moments): ``linear`` (b / b_ref), ``sqrt`` (sqrt(b / b_ref)),
+    ``none``; ``auto``: linear."""
     staleness_damping: bool = False
-    """Also divide a gradient's weight by 1 + its staleness."""
+    """scaled-gradient: also divide a gradient's weight by 1 + its staleness (in updates)."""
     eval_interval: float = 1.0
     """Epochs (samples applied / training-set size) between snapshots of the server's model; each
     snapshot is evaluated on the held-out split after training (the end is always snapshotted)."""
@@ -327,6 +343,12 @@ class AspConfig:
             raise bad("lr_reference_batch", f"must be at least 1, not {self.lr_reference_batch}")
         if self.lr_scaling not in LR_SCALINGS:
             raise bad("lr_scaling", f"must be one of {', '.join(LR_SCALINGS)}, not {self.lr_scaling!r}")
+        if self.update not in ASP_UPDATES:
+            raise bad("update", f"must be one of {', '.join(ASP_UPDATES)}, not {self.update!r}")
+        if self.push not in ASP_PUSHES:
+            raise bad("push", f"must be one of {', '.join(ASP_PUSHES)}, not {self.push!r}")
+        if not self.delay_tolerance > 0:
+            raise bad("delay_tolerance", f"must be positive (.inf: no cut), not {self.delay_tolerance}")
         if self.eval_interval <= 0:
             raise bad("eval_interval", f"must be positive, not {self.eval_interval}")
         if self.worker_timeout_s <= 0:

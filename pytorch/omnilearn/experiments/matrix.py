@@ -5,6 +5,7 @@ expected_minutes: 22          # what the whole matrix took when measured (printe
 modes:                        # mode -> its base job config, policies and overrides
   bsp: {config: demo.yaml, policies: [uniform, static, dynamic, ddp], set: {train.epochs: 2}}
   asp: {config: asp-demo.yaml, policies: [uniform, dynamic]}
+  asp-8: {mode: asp, config: asp-demo.yaml, policies: [uniform, dynamic], set: {workers: 8}}  # a variant
 levels: [HL8]                 # pinned levels, each a group of cells
 schedules: [staircase]        # and/or schedules (a name in configs/schedules.yaml, or a file)
 seeds: [1, 2, 3]              # train.seed of each repeat
@@ -19,6 +20,10 @@ links:                        # optional: each level or schedule under each of t
 
 With ``links``, a group is a level (or schedule) under one link setting, named ``HL8+slow-worker1``:
 policies are compared under network heterogeneity as under CPU heterogeneity.
+
+A ``modes`` entry is named by its mode (``bsp``, ``asp``), or by any name with ``mode:`` saying
+which: a variant of a mode (another workload, worker count or setting) whose cells are a group of
+their own, ``<name>/<level>/<policy>/seed-<s>``.
 
 Config paths are relative to the matrix file, else the project's ``configs/`` folder. Every cell's
 config and emulation plan are built and checked when the file is loaded: a mistake anywhere stops
@@ -40,7 +45,7 @@ from omnilearn.files import CONFIG_DIR, load_yaml
 DEFAULT_MATRIX = CONFIG_DIR / "bench" / "default.yaml"
 TOP_KEYS = ("description", "expected_minutes", "modes", "levels", "schedules", "seeds", "epochs", "time_budget_s",
             "set", "target", "links")
-MODE_KEYS = ("config", "policies", "set", "epochs", "time_budget_s")
+MODE_KEYS = ("mode", "config", "policies", "set", "epochs", "time_budget_s")
 TARGET_KEYS = ("value", "fraction")
 
 
@@ -48,7 +53,7 @@ TARGET_KEYS = ("value", "fraction")
 class Cell:
     """One run of the matrix: its place, its checked config and plan."""
 
-    mode: str
+    mode: str  # the matrix's name for it: its mode (bsp, asp) or a variant's name (config.mode says which)
     group: str  # the level (HL8) or the schedule's name
     kind: str  # "level" | "schedule"
     policy: str
@@ -132,9 +137,12 @@ def load_matrix(path: Path, extra: list[tuple[str, Any]] | None = None) -> Matri
     path = Path(path)
     data = load_yaml(path, "matrix file")
     data = _mapping(path, "", data if data is not None else {}, TOP_KEYS)
-    modes = _mapping(path, "modes", data.get("modes"), MODES)
+    modes = _mapping(path, "modes", data.get("modes"))
     if not modes:
         raise _bad(path, "modes", "names no mode (bsp, asp)")
+    for name in modes:
+        if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
+            raise _bad(path, "modes", f"{name!r} is not a name (letters, digits, - and _)")
     levels = _names(path, "levels", data.get("levels"))
     schedules = _names(path, "schedules", data.get("schedules"))
     if not levels and not schedules:
@@ -162,6 +170,10 @@ def load_matrix(path: Path, extra: list[tuple[str, Any]] | None = None) -> Matri
     for mode, spec in modes.items():
         where = f"modes.{mode}"
         spec = _mapping(path, where, spec, MODE_KEYS)
+        job_mode = spec.get("mode", mode)
+        if job_mode not in MODES:
+            raise _bad(path, f"{where}.mode", f"must be one of {', '.join(MODES)} (a variant says which), "
+                                              f"not {job_mode!r}")
         base = _config_path(path, f"{where}.config", spec.get("config"))
         matrix.base_configs[mode] = base
         policies = _names(path, f"{where}.policies", spec.get("policies"))
@@ -180,7 +192,7 @@ def load_matrix(path: Path, extra: list[tuple[str, Any]] | None = None) -> Matri
             plan = None
             for seed in seeds:
                 for policy in policies:
-                    cell_keys = [("mode", mode), *emulation, ("control.policy", policy), ("train.seed", seed)]
+                    cell_keys = [("mode", job_mode), *emulation, ("control.policy", policy), ("train.seed", seed)]
                     at = f"{kind} {group}" + (f", links {link_name}" if link_name is not None else "")
                     try:
                         cfg = config.build(base, overrides + cell_keys)

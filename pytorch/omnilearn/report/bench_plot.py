@@ -127,9 +127,10 @@ def plot_cores_batch(out: Path, rows: list[dict[str, Any]], mode: str, level: st
         return None
     fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 5.5), squeeze=False, sharex="col")
     for j, (policy, r) in enumerate(runs.items()):
-        workers = json.loads((out / r["path"] / "summary.json").read_text())["workers"]
-        for i, (xs, cpus, batch) in enumerate(worker_series(out / r["path"], mode, workers)):
-            name = f"aspworker{i + 2}" if mode == "asp" else f"worker{i + 1}"
+        summary = json.loads((out / r["path"] / "summary.json").read_text())
+        job_mode = summary["mode"]  # the group's name may be a variant's
+        for i, (xs, cpus, batch) in enumerate(worker_series(out / r["path"], job_mode, summary["workers"])):
+            name = f"aspworker{i + 2}" if job_mode == "asp" else f"worker{i + 1}"
             if any(c is not None for c in cpus):
                 axes[0][j].step(xs, [c if c is not None else float("nan") for c in cpus], where="post", label=name)
             axes[1][j].step(xs, batch, where="post", label=name)

@@ -56,7 +56,8 @@ def build_rows(out: Path, cells: list[dict[str, Any]], target_value: float | Non
         s = summaries[c["path"]]
         metric = main_metric(s)
         rows.append({
-            "mode": c["mode"], "policy": c["policy"], "level": c["group"], "schedule": s.get("schedule"),
+            "mode": c["mode"], "job_mode": s["mode"], "policy": c["policy"], "level": c["group"],
+            "schedule": s.get("schedule"),
             "seed": c["seed"], "backend": s["backend"], "epochs": s.get("epochs_done", s["epochs"]),
             "samples": s["samples"], "wall_time_s": s["wall_time_s"], "train_time_s": s["train_time_s"],
             "samples_per_s": s["samples_per_s"], "metric": metric, "final_metric": s.get(f"final_{metric}"),
@@ -78,7 +79,7 @@ def build_rows(out: Path, cells: list[dict[str, Any]], target_value: float | Non
             continue
         row["speedup"] = _round(row["samples_per_s"] / uniform["samples_per_s"])
         row["time_reduction_pct"] = _round(100 * (1 - row["train_time_s"] / uniform["train_time_s"]), 2)
-        if row["mode"] == "bsp":  # the ideal is a balanced synchronous step: no such thing in ASP
+        if row["job_mode"] == "bsp":  # the ideal is a balanced synchronous step: no such thing in ASP
             group = (row["level"], row["seed"])
             if group not in ideals:
                 ideals[group] = _group_ideal(out, rows, uniform)
@@ -102,7 +103,7 @@ def build_rows(out: Path, cells: list[dict[str, Any]], target_value: float | Non
 def _group_ideal(out: Path, rows: list[dict[str, Any]], uniform: dict[str, Any]) -> dict[str, Any]:
     """The ideal of ``uniform``'s (level, seed) group, from all the group's BSP runs, and the old figure."""
     group = {r["policy"]: out / r["path"] for r in rows
-             if r["mode"] == "bsp" and r["level"] == uniform["level"] and r["seed"] == uniform["seed"]}
+             if r["mode"] == uniform["mode"] and r["level"] == uniform["level"] and r["seed"] == uniform["seed"]}
     new = group_ideal(group) or {}
     old = ideal_speedups(out / uniform["path"])
     source = new.get("ideal_from")
@@ -187,7 +188,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], figures: list[str
         cols = ["policy", "runs", "training time (s)", "reduction vs uniform", "of ideal", "of ideal (uniform run)",
                 f"final {metric}",
                 "time to target (s)", f"{metric} at equal time", "imbalance", "decisions to settle"]
-        if mode == "asp":
+        asp = group[0]["job_mode"] == "asp"
+        if asp:
             cols += ["staleness mean", "update-rate spread"]
         lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for policy, runs in _groups(group, lambda r: r["policy"]).items():
@@ -200,7 +202,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any], figures: list[str
                      f"{_pm(reached)} ({len(reached)}/{len(runs)})",
                      _pm([r["metric_at_equal_time"] for r in runs], ".3f" if metric == "accuracy" else ".2f"),
                      _pm([r["imbalance"] for r in runs], ".2f"), _pm([r["settle_median"] for r in runs], ".1f")]
-            if mode == "asp":
+            if asp:
                 cells += [_pm([r["staleness_mean"] for r in runs], ".2f"),
                           _pm([r["update_rate_spread"] for r in runs], ".2f")]
             lines.append("| " + " | ".join(cells) + " |")

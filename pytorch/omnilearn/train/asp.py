@@ -48,6 +48,7 @@ from omnilearn.emulator.spec.plan import SERVER_TARGET
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.train import asp_rpc, memory
+from omnilearn.train.asp_update import local_rule, reference_batch, scheduled_lr
 from omnilearn.train.checkpoint import cut_worker_metrics
 from omnilearn.train.distributed import GradBuffer, env_int, flat_state
 from omnilearn.train.models import count_parameters
@@ -156,21 +157,20 @@ def run_worker(job: JobSpec) -> None:
         metrics.write("hl_change", **first)
     # ``dynamic``: the waits this worker's CPU quota put into its last push and this pull count as its time
     quota, pushed = (QuotaClock() if c_cfg.policy == "dynamic" else None), None
+    own = local_rule(cfg, state[:n_params]) if cfg.asp.push == "parameters" else None
     while not control["stop"]:
         follow(control, step)
         t0 = time.perf_counter()
-        pulled, control = _call(asp_rpc.rpc_pull, (slot,), timeout)
+        pulled, control = pull(slot, state, timeout)
         if pulled is None:  # training ended while this worker was busy
             break
-        version = control["version"]
-        state.copy_(pulled)
-        t1 = time.perf_counter()
+        version, t1 = control["version"], time.perf_counter()
         held = quota.held_since(pushed) if quota is not None else 0.0
         grads.zero()
         x, y = gather(train, stream.take(batch), augment=cfg.data.augment, generator=augment)
-        loss_sum, correct = work.terms(model(x), y)
-        (loss_sum / batch).backward()
-        torch.sub(state[n_params:], pulled[n_params:], out=grads.extra)  # what this batch did to BN stats
+        loss_sum, correct = local_gradient(work, model, x, y, pulled, state, n_params, grads)
+        if own is not None:  # asp.push parameters: the push carries the parameters its own step reaches
+            own_step(own, cfg, state[:n_params], grads.flat[:n_params], batch, control["epoch"])
         t2 = time.perf_counter()
         seq += 1
         stats = {"loss": float(loss_sum.detach()), "correct": float(correct), "compute_s": t2 - t1 + held,
@@ -191,6 +191,33 @@ def run_worker(job: JobSpec) -> None:
                   level=client.level)
     metrics.close()
     asp_rpc.shutdown_rpc()
+
+
+def pull(slot: int, state: torch.Tensor, timeout: float) -> tuple[torch.Tensor | None, dict[str, Any]]:
+    """The server's parameters and statistics into this worker's model (``state``, its flat view),
+    and the server's orders; ``None`` for the tensor once training is over."""
+    pulled, control = _call(asp_rpc.rpc_pull, (slot,), timeout)
+    if pulled is not None:
+        state.copy_(pulled)
+    return pulled, control
+
+
+def local_gradient(work: Workload, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, pulled: torch.Tensor,
+                   state: torch.Tensor, n_params: int, grads: GradBuffer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's mean gradient into ``grads`` followed by the change its forward pass made to the
+    running statistics it pulled; returns the batch's summed loss and correct count."""
+    loss_sum, correct = work.terms(model(x), y)
+    (loss_sum / len(y)).backward()
+    torch.sub(state[n_params:], pulled[n_params:], out=grads.extra)
+    return loss_sum, correct
+
+
+def own_step(rule: Any, cfg: Any, params: torch.Tensor, grad: torch.Tensor, batch: int, epoch: float) -> None:
+    """``asp.push: parameters``: this worker's own optimizer step on the parameters it pulled, at the
+    schedule's lr of the server's ``epoch``; the step's result replaces the gradient in the buffer the
+    push sends."""
+    rule.apply(params, grad, batch / reference_batch(cfg), 0.0, scheduled_lr(cfg.train, epoch))
+    grad.copy_(params)
 
 
 class LevelFollower:

@@ -89,7 +89,8 @@ def run_server(job: JobSpec) -> None:
     metrics.write("start", rank=0, world=world, target=SERVER_TARGET, role="server", params=count_parameters(model),
                   train_samples=len(train), test_samples=len(test), target_samples=server.target_samples,
                   policy=cfg.control.policy, lr_reference_batch=server.b_ref, lr_power=server.lr_power,
-                  staleness_damping=cfg.asp.staleness_damping, workers=server.workers)
+                  staleness_damping=cfg.asp.staleness_damping, update=cfg.asp.update, push=cfg.asp.push,
+                  delay_tolerance=cfg.asp.delay_tolerance, workers=server.workers)
     if server.checkpoint.resumed:
         metrics.write("resume", version=server.version, samples=server.samples, epoch=server.epoch,
                       clock=server.clock, level=server.level, pushes=list(server.last_seq),

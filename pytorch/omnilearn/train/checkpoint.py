@@ -367,14 +367,15 @@ def cut_lost_worker(out_dir: Path, cfg: JobConfig, slot: int) -> None:
 
 
 class ServerProgress:
-    """The parameter server's counters: gradients applied (``version``), samples, each worker's pushes
+    """The parameter server's counters: gradients applied (``version``) and the optimizer's time they
+    took (``kclock``: b / b_ref of each), samples, each worker's pushes
     applied (``last_seq``, ``updates``) and the samples they held (where its data stream stands),
     duplicates, the last epoch the ``paper`` policy decided at, the level, the evaluation snapshots
     taken and the epoch of the next, the run's first start, and the server's training clock (the
     schedule's seconds and the time budget go on from it)."""
 
     FIELDS = ("version", "samples", "last_seq", "updates", "worker_samples", "duplicates", "decided_epoch",
-              "level", "snapshots", "next_snapshot", "started")
+              "level", "snapshots", "next_snapshot", "started", "kclock")
 
     def __init__(self, server: Any) -> None:
         self.server = server
@@ -391,7 +392,7 @@ class ServerProgress:
         keep = list(range(len(d["last_seq"]))) if keep is None else keep
         assert len(keep) == s.workers, (keep, s.workers)
         for k in self.FIELDS:
-            value = copy_plain(d[k])
+            value = copy_plain(d.get(k, 0.0 if k == "kclock" else d.get(k)))
             setattr(s, k, [value[i] for i in keep] if k in self.PER_WORKER else value)
         s.clock = d["clock"]
 
@@ -423,7 +424,7 @@ class ASPCheckpoint:
 
     def _objects(self) -> dict[str, Any]:
         s = self.server
-        return {"model": s.model, "optimizer": s.optimizer, "controller": ControllerState(s.controller),
+        return {"model": s.model, "optimizer": s.rule, "controller": ControllerState(s.controller),
                 "progress": ServerProgress(s), "schedule": self.schedule, "rng": RngState(), "metrics": self.metrics}
 
     def restore(self) -> None:

@@ -14,8 +14,9 @@ re-ranked for the RPC group but keep their slots, counters, data streams and met
   gradient was computed on, and the compute time of the worker's step. The reply carries that worker's
   batch size for its next step, the server's epoch, level and elapsed time, and ``stop``.
 
-Gradients, never parameters, travel to the server: a worker that pushed parameters would overwrite
-every update applied since its pull (last writer wins), which is what the paper's released code did.
+Gradients travel to the server (``asp.push: gradients``). Under ``asp.push: parameters`` (the
+paper's released code) a worker steps its own optimizer and pushes the parameters it reached; the
+server keeps the last writer's, overwriting every update applied since that worker's pull.
 
 **Exactly once.** A push is applied inside the RPC handler under one lock, so updates never
 interleave. Every push carries ``(slot, seq)``, ``seq`` counting that worker's pushes from 1: a push
@@ -24,27 +25,25 @@ with the reply it got the first time; a gap in ``seq`` is an internal error. Eve
 bumps the version by one and writes one ``update`` record to ``metrics/rank-0.jsonl`` with its
 staleness: the server's version when it was applied minus the version it was computed on.
 
-**Learning rate.** A gradient of a ``b``-sample batch is weighed by ``(b / b_ref) ** p`` and
-divided by ``1 + staleness`` with ``asp.staleness_damping`` (``b_ref`` is ``asp.lr_reference_batch``, by
-default ``global_batch / workers``, the mean batch; ``p`` follows ``asp.lr_scaling``, 1 by default: every
-sample weighs the same, the linear rule of Goyal et al. 2017). The weight scales the gradient, not the
-optimizer's lr, for every optimizer: SGD's momentum and Adam's two moments hold the gradients of many
-workers at once, and a per-update lr would rescale all of them by the batch of the one that just
-arrived, while a scaled gradient keeps its own weight for as long as it lives there. With the weight,
-a split of unequal batches leaves Adam's first moment and the noise in its second where equal batches
-of the same mean put them; without it, a 6-sample gradient counts in both as much as a 43-sample
-one (``results/2026-11-28_2cpu_asp-gradient-weight.md``). The optimizer's lr is the schedule's.
+**Update rule.** ``asp.update`` (:mod:`omnilearn.train.asp_update`, ``docs/design/asp.md``):
+``sample-time`` counts a push of ``b`` samples as ``κ = b / b_ref`` units of the optimizer's time
+(``b_ref``: ``asp.lr_reference_batch``, by default ``global_batch / workers``) and weighs its
+gradient by ``min(1, ρ / τ)``, ``τ`` its staleness in that time (the ``κ`` of the pushes applied since
+its pull) and ``ρ`` ``asp.delay_tolerance``; ``scaled-gradient``, the earlier rule, runs torch's
+optimizer on the gradient scaled by ``(b / b_ref) ** p`` (``asp.lr_scaling``). The schedule's lr is
+the base of both; every ``update`` record has the push's weight (``scale``) and both staleness counts.
 
 **BatchNorm.** The running statistics travel like gradients: a worker pushes the *change* its forward
 pass made to the statistics it pulled, and the server adds it. Each batch's statistics thus enter the
 server's exponential average once, and no worker overwrites the contributions others made since its
 pull (copying the latest worker's statistics would). ``num_batches_tracked`` counts applied updates.
 
-**Controller.** Each push carries the compute time of the step; the server's controller keeps a
-window of each worker's times at its current batch size (and notices from them when a worker's speed
-changes) and, without any barrier, re-decides with the shared policies (:class:`BatchController`)
-whenever every worker has ``control.min_samples`` fresh measurements (``paper``: when the server's
-epoch passes an integer). Each worker learns its new size in its next
+**Controller.** Each push carries the compute time of the step. ``dynamic`` is the ASP controller
+(:mod:`omnilearn.control.asp`): from every worker's compute times and cycles, the server's time per
+update, the split that maximises the
+effective samples a second its model predicts. The other policies keep a window of each worker's
+times and re-decide with the shared policies (:class:`BatchController`) whenever every worker has
+``control.min_samples`` fresh measurements (``paper``: when the server's epoch passes an integer). Each worker learns its new size in its next
 push reply. The sum of the batch sizes is ``train.global_batch`` at all times. The server runs the
 schedule, but only the policies named for the allocations (``static``, ``dynamic+prior``) are told
 of a level change; the others see it in the times the workers measure.
@@ -78,6 +77,7 @@ from typing import Any
 
 import torch
 
+from omnilearn.control.asp import AsyncController, AsyncLoop
 from omnilearn.control.controller import make_controller
 from omnilearn.control.loop import ControlLoop
 from omnilearn.control.policies import Bounds, effective
@@ -86,6 +86,7 @@ from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter
+from omnilearn.train.asp_update import build_rule, reference_batch, scheduled_lr
 from omnilearn.train.checkpoint import ASPCheckpoint
 from omnilearn.train.distributed import GradBuffer, flat_state
 from omnilearn.train.evaluate import SNAPSHOT_DIR
@@ -135,19 +136,29 @@ class ParameterServer:
         params = list(model.parameters())
         self.grads = GradBuffer(params, extra=0)
         self.counters = batchnorm_counters(model)
-        self.optimizer = make_optimizer(cfg, params)
+        self.rule = build_rule(cfg, self.state[:self.n_params], lambda: make_optimizer(cfg, params), self.grads.flat)
         self.lr_power = {"auto": 1.0, "linear": 1.0, "sqrt": 0.5, "none": 0.0}[cfg.asp.lr_scaling]
-        self.b_ref = float(cfg.asp.lr_reference_batch or t.global_batch / cfg.workers)
+        self.b_ref = reference_batch(cfg)
+        self.parameters_pushed = cfg.asp.push == "parameters"
+        self.kclock = 0.0  # the optimizer's time: b / b_ref of every push applied
+        self.pulled: list[tuple[int, float]] = [(0, 0.0)] * len(self.slots)  # (version, kclock) at each pull
         self.train_size = train_size
         self.target_samples = t.epochs * train_size
         self.worker_targets = [job.plan.targets[s] for s in self.slots]
         self.configured_bounds = Bounds.make(self.workers, c.min_batch, c.max_batch, t.global_batch)
         self.memory_max: list[int | None] = [None] * self.workers  # what each worker's memory takes
         self.fault: UserError | None = None  # set by a handler, raised by the main loop
-        self.controller = make_controller(c, t.global_batch, self.configured_bounds, synchronous=False)
-        self.loop = ControlLoop(self.controller, self.metrics.write)
+        if c.policy == "dynamic":  # the ASP controller: progress a second (control/asp.py)
+            self.controller: Any = AsyncController(t.global_batch, self.configured_bounds, cfg.asp.delay_tolerance,
+                                                   parameters=self.parameters_pushed)
+            self.loop: Any = AsyncLoop(self.controller, self.metrics.write)
+        else:
+            self.controller = make_controller(c, t.global_batch, self.configured_bounds, synchronous=False)
+            self.loop = ControlLoop(self.controller, self.metrics.write)
+        self.applied_at: list[float | None] = [None] * len(self.slots)  # when each worker's last push was applied
         self.level = self.schedule.level_at(0)
-        self.controller.initial(self.controller.allocations(lambda: self.shares(self.level)))
+        if not isinstance(self.controller, AsyncController):
+            self.controller.initial(self.controller.allocations(lambda: self.shares(self.level)))
         # RLock: the SIGTERM handler (main thread) may checkpoint while the main thread holds it.
         self.lock = threading.RLock()
         self.ready = threading.Condition(self.lock)
@@ -187,8 +198,7 @@ class ParameterServer:
         return self.clock if self.t_start is None else (now or time.time()) - self.t_start
 
     def base_lr(self) -> float:
-        t = self.cfg.train
-        return t.lr * t.gamma ** sum(1 for m in t.milestones if self.epoch >= m)
+        return scheduled_lr(self.cfg.train, self.epoch)
 
     def _index(self, slot: int) -> int:
         """Where a worker's counters are, from the slot it names itself by (its rank in the whole job)."""
@@ -221,6 +231,7 @@ class ParameterServer:
         i = self._index(slot)
         with self.lock:
             self.last_contact[i] = time.time()
+            self.pulled[i] = (self.version, self.kclock)
             control = self._control(i)
             # A clone: the tensor is serialised after the handler returns, outside the lock.
             return (None if self.stopping else self.state.clone()), control
@@ -246,42 +257,57 @@ class ParameterServer:
             assert seq == self.last_seq[i] + 1, f"worker {slot}: push seq {seq} after {self.last_seq[i]}"
             staleness = self.version - version
             assert 0 <= staleness, (self.version, version)
-            scale = (batch / self.b_ref) ** self.lr_power
-            if self.cfg.asp.staleness_damping:
-                scale /= 1 + staleness
+            pulled_version, pulled_clock = self.pulled[i]
+            late = self.kclock - pulled_clock if pulled_version == version else float(staleness)
+            kappa = batch / self.b_ref
             base = self.base_lr()
-            self.grads.flat.copy_(flat[:self.n_params]).mul_(scale)
-            for group in self.optimizer.param_groups:
-                group["lr"] = base
-            self.optimizer.step()
+            t_apply = time.perf_counter()
+            if self.parameters_pushed:  # the worker stepped its own optimizer: the last writer's parameters
+                self.state[:self.n_params].copy_(flat[:self.n_params])
+                weight = 1.0
+            else:
+                weight = self.rule.weight(kappa, staleness if self.cfg.asp.update == "scaled-gradient" else late)
+                self.rule.apply(self.state[:self.n_params], flat[:self.n_params], kappa,
+                                staleness if self.cfg.asp.update == "scaled-gradient" else late, base)
             self.state[self.n_params:].add_(flat[self.n_params:])  # running-statistics change
             for counter in self.counters:
                 counter += 1
             self.version += 1
+            self.kclock += kappa
             self.samples += batch
             self.worker_samples[i] += batch
             self.updates[i] += 1
             self.last_seq[i] = seq
+            apply_s = time.perf_counter() - t_apply
             self.metrics.write("update", worker=slot, seq=seq, version=self.version, grad_version=version,
-                               staleness=staleness, batch=batch, scale=scale, lr=base * scale,
+                               staleness=staleness, staleness_time=round(late, 4), batch=batch, scale=weight,
+                               lr=base * weight, apply_ms=round(apply_s * 1e3, 3),
                                samples=self.samples, epoch=self.epoch, elapsed_s=self.elapsed(now),
                                loss=stats["loss"] / max(batch, 1), compute_ms=round(stats["compute_s"] * 1e3, 3),
                                time=now)
             if stats.get("max_batch") is not None and stats["max_batch"] != self.memory_max[i]:
                 self.memory_max[i] = int(stats["max_batch"])
                 self.apply_memory_bounds()
-            self._observe(i, batch, stats)
+            self._observe(i, batch, stats, now, apply_s)
             self.advance()
-            reply = {**self._control(i), "staleness": staleness, "lr": base * scale}
+            reply = {**self._control(i), "staleness": staleness, "lr": base * weight, "base_lr": base}
             self.replies[i] = reply
             return reply
 
     # ------------------------------------------------------------------ controller and schedule
 
-    def _observe(self, i: int, batch: int, stats: dict[str, Any]) -> None:
+    def _observe(self, i: int, batch: int, stats: dict[str, Any], now: float, apply_s: float) -> None:
         """Feed worker i's compute time to the controller (a policy told of level changes takes only
         times measured at the current level); maybe decide."""
         ctl = self.controller
+        last, self.applied_at[i] = self.applied_at[i], now
+        if isinstance(ctl, AsyncController):
+            if self.stopping:
+                return
+            ctl.server_s = apply_s if ctl.server_s == 0 else 0.9 * ctl.server_s + 0.1 * apply_s
+            self.loop.push(i, batch, stats["compute_s"], 0.0 if last is None else now - last, worker=self.slots[i],
+                           version=self.version, epoch=self.epoch)
+            return
         if not ctl.measures or self.stopping or (ctl.knows_allocation and stats.get("level") != self.level):
             return
         due = True

@@ -1,0 +1,346 @@
+"""``dynamic`` in ASP: the split that maximises the progress a second the model predicts.
+
+ASP has no barrier: whatever the split, the workers process about the samples a second their
+speeds allow. What the split changes is the updates the server sees, their batches and their
+staleness, and so what they are worth (``docs/design/asp.md``). The model, every symbol measured:
+
+- Worker ``i``'s step of ``b`` samples computes for ``t_i(b) = c_i (b + k)`` seconds; its cycle
+  (pull, compute, push and the server's queue) lasts ``T_i(b) = t_i(b) + o_i``. It pushes
+  ``1 / T_i`` times a second, ``b / T_i`` samples.
+- Its push waits, between its pull and its application, for the pushes of the others in that
+  time, each ``κ_j = b_j / b_ref`` units of the optimiser's time (:mod:`omnilearn.train.asp_update`):
+  its staleness is ``τ_i = Σ_{j≠i} κ_j N_ij``, ``N_ij`` the floor or the ceiling of ``x_ij = T_i / T_j``
+  at a random phase: mean ``λ_i = Σ_j κ_j x_ij``, variance ``σ_i² = Σ_j κ_j² f_ij (1 − f_ij)`` (``f``
+  the fractional part of ``x``).
+- The server's update weighs a gradient ``τ`` late by ``a(τ) = min(1, ρ / τ)`` (``ρ`` is
+  ``asp.delay_tolerance``), so worker ``i``'s samples count ``E[a(τ_i)]`` (:func:`expected_factor`).
+
+- The update moves the model by at most ``ρ`` units of the optimiser's step: a push of more than
+  ``ρ b_ref`` samples counts ``ρ b_ref`` (the rest only averages its noise).
+
+It maximises the effective samples a second
+
+    P(b) = Σ_i  min(b_i, ρ b_ref) / T_i(b_i) · E[a(τ_i(b))]        subject to  Σ_i b_i = B,  within the bounds,
+
+over a family of splits (:meth:`AsyncController.candidates`), and moves when ``P`` gains more than
+:data:`PRIORS`' ``min_gain``. Whatever the split, an update waits on average for ``n − 1`` updates
+(one of each other worker); the split moves the spread, and how many samples those updates hold:
+a fast worker's push waits for few samples whatever its rate, a slow worker's for many. Where the
+cut is mild (``ρ`` near ``n``), evening the update rates keeps most samples at their full weight;
+where it is harsh, fresh updates from fast workers are worth more. Where every split is worth about the same (equal speeds and small delays, or
+an infinite ``ρ``) the split is kept, and the reason counted (:attr:`AsyncController.holds`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omnilearn.control import policies
+from omnilearn.control.policies import Bounds
+
+
+@dataclass(frozen=True)
+class Priors:
+    """What the ASP controller assumes before it measures, and the margins of its decisions."""
+
+    window: int = 8
+    """Measurements kept per worker (its times at its batches, its cycles' overheads)."""
+    fresh: int = 2
+    """Measurements every worker needs at its current batch before a decision (after a move, too)."""
+    min_gain: float = 0.05
+    """The least relative gain in effective samples a second a move must promise: the model's own
+    estimates (speeds from a few noisy steps, staleness from a phase model) are not finer."""
+    change: float = 0.3
+    """A worker whose time per sample departs this far from its window's median twice running has
+    changed speed: its older measurements are dropped."""
+    trust: float = 4.0
+    """A decision moves each worker's batch at most this factor up or down: a fixed cost ``k`` not yet
+    measured (at one batch size per worker it cannot be) shows in the times the move brings."""
+    k: float = 0.0
+    """The fixed cost per step, in samples, before two batch sizes of a worker have told it."""
+    utilisation: float = 0.8
+    """The most of its time the server may spend applying updates: a split that needs more is not taken."""
+    gammas: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    """The powers of the speeds the candidate splits follow (0: equal batches; 1: equal compute times)."""
+
+
+PRIORS = Priors()
+
+
+_NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(9)
+_WEIGHTS = _WEIGHTS / _WEIGHTS.sum()
+
+
+def expected_factor(mean: np.ndarray, var: np.ndarray, rho: float) -> np.ndarray:
+    """``E[min(1, ρ / τ)]`` for staleness ``τ`` of each mean and variance, ``τ`` taken as a normal
+    (nine Gauss-Hermite nodes, cut at 0)."""
+    if math.isinf(rho):
+        return np.ones_like(mean)
+    tau = np.maximum(mean[:, None] + np.sqrt(np.maximum(var, 0.0))[:, None] * _NODES[None, :], 0.0)
+    return (np.minimum(1.0, rho / np.maximum(tau, 1e-12)) * _WEIGHTS[None, :]).sum(axis=1)
+
+
+@dataclass
+class Worker:
+    """One worker's recent measurements."""
+
+    times: deque[tuple[int, float]]  # (batch, compute seconds)
+    overheads: deque[float]  # cycle seconds less compute seconds
+    fresh: int = 0
+    strikes: int = 0
+
+
+@dataclass
+class AsyncController:
+    """The ASP ``dynamic`` policy (see the module). ``delay_tolerance``: the update rule's ``ρ``."""
+
+    global_batch: int
+    bounds: Bounds
+    delay_tolerance: float
+    priors: Priors = PRIORS
+    parameters: bool = False
+    """``asp.push: parameters``: no rule weighs a push, and a push overwrites every update applied
+    since its pull; the controller then evens the update rates (the paper's aim: every push extends the
+    latest state), moving to equal cycles when their spread passes ``min_gain``."""
+    batch: list[int] = field(default_factory=list)
+    holds: dict[str, int] = field(default_factory=dict)
+    """Decisions considered that kept the split, by reason: ``unmeasured`` (a worker has no time
+    yet), ``no-gain`` (no candidate beats the split by ``min_gain``), ``server`` (the better splits
+    need more updates a second than the server can apply)."""
+    decision: dict[str, Any] | None = None
+    """The last move: the effective samples a second before and after, and the staleness predicted."""
+    server_s: float = 0.0
+    """The server's seconds per update applied (measured by its owner)."""
+
+    def __post_init__(self) -> None:
+        n = len(self.bounds.max_batch)
+        if not self.batch:
+            self.batch = policies.uniform(n, self.global_batch, self.bounds)
+        self.workers = [Worker(deque(maxlen=self.priors.window), deque(maxlen=self.priors.window))
+                        for _ in range(n)]
+        self.k = self.priors.k
+        """The fixed cost per step in samples, as last fitted (:meth:`_fit_k`)."""
+        self._wait = self.priors.fresh  # measurements every worker needs before the next decision
+
+    policy = property(lambda self: "dynamic")
+    knows_allocation = False  # measured times only
+
+    # ------------------------------------------------------------------ measurements
+    def push(self, worker: int, batch: int, compute_s: float, cycle_s: float) -> list[int] | None:
+        """One push applied: its worker, batch, compute time and cycle (seconds since that worker's
+        last push was applied; 0 for its first). Returns a new split, or None."""
+        w = self.workers[worker]
+        if batch == self.batch[worker] and compute_s > 0:
+            self._observe(w, batch, compute_s)
+            if cycle_s > compute_s:
+                w.overheads.append(cycle_s - compute_s)
+        if any(w.fresh < self._wait for w in self.workers):
+            return None
+        return self.decide()
+
+    def _observe(self, w: Worker, batch: int, compute_s: float) -> None:
+        per = compute_s / (batch + self.k)
+        if len(w.times) >= 3:
+            mid = statistics.median(t / (b + self.k) for b, t in w.times)
+            w.strikes = w.strikes + 1 if abs(per / mid - 1) > self.priors.change else 0
+            if w.strikes >= 2:  # a new speed: the older measurements are of another worker
+                last = w.times[-1]
+                w.times.clear()
+                w.times.append(last)
+                w.strikes = 0
+                self._wait = self.priors.fresh  # decide again soon
+        w.times.append((batch, compute_s))
+        w.fresh += 1
+
+    # ------------------------------------------------------------------ estimates
+    def _fit_k(self) -> float:
+        """The fixed cost per step in samples: from the workers measured at two batch sizes (each
+        one's ``k`` from the medians at its two latest sizes; their median), else the prior."""
+        found = []
+        for w in self.workers:
+            sizes = sorted({b for b, _ in w.times})
+            if len(sizes) < 2:
+                continue
+            b1, b2 = sizes[0], sizes[-1]
+            t1 = statistics.median(t for b, t in w.times if b == b1)
+            t2 = statistics.median(t for b, t in w.times if b == b2)
+            if t2 > t1:
+                found.append((b2 * t1 - b1 * t2) / (t2 - t1))
+        if not found:
+            return self.priors.k
+        return float(min(max(statistics.median(found), 0.0), self.global_batch / len(self.workers)))
+
+    def estimates(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Every worker's seconds per sample ``c_i`` and cycle overhead ``o_i``; None until every
+        worker has a measurement."""
+        if any(not w.times for w in self.workers):
+            return None
+        k = self.k
+        c = np.asarray([statistics.median(t / (b + k) for b, t in w.times) for w in self.workers])
+        o = np.asarray([statistics.median(w.overheads) if w.overheads else 0.0 for w in self.workers])
+        return c, o
+
+    def worth(self, splits: np.ndarray, c: np.ndarray, o: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each row of ``splits`` (candidates x workers): ``P`` (effective samples a second), each
+        worker's predicted mean staleness, and the server's predicted share of time busy."""
+        cycle = c * (splits + self.k) + o  # (C, n)
+        x = cycle[:, :, None] / cycle[:, None, :]
+        x[:, np.arange(x.shape[1]), np.arange(x.shape[1])] = 0.0
+        kappa = splits[:, None, :] * (len(c) / self.global_batch)  # each other worker's push, in b_ref units
+        lam = (x * kappa).sum(axis=2)
+        f = x - np.floor(x)
+        var = (f * (1 - f) * kappa * kappa).sum(axis=2)
+        rate = 1.0 / cycle
+        a = expected_factor(lam.ravel(), var.ravel(), self.delay_tolerance).reshape(lam.shape)
+        moved = np.minimum(splits, self.delay_tolerance * self.global_batch / len(c))  # the step's cap
+        return (moved * rate * a).sum(axis=1), lam, rate.sum(axis=1) * self.server_s
+
+    def candidates(self, c: np.ndarray, o: np.ndarray) -> list[list[int]]:
+        """The splits a decision weighs: the current one; equal cycles (every worker's pull, compute
+        and push as long as the others': equal update rates) and the ways a quarter, half and three
+        quarters to them; and ``b_i ∝ s_i^γ`` for each of the priors' powers (``s_i = 1 / c_i``, the
+        speeds): a faster worker never gets less than a slower one."""
+        speed = 1.0 / c
+        now = np.asarray(self.batch, float)
+        out = [list(self.batch)]
+        equal = self._equal_cycles(c, o)
+        for part in (0.25, 0.5, 0.75, 1.0):
+            out.append(self._fit(now + part * (equal - now)))
+        for g in self.priors.gammas:
+            out.append(self._fit(speed ** g))
+        return out
+
+    def _equal_cycles(self, c: np.ndarray, o: np.ndarray) -> np.ndarray:
+        """The (fractional) split whose cycles ``c_i (b_i + k) + o_i`` are all equal, ``Σ b_i = B``."""
+        k = self.k
+        cycle = (self.global_batch + k * len(c) + float((o / c).sum())) / float((1.0 / c).sum())
+        return np.maximum((cycle - o) / c - k, 0.0)
+
+    def _fit(self, weights: np.ndarray) -> list[int]:
+        """The split in proportion to ``weights`` within the bounds and the trust region, in whole samples."""
+        now = np.asarray(self.batch, float)
+        lo = np.maximum(np.floor(now / self.priors.trust), self.bounds.min_batch)
+        hi = np.minimum(np.ceil(now * self.priors.trust), np.asarray(self.bounds.max_batch, float))
+        if lo.sum() > self.global_batch or hi.sum() < self.global_batch:
+            lo, hi = np.full(len(now), float(self.bounds.min_batch)), np.asarray(self.bounds.max_batch, float)
+        shares = policies.bounded_shares(list(weights), self.global_batch, list(lo), list(hi))
+        return policies.round_preserving_sum(shares, self.global_batch, self.bounds.min_batch,
+                                             [int(h) for h in hi])
+
+    # ------------------------------------------------------------------ decisions
+    def decide(self) -> list[int] | None:
+        """The best candidate if it gains more than ``min_gain`` (see the module), else None."""
+        for w in self.workers:
+            w.fresh = 0
+        self.k = self._fit_k()
+        found = self.estimates()
+        if found is None:
+            return self._hold("unmeasured")
+        c, o = found
+        if self.parameters:
+            return self._even_rates(c, o)
+        splits = np.unique(np.asarray(self.candidates(c, o), float), axis=0)
+        worth, lam, busy = self.worth(splits, c, o)
+        now = float(self.worth(np.asarray([self.batch], float), c, o)[0][0])
+        bar = now * (1 + self.priors.min_gain)
+        allowed = busy <= self.priors.utilisation
+        if not (allowed & (worth > bar)).any():
+            return self._hold("server" if (worth > bar).any() else "no-gain")
+        best = int(np.argmax(np.where(allowed, worth, -np.inf)))
+        self.decision = {"worth": round(now, 4), "worth_new": round(float(worth[best]), 4), "k": round(self.k, 3),
+                         "staleness_predicted": [round(float(x), 2) for x in lam[best]]}
+        return self._adopt([int(b) for b in splits[best]])
+
+    def _even_rates(self, c: np.ndarray, o: np.ndarray) -> list[int] | None:
+        """Parameter pushes: equal cycles, when the cycles' spread (max / min) passes ``1 + min_gain``."""
+        cycle = c * (np.asarray(self.batch, float) + self.k) + o
+        if cycle.max() / cycle.min() <= 1 + self.priors.min_gain:
+            return self._hold("no-gain")
+        new = self._fit(self._equal_cycles(c, o))
+        if new == self.batch:
+            return self._hold("no-gain")
+        self.decision = {"spread": round(float(cycle.max() / cycle.min()), 4), "k": round(self.k, 3)}
+        return self._adopt(new)
+
+    def _hold(self, reason: str) -> None:
+        """Keep the split; the next decision waits for twice the measurements (up to the window)."""
+        self.holds[reason] = self.holds.get(reason, 0) + 1
+        self._wait = min(2 * self._wait, self.priors.window)
+        return None
+
+    def _adopt(self, new: list[int]) -> list[int]:
+        self.batch = list(new)
+        self._wait = self.priors.fresh
+        return list(new)
+
+    def set_bounds(self, bounds: Bounds) -> list[int] | None:
+        """Adopt new bounds (memory); re-split if the current batch breaks them."""
+        self.bounds = bounds
+        if all(bounds.min_batch <= b <= m for b, m in zip(self.batch, bounds.max_batch, strict=True)):
+            return None
+        return self._adopt(policies.split(self.batch, self.global_batch, bounds))
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"policy": "dynamic", "asp": True, "batch": list(self.batch), "holds": dict(self.holds),
+                "bounds": {"min_batch": self.bounds.min_batch, "max_batch": list(self.bounds.max_batch)},
+                "decision": self.decision, "server_s": self.server_s,
+                "workers": [{"times": [list(t) for t in w.times], "overheads": list(w.overheads)}
+                            for w in self.workers]}
+
+    def load_state_dict(self, d: dict[str, Any], keep: list[int] | None = None) -> None:
+        """Load ``d``; with ``keep`` (the saved workers that still run) only theirs, the split scaled
+        up to the global batch."""
+        keep = keep if keep is not None else list(range(len(d["batch"])))
+        bounds = d["bounds"]
+        self.bounds = Bounds(bounds["min_batch"], tuple(bounds["max_batch"][i] for i in keep))
+        self.holds, self.decision = dict(d["holds"]), d["decision"]
+        self.server_s = float(d.get("server_s", 0.0))
+        self.batch = policies.split([float(d["batch"][i]) for i in keep], self.global_batch, self.bounds)
+        self.workers = []
+        for i in keep:
+            saved = d["workers"][i]
+            w = Worker(deque(maxlen=self.priors.window), deque(maxlen=self.priors.window))
+            w.times.extend((int(b), float(t)) for b, t in saved["times"])
+            w.overheads.extend(float(x) for x in saved["overheads"])
+            self.workers.append(w)
+
+
+@dataclass
+class AsyncLoop:
+    """Drives an :class:`AsyncController` for its owner (the parameter server): every push, timed, and
+    the ``batch_change`` record of each move it takes (reason ``progress``), through ``write``."""
+
+    controller: AsyncController
+    write: Any
+    overhead_s: float = 0.0
+    calls: int = 0
+
+    @property
+    def batch(self) -> list[int]:
+        return list(self.controller.batch)
+
+    def push(self, index: int, batch: int, compute_s: float, cycle_s: float, **where: Any) -> list[int] | None:
+        """Worker ``index``'s push (see :meth:`AsyncController.push`); ``where``: the record's fields."""
+        t0 = time.perf_counter()
+        old = self.batch
+        new = self.controller.push(index, batch, compute_s, cycle_s)
+        self.overhead_s += time.perf_counter() - t0
+        self.calls += 1
+        if new is not None:
+            self.write("batch_change", **where, old=old, batch=list(new), reason="progress",
+                       **(self.controller.decision or {}))
+        return new
+
+    def summary(self) -> dict[str, Any]:
+        """What the end record says of the controller: its cost and the decisions it held."""
+        holds = dict(self.controller.holds)
+        return {"controller_overhead_ms": round(1e3 * self.overhead_s / max(self.calls, 1), 4),
+                "controller_steps_measured": self.calls, "holds": {"count": sum(holds.values()), "reasons": holds}}

@@ -1,0 +1,245 @@
+"""The parameter server's update rules: how one pushed gradient moves the model.
+
+A push carries the mean gradient ``g`` of ``b`` samples computed on the parameters of some updates
+ago; its staleness ``τ`` is the optimiser's time those updates took, ``Σ κ`` over them (with equal
+batches, their count). :class:`SampleTime` (``asp.update: sample-time``) is the rule derived in
+``docs/design/asp.md``:
+
+- **Batch.** The update counts as ``κ = b / b_ref`` units of the optimiser's time: every moment
+  decays by ``β^κ`` and the step is ``η κ`` times the moment's direction. A split of unequal batches
+  then moves the model as equal batches of the same samples would, and the raw gradient enters
+  Adam's second moment, so the noise it holds is the samples', whatever the split.
+- **Tolerance.** ``ρ`` (``asp.delay_tolerance``) is how many units of the optimiser's time the
+  configured step tolerates at once: a step ``η`` at a share ``q`` of its stability limit stays
+  stable over a delay of about ``1 / q`` units and for a batch of about ``1 / q`` units. So the
+  gradient enters the first moment weighed by ``a(τ) = min(1, ρ / τ)`` (the full weight while the
+  delay keeps the step stable, beyond it a weight cut in proportion to the delay: the delay-adaptive
+  rule under which asynchronous SGD converges whatever the largest delay), and the step is
+  ``η min(κ, ρ)``: a batch of more than ``ρ`` units moves the model as far as one of ``ρ``.
+
+With ``μ`` SGD's momentum (``β₁`` for Adam), ``λ`` the weight decay and ``m``, ``v`` zero at the start:
+
+    SGD:    m ← μ^κ m + (1 − μ^κ) (a g + λ θ)             θ ← θ − η s m / (1 − μ)
+    AdamW:  m ← β₁^κ m + (1 − β₁^κ) a g                    v ← β₂^κ v + (1 − β₂^κ) g²
+            p₁ ← p₁ β₁^κ,  p₂ ← p₂ β₂^κ                     θ ← θ (1 − η λ κ) − η s m̂ / (√v̂ + ε)
+            m̂ = m / (1 − p₁),  v̂ = v / (1 − p₂),  s = min(κ, ρ)
+
+At ``κ = 1`` and ``τ = 0`` these are torch's SGD (momentum, coupled weight decay, no dampening) and
+AdamW step for step. Every operation broadcasts: ``θ`` may be one flat parameter vector (the server)
+or a batch of them, one row per simulated run (the ASP benchmark), with ``κ`` and ``τ`` a column.
+
+:class:`ScaledGradient` (``asp.update: scaled-gradient``) is the rule kept for comparison:
+torch's optimiser on the gradient scaled by ``(b / b_ref) ** p`` (``asp.lr_scaling``) and, with
+``asp.staleness_damping``, by ``1 / (1 + τ)``.
+
+Both keep their whole state in :meth:`state_dict` (the checkpoint saves it): the moments, the
+bias-correction products and the count of updates applied.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+UPDATES = ("sample-time", "scaled-gradient")
+LR_POWERS = {"auto": 1.0, "linear": 1.0, "sqrt": 0.5, "none": 0.0}
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """The optimiser's settings (``train``), and the rule's own (``asp``)."""
+
+    optimizer: str  # "sgd" | "adamw"
+    momentum: float  # SGD's μ
+    weight_decay: float
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    delay_tolerance: float = float("inf")  # ρ of a(τ) = min(1, ρ / τ); inf: staleness is not weighed
+
+
+def staleness_factor(tau: Any, rho: float) -> Any:
+    """``a(τ) = min(1, ρ / τ)``: the weight of a gradient ``τ`` updates late (1 up to ``τ = ρ``)."""
+    if rho == float("inf"):
+        return tau * 0 + 1.0
+    if isinstance(tau, torch.Tensor):
+        return torch.clamp(rho / torch.clamp(tau, min=1e-12), max=1.0)
+    return min(1.0, rho / tau) if tau > 0 else 1.0
+
+
+class UpdateRule(Protocol):
+    """What the server calls: one update, and the state a checkpoint keeps."""
+
+    def apply(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any) -> None:
+        """Move ``theta`` in place by one push: its gradient ``grad``, batch weight ``κ = b / b_ref``,
+        staleness ``τ`` and learning rate ``lr`` (floats, or columns broadcasting against the rows)."""
+        ...
+
+    def weight(self, kappa: float, tau: float) -> float:
+        """The push's weight as the update records it (``κ a(τ)``, or the scale applied)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class SampleTime:
+    """``asp.update: sample-time`` (see the module). ``shape``: the shape of ``θ`` it updates."""
+
+    def __init__(self, hyper: Hyper, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype = torch.float32) -> None:
+        assert hyper.optimizer in ("sgd", "adamw"), hyper.optimizer
+        self.hyper = hyper
+        self.m = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype) if hyper.optimizer == "adamw" else None
+        column = (*shape[:-1], 1)
+        self.p1 = torch.ones(column, dtype=torch.float64)  # bias-correction products, per row
+        self.p2 = torch.ones(column, dtype=torch.float64)
+        self.updates = 0
+
+    def weight(self, kappa: float, tau: float) -> float:
+        rho = self.hyper.delay_tolerance
+        return float(min(kappa, rho) * staleness_factor(tau, rho))
+
+    def apply(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any,
+              rows: torch.Tensor | None = None) -> None:
+        """One update (see :class:`UpdateRule`). ``rows``: the rows of the state that ``theta`` and
+        ``grad`` hold, when they are some rows only (the ASP benchmark's workers' own optimisers)."""
+        if rows is None and not any(isinstance(x, torch.Tensor) for x in (kappa, tau, lr)):
+            self._apply_one(theta, grad, float(kappa), float(tau), float(lr))
+        else:
+            self._apply_rows(theta, grad, kappa, tau, lr, rows)
+        self.updates += 1
+
+    def _apply_one(self, theta: torch.Tensor, grad: torch.Tensor, kappa: float, tau: float, lr: float) -> None:
+        """The server's update: one parameter vector, in place, no temporaries the size of the model
+        but Adam's denominator."""
+        h = self.hyper
+        a = staleness_factor(tau, h.delay_tolerance)
+        if h.optimizer == "sgd":
+            keep = h.momentum ** kappa
+            self.m.mul_(keep).add_(grad, alpha=a * (1 - keep))
+            if h.weight_decay:
+                self.m.add_(theta, alpha=h.weight_decay * (1 - keep))
+            theta.add_(self.m, alpha=-lr * min(kappa, h.delay_tolerance) / (1 - h.momentum))
+            return
+        assert self.v is not None
+        b1, b2 = h.betas
+        k1, k2 = b1 ** kappa, b2 ** kappa
+        self.m.mul_(k1).add_(grad, alpha=a * (1 - k1))
+        self.v.mul_(k2).addcmul_(grad, grad, value=1 - k2)
+        self.p1.mul_(k1)
+        self.p2.mul_(k2)
+        c1, c2 = 1 - float(self.p1.reshape(-1)[0]), 1 - float(self.p2.reshape(-1)[0])
+        if h.weight_decay:
+            theta.mul_(1 - lr * h.weight_decay * kappa)
+        denom = torch.sqrt(self.v).div_(math.sqrt(c2)).add_(h.eps)
+        theta.addcdiv_(self.m, denom, value=-lr * min(kappa, h.delay_tolerance) / c1)
+
+    def _apply_rows(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any,
+                    rows: torch.Tensor | None) -> None:
+        """The benchmark's update: rows of runs, each with its own ``κ`` and ``τ`` (columns)."""
+        h = self.hyper
+        a = staleness_factor(tau, h.delay_tolerance)
+        m = self.m if rows is None else self.m[rows]
+        step = torch.clamp(kappa, max=h.delay_tolerance) if isinstance(kappa, torch.Tensor) else min(kappa, h.delay_tolerance)
+        if h.optimizer == "sgd":
+            keep = h.momentum ** kappa
+            entry = grad * a
+            if h.weight_decay:
+                entry = entry + h.weight_decay * theta
+            m.mul_(keep).add_(entry * (1 - keep))
+            theta.sub_(m * (lr * step / (1 - h.momentum)))
+        else:
+            assert self.v is not None
+            v = self.v if rows is None else self.v[rows]
+            p1 = self.p1 if rows is None else self.p1[rows]
+            p2 = self.p2 if rows is None else self.p2[rows]
+            b1, b2 = h.betas
+            k1, k2 = b1 ** kappa, b2 ** kappa
+            m.mul_(k1).add_(grad * a * (1 - k1))
+            v.mul_(k2).add_(grad * grad * (1 - k2))
+            p1, p2 = p1 * k1, p2 * k2
+            m_hat = m / (1 - p1).to(m.dtype)
+            v_hat = v / (1 - p2).to(v.dtype)
+            if h.weight_decay:
+                theta.mul_(1 - lr * h.weight_decay * kappa)
+            theta.sub_(m_hat / (v_hat.sqrt() + h.eps) * (lr * step))
+            if rows is None:
+                self.p1, self.p2 = p1, p2
+            else:
+                self.v[rows], self.p1[rows], self.p2[rows] = v, p1, p2
+        if rows is not None:
+            self.m[rows] = m
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rule": "sample-time", "m": self.m.clone(), "v": None if self.v is None else self.v.clone(),
+                "p1": self.p1.clone(), "p2": self.p2.clone(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        assert state.get("rule") == "sample-time", f"a checkpoint of update rule {state.get('rule')!r}"
+        self.m.copy_(state["m"])
+        if self.v is not None:
+            self.v.copy_(state["v"])
+        self.p1, self.p2 = state["p1"].clone(), state["p2"].clone()
+        self.updates = int(state["updates"])
+
+
+class ScaledGradient:
+    """``asp.update: scaled-gradient``: torch's optimiser over ``params`` on the gradient scaled by
+    ``(b / b_ref) ** power`` and, with ``damping``, divided by ``1 + τ``. ``grads``: the flat buffer the
+    parameters' ``.grad`` views (:class:`~omnilearn.train.distributed.GradBuffer`'s)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, grads: torch.Tensor, power: float, damping: bool) -> None:
+        self.optimizer, self.grads, self.power, self.damping = optimizer, grads, power, damping
+
+    def weight(self, kappa: Any, tau: Any) -> Any:
+        scale = kappa ** self.power
+        return scale / (1 + tau) if self.damping else scale
+
+    def apply(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any) -> None:
+        self.grads.copy_(grad).mul_(self.weight(kappa, tau))
+        for group in self.optimizer.param_groups:
+            group["lr"] = float(lr)
+        self.optimizer.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rule": "scaled-gradient", "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "rule" not in state:  # a checkpoint from before the rule was named: the optimizer's own
+            self.optimizer.load_state_dict(state)
+            return
+        assert state["rule"] == "scaled-gradient", f"a checkpoint of update rule {state['rule']!r}"
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def build_rule(cfg: Any, theta: torch.Tensor, make_optimizer: Any, grads: torch.Tensor) -> UpdateRule:
+    """The rule ``cfg.asp.update`` names for the flat parameters ``theta``. ``make_optimizer``: builds
+    torch's optimizer (``scaled-gradient``); ``grads``: the flat buffer its parameters' ``.grad`` view."""
+    t, asp = cfg.train, cfg.asp
+    if asp.update == "scaled-gradient":
+        return ScaledGradient(make_optimizer(), grads, LR_POWERS[asp.lr_scaling], asp.staleness_damping)
+    hyper = Hyper(t.optimizer, t.momentum, t.weight_decay, delay_tolerance=asp.delay_tolerance)
+    return SampleTime(hyper, tuple(theta.shape), theta.dtype)
+
+
+def local_rule(cfg: Any, theta: torch.Tensor) -> SampleTime:
+    """A worker's own optimiser under ``asp.push: parameters``, as the paper's released code steps it:
+    its batch counted in the optimiser's time (``κ``), no staleness (its gradient is of the parameters
+    it steps) and no cap."""
+    t = cfg.train
+    return SampleTime(Hyper(t.optimizer, t.momentum, t.weight_decay), tuple(theta.shape), theta.dtype)
+
+
+def scheduled_lr(train: Any, epoch: float) -> float:
+    """The learning rate at ``epoch`` (samples applied over the training set): ``train.lr`` times
+    ``train.gamma`` for every milestone passed."""
+    return train.lr * train.gamma ** sum(1 for m in train.milestones if epoch >= m)
+
+
+def reference_batch(cfg: Any) -> float:
+    """``b_ref``: the batch a push counts one unit of the optimiser's time at."""
+    return float(cfg.asp.lr_reference_batch or cfg.train.global_batch / cfg.workers)

@@ -1,0 +1,114 @@
+"""The ASP controller: its model's predictions, its moves and its holds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from omnilearn.control.asp import AsyncController, expected_factor
+from omnilearn.control.policies import Bounds
+
+
+def controller(n: int = 4, batch: int = 64, rho: float = 1.0, **kw: object) -> AsyncController:
+    return AsyncController(batch, Bounds.make(n, 2, None, batch), rho, **kw)
+
+
+def feed(ctl: AsyncController, seconds_per_sample: list[float], overhead: float = 0.005, rounds: int = 3
+         ) -> list[list[int]]:
+    """Every worker pushes ``rounds`` times at its current batch; the moves taken."""
+    moves = []
+    for _ in range(rounds):
+        for i, c in enumerate(seconds_per_sample):
+            b = ctl.batch[i]
+            new = ctl.push(i, b, c * b, c * b + overhead)
+            if new is not None:
+                moves.append(new)
+    return moves
+
+
+def test_nothing_is_decided_before_every_worker_is_measured() -> None:
+    ctl = controller()
+    for _ in range(5):
+        assert ctl.push(0, 16, 0.1, 0.0) is None
+    assert ctl.holds == {} and ctl.batch == [16, 16, 16, 16]
+
+
+def test_equal_workers_hold_and_the_decisions_thin_out() -> None:
+    ctl = controller(rho=4.0)
+    assert feed(ctl, [0.004] * 4, rounds=40) == []
+    assert set(ctl.holds) == {"no-gain"}
+    assert ctl.holds["no-gain"] <= 10  # after each hold the next waits for twice the measurements
+
+
+def test_equal_batches_wait_n_minus_one_units() -> None:
+    ctl = controller()
+    c, o = np.full(4, 0.004), np.zeros(4)
+    _, lam, _ = ctl.worth(np.full((1, 4), 16.0), c, o)
+    assert lam[0] == pytest.approx([3.0] * 4)
+    _, lam, _ = ctl.worth(np.asarray([[8.0, 8.0, 8.0, 40.0]]), np.asarray([0.004, 0.004, 0.004, 0.0008]), o)
+    # equal cycles: each waits one push of each other, in its units: the fast worker 3 x 0.5, a slow one 2 x 0.5 + 2.5
+    assert lam[0] == pytest.approx([3.5, 3.5, 3.5, 1.5])
+
+
+def test_the_expected_factor_is_exact_without_spread() -> None:
+    assert expected_factor(np.asarray([0.5, 2.0, 8.0]), np.zeros(3), 2.0) == pytest.approx([1.0, 1.0, 0.25])
+    spread = expected_factor(np.asarray([4.0]), np.asarray([1.0]), 2.0)[0]
+    assert 0.5 < spread < 0.56  # a convex cut: the spread raises the mean weight above a(4) = 0.5
+    assert expected_factor(np.asarray([9.0]), np.asarray([4.0]), math.inf)[0] == 1.0
+
+
+def test_a_tolerant_step_evens_the_update_rates() -> None:
+    ctl = controller(rho=4.0)
+    moves = feed(ctl, [0.004, 0.004, 0.006, 0.0008])  # HL8-like: 1, 1, 2/3 and 5 times a unit's speed
+    assert moves, ctl.holds
+    new = ctl.batch
+    assert sum(new) == 64 and new[3] > 32 and new[2] < min(new[0], new[1])
+    d = ctl.decision
+    assert d is not None and d["worth_new"] > 1.05 * d["worth"]
+
+
+def test_a_step_that_tolerates_one_unit_keeps_equal_batches() -> None:
+    ctl = controller(rho=1.0)
+    assert feed(ctl, [0.004, 0.004, 0.006, 0.0008]) == []
+    assert set(ctl.holds) == {"no-gain"}  # the fast worker's batch beyond one unit would not count
+
+
+def test_a_split_the_server_cannot_serve_is_not_taken() -> None:
+    ctl = controller(rho=4.0, server_s=0.02)  # 50 updates a second at most
+    assert feed(ctl, [0.004, 0.004, 0.006, 0.0008], overhead=0.0) == []
+    assert "server" in ctl.holds
+
+
+def test_parameter_pushes_even_the_cycles() -> None:
+    ctl = controller(rho=1.0, parameters=True)
+    assert feed(ctl, [0.004, 0.004, 0.004, 0.001], overhead=0.0)
+    cycles = [c * b for c, b in zip([0.004, 0.004, 0.004, 0.001], ctl.batch, strict=True)]
+    assert max(cycles) / min(cycles) < 1.3 and ctl.batch[3] > 16
+
+
+def test_a_speed_change_drops_the_old_times_and_decides_again() -> None:
+    ctl = controller(rho=4.0)
+    feed(ctl, [0.004] * 4, rounds=20)
+    held = sum(ctl.holds.values())
+    moves = feed(ctl, [0.004, 0.004, 0.004, 0.0008], rounds=6)  # worker 4 now 5 times faster
+    assert moves and ctl.batch[3] > 16 and sum(ctl.holds.values()) <= held + 2
+
+
+def test_k_is_told_by_a_worker_measured_at_two_batches() -> None:
+    ctl = controller()
+    for b in (16, 16, 32, 32):
+        ctl.batch[0] = b
+        ctl._observe(ctl.workers[0], b, 0.001 * (b + 6))
+    assert ctl._fit_k() == pytest.approx(6.0)
+
+
+def test_the_state_round_trips_and_keeps_the_survivors() -> None:
+    ctl = controller(rho=4.0)
+    feed(ctl, [0.004, 0.004, 0.006, 0.0008])
+    state = ctl.state_dict()
+    back = controller(n=3, rho=4.0)
+    back.load_state_dict(state, keep=[0, 1, 3])
+    assert sum(back.batch) == 64 and len(back.workers) == 3
+    assert list(back.workers[2].times) == list(ctl.workers[3].times)

@@ -1,0 +1,133 @@
+"""The ASP server's update rules: torch's optimizers at one unit of time, a hand computation of two
+workers' pushes, and the parameter server's two push semantics."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from test_asp import make_server, push
+
+from omnilearn.train.asp_update import Hyper, SampleTime, staleness_factor
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_one_unit_without_delay_is_torchs_own_step(optimizer: str) -> None:
+    torch.manual_seed(0)
+    param = torch.nn.Parameter(torch.randn(40))
+    theta = param.detach().clone()
+    rule = SampleTime(Hyper(optimizer, 0.9, 0.01), theta.shape)
+    torch_opt = (torch.optim.AdamW([param], lr=0.01, weight_decay=0.01) if optimizer == "adamw"
+                 else torch.optim.SGD([param], lr=0.01, momentum=0.9, weight_decay=0.01))
+    for _ in range(25):
+        grad = torch.randn(40)
+        param.grad = grad.clone()
+        torch_opt.step()
+        rule.apply(theta, grad, 1.0, 0.0, 0.01)
+    assert torch.allclose(param.detach(), theta, atol=1e-6)
+
+
+def test_two_workers_adamw_by_hand() -> None:
+    # Worker A pushes 8 samples (b_ref 16: half a unit) on fresh parameters; worker B then pushes 48
+    # samples (three units) computed before A's push and one more unit: 1.5 units late. rho = 1.
+    b1, b2, eps, lr, wd = 0.9, 0.999, 1e-8, 0.1, 0.0
+    rule = SampleTime(Hyper("adamw", 0.0, wd, delay_tolerance=1.0), (1,))
+    theta = torch.tensor([1.0], dtype=torch.float64)
+    rule.m, rule.v = rule.m.double(), rule.v.double()
+    rule.apply(theta, torch.tensor([2.0], dtype=torch.float64), 0.5, 0.0, lr)
+    k1, k2 = b1 ** 0.5, b2 ** 0.5
+    m, v = (1 - k1) * 2.0, (1 - k2) * 4.0
+    p1, p2 = k1, k2
+    expect = 1.0 - lr * 0.5 * (m / (1 - p1)) / (math.sqrt(v / (1 - p2)) + eps)
+    assert float(theta) == pytest.approx(expect, rel=1e-12)
+    rule.apply(theta, torch.tensor([-1.0], dtype=torch.float64), 3.0, 1.5, lr)
+    a = 1 / 1.5  # min(1, rho / tau)
+    k1, k2 = b1 ** 3.0, b2 ** 3.0
+    m, v = k1 * m + (1 - k1) * a * -1.0, k2 * v + (1 - k2) * 1.0  # the second moment takes the raw gradient
+    p1, p2 = p1 * k1, p2 * k2
+    expect -= lr * 1.0 * (m / (1 - p1)) / (math.sqrt(v / (1 - p2)) + eps)  # the step: min(3, rho) = 1 unit
+    assert float(theta) == pytest.approx(expect, rel=1e-12)
+    assert float(rule.p1) == pytest.approx(b1 ** 3.5) and float(rule.p2) == pytest.approx(b2 ** 3.5)
+    assert rule.weight(3.0, 1.5) == pytest.approx(a)
+
+
+def test_two_workers_sgd_momentum_by_hand() -> None:
+    mu, lr = 0.9, 0.05
+    rule = SampleTime(Hyper("sgd", mu, 0.0, delay_tolerance=2.0), (1,), torch.float64)
+    theta = torch.tensor([0.0], dtype=torch.float64)
+    rule.apply(theta, torch.tensor([1.0], dtype=torch.float64), 2.0, 0.0, lr)
+    m = (1 - mu ** 2) * 1.0
+    assert float(theta) == pytest.approx(-lr * 2.0 * m / (1 - mu))
+    rule.apply(theta, torch.tensor([1.0], dtype=torch.float64), 1.0, 4.0, lr)  # 4 units late: weight 2 / 4
+    m2 = mu * m + (1 - mu) * 0.5
+    assert float(theta) == pytest.approx(-lr * 2.0 * m / (1 - mu) - lr * 1.0 * m2 / (1 - mu))
+
+
+def test_the_staleness_factor_keeps_the_full_weight_up_to_the_tolerance() -> None:
+    assert [staleness_factor(t, 2.0) for t in (0.0, 1.0, 2.0, 4.0, 8.0)] == [1.0, 1.0, 1.0, 0.5, 0.25]
+    assert staleness_factor(100.0, math.inf) == 1.0
+    column = staleness_factor(torch.tensor([[0.0], [3.0]]), 1.5)
+    assert torch.allclose(column, torch.tensor([[1.0], [0.5]]))
+
+
+def test_rows_apply_each_their_own_time_and_delay() -> None:
+    hyper = Hyper("adamw", 0.0, 0.01, delay_tolerance=1.0)
+    rows = SampleTime(hyper, (2, 5))
+    one, two = SampleTime(hyper, (5,)), SampleTime(hyper, (5,))
+    theta = torch.randn(2, 5)
+    a, b = theta[0].clone(), theta[1].clone()
+    for step in range(4):
+        grad = torch.randn(2, 5)
+        kappa, tau = torch.tensor([[0.5], [2.0]]), torch.tensor([[0.0], [float(step)]])
+        rows.apply(theta, grad, kappa, tau, 0.01)
+        one.apply(a, grad[0], 0.5, 0.0, 0.01)
+        two.apply(b, grad[1], 2.0, float(step), 0.01)
+    assert torch.allclose(theta[0], a, atol=1e-6) and torch.allclose(theta[1], b, atol=1e-6)
+
+
+def test_the_rules_state_round_trips() -> None:
+    rule = SampleTime(Hyper("adamw", 0.0, 0.0), (3,))
+    theta = torch.zeros(3)
+    rule.apply(theta, torch.ones(3), 1.0, 0.0, 0.1)
+    copy = SampleTime(Hyper("adamw", 0.0, 0.0), (3,))
+    copy.load_state_dict(rule.state_dict())
+    other = theta.clone()
+    rule.apply(theta, torch.ones(3), 2.0, 1.0, 0.1)
+    copy.apply(other, torch.ones(3), 2.0, 1.0, 0.1)
+    assert torch.equal(theta, other) and copy.updates == 2
+
+
+def test_a_parameter_push_replaces_every_update_since_its_pull(tmp_path: Path) -> None:
+    server = make_server(tmp_path, ("asp.push", "parameters"))
+    n = server.n_params
+    slow, _ = server.pull(2)  # the slow worker pulls version 0 ...
+    fast = torch.zeros_like(server.state)
+    for seq in (1, 2, 3):  # ... the fast one pushes three times meanwhile
+        pulled, _ = server.pull(1)
+        fast = pulled.clone()
+        fast[:n] -= 0.1 * seq
+        fast[n:] = 0.0  # no change to the running statistics
+        push(server, 1, seq, seq - 1, fast, batch=8)
+    assert server.version == 3 and torch.allclose(server.state[:n], fast[:n])
+    mine = slow.clone()
+    mine[:n] += 1.0  # its own optimizer's step from version 0
+    mine[n:] = 0.0
+    reply = push(server, 2, 1, 0, mine, batch=8)
+    assert reply["staleness"] == 3
+    assert torch.equal(server.state[:n], mine[:n])  # the last writer's parameters: nothing of the three is left
+
+
+def test_under_gradient_pushes_no_update_is_lost(tmp_path: Path) -> None:
+    server = make_server(tmp_path, ("train.optimizer", "sgd"), ("asp.delay_tolerance", math.inf))
+    n = server.n_params
+    start = server.state[:n].clone()
+    grads = []
+    for rank, seq, version in ((1, 1, 0), (1, 2, 1), (1, 3, 2), (2, 1, 0)):
+        g = torch.zeros_like(server.state)
+        g[:n] = torch.randn(n)
+        grads.append(g[:n].clone())
+        push(server, rank, seq, version, g, batch=8)
+    # plain SGD at one unit a push, no cut: the parameters moved by every gradient, the stale one included
+    assert torch.allclose(server.state[:n], start - 0.1 * sum(grads), atol=1e-6)
