@@ -25,7 +25,7 @@ model: {name: smallcnn}
 data: {name: synthetic, image_size: 64, synthetic_size: 1536}
 train: {epochs: EPOCHS, global_batch: 192, lr: 0.02, momentum: 0.0}
 control: {policy: dynamic, window: 3, min_samples: 2, deadband: 0.1}
-asp: {worker_timeout_s: TIMEOUT, eval_interval: 1}
+asp: {worker_timeout_s: TIMEOUT, eval_interval: 1, delay_tolerance: 4}
 emulation:
   backend: auto
   allocation: quota
@@ -42,8 +42,9 @@ def write_job(tmp_path: Path, epochs: int = 3, timeout: float = 20) -> Path:
     return path
 
 
-def check_exactly_once(run: Path, workers: int, lr: float, b_ref: float) -> list[dict[str, Any]]:
-    """Every push applied once, versions 1, 2, 3..., staleness and lr as recomputed from the records."""
+def check_exactly_once(run: Path, workers: int, lr: float, b_ref: float, rho: float = 4.0) -> list[dict[str, Any]]:
+    """Every push applied once, versions 1, 2, 3..., staleness and lr as recomputed from the records
+    (the sample-time rule: a push's weight is min(b / b_ref, rho) x min(1, rho / its staleness in units))."""
     server = read_jsonl(run / "metrics" / "rank-0.jsonl")
     updates = [r for r in server if r["kind"] == "update"]
     ends = [[r for r in read_jsonl(run / "metrics" / f"rank-{w}.jsonl") if r["kind"] == "end"][-1]
@@ -53,9 +54,15 @@ def check_exactly_once(run: Path, workers: int, lr: float, b_ref: float) -> list
     for w in range(1, workers + 1):
         mine = [u["seq"] for u in updates if u["worker"] == w]
         assert mine == list(range(1, ends[w - 1]["pushes"] + 1))  # each of its pushes, once, in order
+    clock = 0.0
+    pulled: dict[int, float] = {0: 0.0}  # the units applied before each version
     for u in updates:
         assert u["staleness"] == u["version"] - 1 - u["grad_version"] >= 0
-        assert u["lr"] == pytest.approx(lr * u["batch"] / b_ref)
+        assert u["staleness_time"] == pytest.approx(clock - pulled[u["grad_version"]], abs=1e-3)
+        weight = min(u["batch"] / b_ref, rho) * (min(1.0, rho / u["staleness_time"]) if u["staleness_time"] else 1.0)
+        assert u["scale"] == pytest.approx(weight, rel=1e-3) and u["lr"] == pytest.approx(lr * weight, rel=1e-3)
+        clock += u["batch"] / b_ref
+        pulled[u["version"]] = clock
     # What the workers were told matches what the server recorded.
     for w in range(1, workers + 1):
         steps = [r for r in read_jsonl(run / "metrics" / f"rank-{w}.jsonl") if r["kind"] == "step"]

@@ -372,6 +372,12 @@ def update_rates(updates: list[dict[str, Any]], workers: list[int], t_from: floa
     return [(len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) >= 2 and ts[-1] > ts[0] else 0.0 for ts in times.values()]
 
 
+def _mean_of(records: list[dict[str, Any]], key: str) -> float | None:
+    """The mean of ``key`` over the records that have it (None if none does)."""
+    values = [float(r[key]) for r in records if r.get(key) is not None]
+    return round(statistics.fmean(values), 4) if values else None
+
+
 def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
     """The ASP summary: the keys BSP has, plus update rates and staleness, from the server's records.
 
@@ -452,6 +458,8 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "staleness_p95": _percentile(staleness, 95),
         "staleness_max": max(staleness) if staleness else None,
         "staleness_by_worker": [round(statistics.fmean(v), 4) if v else None for v in per_worker],
+        "staleness_time_mean": _mean_of(updates, "staleness_time"),
+        "update": cfg.asp.update, "push": cfg.asp.push, "delay_tolerance": cfg.asp.delay_tolerance,
         "lr_reference_batch": of_kind(server, START)[-1].get("lr_reference_batch"),
         "staleness_damping": cfg.asp.staleness_damping,
         "duplicates": end.get("duplicates", 0),
