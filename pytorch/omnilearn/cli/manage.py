@@ -204,20 +204,33 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_suite(args: argparse.Namespace, flag: str, run_suite: Any, name: str) -> dict[str, Any]:
+    """``--scenarios`` or ``--asp-scenarios`` (``flag``) by ``run_suite``, its files ``name``.csv and .md
+    under ``--out``, said on one line; a ``--replay`` flag beside it is refused."""
+    file, command = _suite(args, flag)
+    result = run_suite(Path(args.out), file, args.policies, args.seeds, jobs=args.jobs, command=command)
+    print(f"{result['scenarios']} scenarios, {len(result['rows'])} runs in {result['seconds']:.1f} s: "
+          f"{args.out}/{name}.csv, {args.out}/{name}.md")
+    return result
+
+
+def _suite(args: argparse.Namespace, flag: str) -> tuple[str | None, str]:
+    """The suite file of ``flag`` (None: the default) and the command line the report names."""
+    for name in ("workers", "policy", "epochs", "calibration"):
+        if getattr(args, name, None) is not None:
+            raise UserError(f"--{name} applies to --replay; --{flag} takes --policies and --seeds")
+    file = getattr(args, flag.replace("-", "_")) or None
+    command = " ".join([f"omnilearn simulate --{flag}", *([file] if file else []), "--out", str(args.out),
+                        *(["--policies", *args.policies] if args.policies else []),
+                        *(["--seeds", str(args.seeds)] if args.seeds is not None else [])])
+    return file, command
+
+
 def cmd_asp_scenarios(args: argparse.Namespace) -> int:
     """``omnilearn simulate --asp-scenarios [FILE] --out DIR``: the ASP benchmark."""
     from omnilearn.simulate.asp_scenarios import run_suite
 
-    for flag in ("workers", "policy", "epochs", "calibration"):
-        if getattr(args, flag, None) is not None:
-            raise UserError(f"--{flag} applies to --replay; --asp-scenarios takes --policies and --seeds")
-    file = args.asp_scenarios or None
-    command = " ".join(["omnilearn simulate --asp-scenarios", *([file] if file else []), "--out", str(args.out),
-                        *(["--policies", *args.policies] if args.policies else []),
-                        *(["--seeds", str(args.seeds)] if args.seeds is not None else [])])
-    result = run_suite(Path(args.out), file, args.policies, args.seeds, jobs=args.jobs, command=command)
-    print(f"{result['scenarios']} scenarios, {len(result['rows'])} runs in {result['seconds']:.1f} s: "
-          f"{args.out}/asp_scenarios.csv, {args.out}/asp_scenarios.md")
+    result = _run_suite(args, "asp-scenarios", run_suite, "asp_scenarios")
     for line in result["lines"]:
         if line["policy"] != "uniform" and line["ratio"] is not None:
             print(f"  {line['scenario']:<22} {line['policy']:<8} time to target vs uniform {line['ratio']:.3f} "
@@ -229,16 +242,7 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     """``omnilearn simulate --scenarios [FILE] --out DIR``: the scenario benchmark."""
     from omnilearn.simulate.scenarios import run_suite
 
-    for flag in ("workers", "policy", "epochs", "calibration"):
-        if getattr(args, flag, None) is not None:
-            raise UserError(f"--{flag} applies to --replay; --scenarios takes --policies and --seeds")
-    file = args.scenarios or None
-    command = " ".join(["omnilearn simulate --scenarios", *([file] if file else []), "--out", str(args.out),
-                        *(["--policies", *args.policies] if args.policies else []),
-                        *(["--seeds", str(args.seeds)] if args.seeds is not None else [])])
-    result = run_suite(Path(args.out), file, args.policies, args.seeds, jobs=args.jobs, command=command)
-    print(f"{result['scenarios']} scenarios, {len(result['rows'])} runs in {result['seconds']:.1f} s: "
-          f"{args.out}/scenarios.csv, {args.out}/scenarios.md")
+    result = _run_suite(args, "scenarios", run_suite, "scenarios")
     for line in result["lines"]:
         if line["scenario"].startswith("**"):
             print(f"  {line['policy']:<14} mean fraction of the oracle {line['mean']:.3f}, slower than uniform "

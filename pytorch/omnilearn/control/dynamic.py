@@ -358,9 +358,7 @@ class DynamicController:
     def set_bounds(self, bounds: Bounds) -> list[int] | None:
         """Adopt new bounds (memory-aware limits); re-split if the current batch breaks them."""
         self.bounds = bounds
-        if all(bounds.min_batch <= b <= m for b, m in zip(self.batch, bounds.max_batch, strict=True)):
-            return None
-        return self._adopt(policies.split(self.batch, self.global_batch, bounds))
+        return None if bounds.admit(self.batch) else self._adopt(policies.split(self.batch, self.global_batch, bounds))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -72,6 +72,10 @@ class Bounds:
         assert len(maxes) == workers
         return Bounds(min_batch=min_batch, max_batch=maxes)
 
+    def admit(self, batch: Sequence[int]) -> bool:
+        """Whether every worker's batch lies within its bounds."""
+        return all(self.min_batch <= b <= m for b, m in zip(batch, self.max_batch, strict=True))
+
     def feasible(self, global_batch: int) -> bool:
         return (self.min_batch * len(self.max_batch) <= global_batch <= sum(self.max_batch)
                 and all(m >= self.min_batch for m in self.max_batch))

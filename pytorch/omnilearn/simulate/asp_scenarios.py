@@ -21,10 +21,7 @@ cost of delay (uniform's time over the reference's, less one) and the mean loss 
 
 from __future__ import annotations
 
-import csv
-import io
 import math
-import multiprocessing
 import os
 import statistics
 import time
@@ -39,12 +36,12 @@ import torch
 from omnilearn.control.asp import AsyncController
 from omnilearn.control.policies import Bounds
 from omnilearn.errors import UserError
-from omnilearn.files import CONFIG_DIR, load_yaml, write_atomic
+from omnilearn.files import CONFIG_DIR, write_atomic
 from omnilearn.simulate.asp_problems import PROBLEMS, make_problem
 from omnilearn.simulate.asp_world import Trace, run_async, run_reference
+from omnilearn.simulate.scenarios import parallel, prepare, read_suite, write_csv
 from omnilearn.simulate.truth import Scenario, World, describe, timeline
 from omnilearn.train.asp_update import UPDATES, Hyper, SampleTime, ScaledGradient, UpdateRule
-from omnilearn.typed import build_dataclass
 
 SUITE_FILE = CONFIG_DIR / "asp_scenarios.yaml"
 POLICIES = ("uniform", "dynamic", "static")
@@ -95,28 +92,7 @@ class AspScenario(Scenario):
 def load_suite(path: str | Path | None = None) -> list[AspScenario]:
     """The scenarios of ``path`` (default ``configs/asp_scenarios.yaml``): ``scenarios`` (name ->
     fields) and optional ``defaults``."""
-    path = Path(path) if path is not None else SUITE_FILE
-    raw = load_yaml(path, "ASP scenario file")
-    where = str(path)
-    if not isinstance(raw, dict) or not isinstance(raw.get("scenarios"), dict) or not raw["scenarios"]:
-        raise UserError(f"{where}: expected a mapping with 'scenarios' (name -> fields) and optional 'defaults'")
-    unknown = set(raw) - {"defaults", "scenarios"}
-    if unknown:
-        raise UserError(f"{where}: unknown key '{sorted(unknown)[0]}' (known: defaults, scenarios)")
-    defaults = raw.get("defaults") or {}
-    if not isinstance(defaults, dict):
-        raise UserError(f"{where}: defaults: expected a mapping")
-    build_dataclass(AspScenario, defaults, "defaults", where)
-    suite = []
-    for name, fields in raw["scenarios"].items():
-        if not isinstance(fields, dict):
-            raise UserError(f"{where}: scenarios.{name}: expected a mapping of fields")
-        sc = build_dataclass(AspScenario, {**defaults, **fields}, f"scenarios.{name}", where)
-        sc.name = str(name)
-        sc.check(f"{where}: scenarios")
-        timeline(sc, f"{where}: scenarios")
-        suite.append(sc)
-    return suite
+    return read_suite(Path(path) if path is not None else SUITE_FILE, AspScenario, "ASP scenario file")
 
 
 def rule_maker(sc: AspScenario):  # noqa: ANN201 - a MakeRule
@@ -234,15 +210,6 @@ def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def write_csv(rows: list[dict[str, Any]]) -> str:
-    out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n", extrasaction="ignore")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else "" if r[k] is None else r[k]) for k in COLUMNS})
-    return out.getvalue()
-
-
 def write_md(lines: list[dict[str, Any]], suite: list[AspScenario], info: dict[str, Any], seconds: float,
              command: str) -> str:
     out = ["# ASP scenario benchmark", "",
@@ -284,29 +251,14 @@ def run_suite(out: Path, scenarios: str | Path | None = None, policies: Sequence
                         f"(known: {', '.join(POLICIES)})")
     if "uniform" not in chosen:
         chosen.insert(0, "uniform")  # every ratio is to it
-    if seeds is not None and seeds < 1:
-        raise UserError(f"--seeds {seeds}: must be at least 1")
     suite = load_suite(scenarios)
-    for sc in suite:
-        sc.seeds = seeds if seeds is not None else sc.seeds
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = jobs if jobs is not None else min(2, os.cpu_count() or 1)
-    if jobs < 1:
-        raise UserError(f"--jobs {jobs}: must be at least 1")
+    out, jobs = prepare(out, suite, seeds, jobs)
     order = sorted(suite, key=lambda sc: -sc.workers * sc.steps * sc.global_batch)  # the longest first
-    tasks = [(sc, chosen) for sc in order]
-    if jobs > 1 and len(tasks) > 1:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            parts = dict(zip([sc.name for sc in order], pool.map(_task, tasks, chunksize=1), strict=True))
-    else:
-        parts = {sc.name: _task(t) for sc, t in zip(order, tasks, strict=True)}
+    parts = dict(zip([sc.name for sc in order], parallel(_task, [(sc, chosen) for sc in order], jobs), strict=True))
     rows = [r for sc in suite for r in parts[sc.name][0]]
     info = {name: part[1] for name, part in parts.items()}
     seconds = time.perf_counter() - t0
     lines = summarize(rows, suite, chosen)
-    write_atomic(out / "asp_scenarios.csv", write_csv(rows))
+    write_atomic(out / "asp_scenarios.csv", write_csv(rows, COLUMNS))
     write_atomic(out / "asp_scenarios.md", write_md(lines, suite, info, seconds, command))
     return {"rows": rows, "lines": lines, "seconds": seconds, "scenarios": len(suite)}

@@ -78,8 +78,13 @@ CHUNK = 20
 def load_suite(path: str | Path | None = None) -> list[Scenario]:
     """The scenarios of ``path`` (default ``configs/scenarios.yaml``): a mapping with ``scenarios``
     (name -> fields) and optional ``defaults`` (fields every scenario starts from)."""
-    path = Path(path) if path is not None else SUITE_FILE
-    raw = load_yaml(path, "scenario file")
+    return read_suite(Path(path) if path is not None else SUITE_FILE, Scenario, "scenario file")
+
+
+def read_suite(path: Path, cls: type, what: str) -> list[Any]:
+    """Every scenario of the suite file ``path`` as a ``cls`` (a :class:`Scenario`), each checked and
+    its speeds built (a bad level, schedule or trace fails before any run); ``what`` names the file."""
+    raw = load_yaml(path, what)
     where = str(path)
     if not isinstance(raw, dict) or not isinstance(raw.get("scenarios"), dict) or not raw["scenarios"]:
         raise UserError(f"{where}: expected a mapping with 'scenarios' (name -> fields) and optional 'defaults'")
@@ -89,15 +94,15 @@ def load_suite(path: str | Path | None = None) -> list[Scenario]:
     defaults = raw.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise UserError(f"{where}: defaults: expected a mapping")
-    build_dataclass(Scenario, defaults, "defaults", where)  # its keys checked once, named as defaults
+    build_dataclass(cls, defaults, "defaults", where)  # its keys checked once, named as defaults
     suite = []
     for name, fields in raw["scenarios"].items():
         if not isinstance(fields, dict):
             raise UserError(f"{where}: scenarios.{name}: expected a mapping of fields")
-        sc = build_dataclass(Scenario, {**defaults, **fields}, f"scenarios.{name}", where)
+        sc = build_dataclass(cls, {**defaults, **fields}, f"scenarios.{name}", where)
         sc.name = str(name)
         sc.check(f"{where}: scenarios")
-        timeline(sc, f"{where}: scenarios")  # a bad level, schedule or trace fails before any run
+        timeline(sc, f"{where}: scenarios")
         suite.append(sc)
     return suite
 
@@ -271,12 +276,13 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "" if x is None else f"{x:.{digits}g}" if isinstance(x, float) else str(x)
 
 
-def write_csv(rows: list[dict[str, Any]]) -> str:
+def write_csv(rows: list[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
+    """``rows`` as CSV of ``columns``: floats to six digits, None empty."""
     out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n", extrasaction="ignore")
+    w = csv.DictWriter(out, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
     w.writeheader()
     for r in rows:
-        w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else "" if r[k] is None else r[k]) for k in COLUMNS})
+        w.writerow({k: (f"{r[k]:.6g}" if isinstance(r[k], float) else "" if r[k] is None else r[k]) for k in columns})
     return out.getvalue()
 
 
@@ -354,6 +360,31 @@ def write_md(lines: list[dict[str, Any]], suite: list[Scenario], seconds: float,
     return "\n".join(out) + "\n"
 
 
+def prepare(out: Path | str, suite: list[Any], seeds: int | None, jobs: int | None) -> tuple[Path, int]:
+    """``--seeds`` (every scenario's, if given), the ``--out`` folder (made) and ``--jobs`` (default:
+    the CPUs, at most 2), each checked: a bad one is a UserError naming it."""
+    if seeds is not None and seeds < 1:
+        raise UserError(f"--seeds {seeds}: must be at least 1")
+    for sc in suite:
+        sc.seeds = seeds if seeds is not None else sc.seeds
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: not a folder")
+    jobs = jobs if jobs is not None else min(2, os.cpu_count() or 1)
+    if jobs < 1:
+        raise UserError(f"--jobs {jobs}: must be at least 1")
+    out.mkdir(parents=True, exist_ok=True)
+    return out, jobs
+
+
+def parallel(task: Any, tasks: list[Any], jobs: int) -> list[Any]:
+    """``task`` of every one of ``tasks``, in order, on ``jobs`` forked processes (here when one)."""
+    if jobs > 1 and len(tasks) > 1:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            return pool.map(task, tasks, chunksize=1)
+    return [task(t) for t in tasks]
+
+
 def run_suite(out: Path, scenarios: str | Path | None = None, policies: Sequence[str] | None = None,
               seeds: int | None = None, jobs: int | None = None, command: str = "omnilearn simulate --scenarios"
               ) -> dict[str, Any]:
@@ -361,26 +392,12 @@ def run_suite(out: Path, scenarios: str | Path | None = None, policies: Sequence
     ``scenarios.md``. ``jobs``: worker processes (default: the CPUs, at most 2; 1 runs here)."""
     t0 = time.perf_counter()
     chosen = check_policies(list(policies) if policies is not None else list(DEFAULT_POLICIES))
-    if seeds is not None and seeds < 1:
-        raise UserError(f"--seeds {seeds}: must be at least 1")
     suite = load_suite(scenarios)
-    for sc in suite:
-        sc.seeds = seeds if seeds is not None else sc.seeds
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: not a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    out, jobs = prepare(out, suite, seeds, jobs)
     # The slowest tasks (most workers x steps) first, so two processes finish together.
     tasks = [(sc, list(range(s, min(s + CHUNK, sc.seeds))), chosen) for sc in suite for s in range(0, sc.seeds, CHUNK)]
     tasks.sort(key=lambda t: -t[0].workers * t[0].steps * len(t[1]))
-    jobs = jobs if jobs is not None else min(2, os.cpu_count() or 1)
-    if jobs < 1:
-        raise UserError(f"--jobs {jobs}: must be at least 1")
-    if jobs > 1 and len(tasks) > 1:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            parts = pool.map(_task, tasks, chunksize=1)
-    else:
-        parts = [_task(t) for t in tasks]
+    parts = parallel(_task, tasks, jobs)
     order = {sc.name: i for i, sc in enumerate(suite)}
     rank = {p: i for i, p in enumerate(chosen)}
     rows = sorted((r for part in parts for r in part), key=lambda r: (order[r["scenario"]], rank[r["policy"]], r["seed"]))
