@@ -14,7 +14,6 @@ staleness, and so what they are worth (``docs/design/asp.md``). The model, every
   the fractional part of ``x``).
 - The server's update weighs a gradient ``τ`` late by ``a(τ) = min(1, ρ / τ)`` (``ρ`` is
   ``asp.delay_tolerance``), so worker ``i``'s samples count ``E[a(τ_i)]`` (:func:`expected_factor`).
-
 - The update moves the model by at most ``ρ`` units of the optimiser's step: a push of more than
   ``ρ b_ref`` samples counts ``ρ b_ref`` (the rest only averages its noise).
 
@@ -27,8 +26,9 @@ over a family of splits (:meth:`AsyncController.candidates`), and moves when ``P
 (one of each other worker); the split moves the spread, and how many samples those updates hold:
 a fast worker's push waits for few samples whatever its rate, a slow worker's for many. Where the
 cut is mild (``ρ`` near ``n``), evening the update rates keeps most samples at their full weight;
-where it is harsh, fresh updates from fast workers are worth more. Where every split is worth about the same (equal speeds and small delays, or
-an infinite ``ρ``) the split is kept, and the reason counted (:attr:`AsyncController.holds`).
+where it is harsh, the fast worker's fresh pushes are most of what counts, and evening the rates
+would give it batches its step cannot take whole. Where every split is worth about the same (equal
+speeds, or an infinite ``ρ``) the split is kept, and the reason counted (:attr:`AsyncController.holds`).
 """
 
 from __future__ import annotations

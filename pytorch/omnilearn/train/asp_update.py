@@ -44,7 +44,8 @@ from typing import Any, Protocol
 
 import torch
 
-UPDATES = ("sample-time", "scaled-gradient")
+from omnilearn.config.sections import ASP_UPDATES as UPDATES  # noqa: F401 - the rules' names, one home
+
 LR_POWERS = {"auto": 1.0, "linear": 1.0, "sqrt": 0.5, "none": 0.0}
 
 

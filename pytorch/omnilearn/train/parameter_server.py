@@ -86,7 +86,7 @@ from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter
-from omnilearn.train.asp_update import build_rule, reference_batch, scheduled_lr
+from omnilearn.train.asp_update import LR_POWERS, build_rule, reference_batch, scheduled_lr
 from omnilearn.train.checkpoint import ASPCheckpoint
 from omnilearn.train.distributed import GradBuffer, flat_state
 from omnilearn.train.evaluate import SNAPSHOT_DIR
@@ -137,7 +137,7 @@ class ParameterServer:
         self.grads = GradBuffer(params, extra=0)
         self.counters = batchnorm_counters(model)
         self.rule = build_rule(cfg, self.state[:self.n_params], lambda: make_optimizer(cfg, params), self.grads.flat)
-        self.lr_power = {"auto": 1.0, "linear": 1.0, "sqrt": 0.5, "none": 0.0}[cfg.asp.lr_scaling]
+        self.lr_power = LR_POWERS[cfg.asp.lr_scaling]
         self.b_ref = reference_batch(cfg)
         self.parameters_pushed = cfg.asp.push == "parameters"
         self.kclock = 0.0  # the optimizer's time: b / b_ref of every push applied
