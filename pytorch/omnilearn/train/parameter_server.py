@@ -29,8 +29,8 @@ staleness: the server's version when it was applied minus the version it was com
 ``sample-time`` counts a push of ``b`` samples as ``κ = b / b_ref`` units of the optimizer's time
 (``b_ref``: ``asp.lr_reference_batch``, by default ``global_batch / workers``) and weighs its
 gradient by ``min(1, ρ / τ)``, ``τ`` its staleness in that time (the ``κ`` of the pushes applied since
-its pull) and ``ρ`` ``asp.delay_tolerance``; ``scaled-gradient``, the earlier rule, runs torch's
-optimizer on the gradient scaled by ``(b / b_ref) ** p`` (``asp.lr_scaling``). The schedule's lr is
+its pull) and ``ρ`` ``asp.delay_tolerance``; ``scaled-gradient``, the rule kept for comparison, runs
+torch's optimizer on the gradient scaled by ``(b / b_ref) ** p`` (``asp.lr_scaling``). The schedule's lr is
 the base of both; every ``update`` record has the push's weight (``scale``) and both staleness counts.
 
 **BatchNorm.** The running statistics travel like gradients: a worker pushes the *change* its forward
@@ -39,11 +39,11 @@ server's exponential average once, and no worker overwrites the contributions ot
 pull (copying the latest worker's statistics would). ``num_batches_tracked`` counts applied updates.
 
 **Controller.** Each push carries the compute time of the step. ``dynamic`` is the ASP controller
-(:mod:`omnilearn.control.asp`): from every worker's compute times and cycles, the server's time per
-update, the split that maximises the
-effective samples a second its model predicts. The other policies keep a window of each worker's
-times and re-decide with the shared policies (:class:`BatchController`) whenever every worker has
-``control.min_samples`` fresh measurements (``paper``: when the server's epoch passes an integer). Each worker learns its new size in its next
+(:mod:`omnilearn.control.asp`): from every worker's compute times and cycles and the server's time
+per update, the split that maximises the effective samples a second its model predicts. The other
+policies keep a window of each worker's times and re-decide with the shared policies
+(:class:`BatchController`) whenever every worker has ``control.min_samples`` fresh measurements
+(``paper``: when the server's epoch passes an integer). Each worker learns its new size in its next
 push reply. The sum of the batch sizes is ``train.global_batch`` at all times. The server runs the
 schedule, but only the policies named for the allocations (``static``, ``dynamic+prior``) are told
 of a level change; the others see it in the times the workers measure.
@@ -266,9 +266,10 @@ class ParameterServer:
                 self.state[:self.n_params].copy_(flat[:self.n_params])
                 weight = 1.0
             else:
-                weight = self.rule.weight(kappa, staleness if self.cfg.asp.update == "scaled-gradient" else late)
-                self.rule.apply(self.state[:self.n_params], flat[:self.n_params], kappa,
-                                staleness if self.cfg.asp.update == "scaled-gradient" else late, base)
+                # sample-time weighs the delay in the optimizer's time; scaled-gradient's damping counts updates
+                delay = staleness if self.cfg.asp.update == "scaled-gradient" else late
+                weight = self.rule.weight(kappa, delay)
+                self.rule.apply(self.state[:self.n_params], flat[:self.n_params], kappa, delay, base)
             self.state[self.n_params:].add_(flat[self.n_params:])  # running-statistics change
             for counter in self.counters:
                 counter += 1
@@ -290,7 +291,7 @@ class ParameterServer:
                 self.apply_memory_bounds()
             self._observe(i, batch, stats, now, apply_s)
             self.advance()
-            reply = {**self._control(i), "staleness": staleness, "lr": base * weight, "base_lr": base}
+            reply = {**self._control(i), "staleness": staleness, "lr": base * weight}
             self.replies[i] = reply
             return reply
 
