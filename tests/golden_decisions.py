@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 
 from omnilearn.config import ControlConfig
-from omnilearn.control.controller import make_controller
+from omnilearn.control.controller import build_controller
 from omnilearn.control.loop import ControlLoop
-from omnilearn.control.policies import Bounds, effective
+from omnilearn.control.policies import Bounds
 from omnilearn.simulate.scenarios import World, load_suite, oracle_split, run_policy, timeline
 
 GOLDEN = Path(__file__).parent / "golden" / "decisions.json"
-POLICIES = ("uniform", "static", "paper", "dynamic", "dynamic+prior", "dynamic-v1")
+POLICIES = ("uniform", "static", "paper", "dynamic", "dynamic+prior")
 SEEDS = (0, 1)
 SCENARIOS = ("equal", "hl4", "hl8", "demo", "staircase", "bursty", "cfs-jitter", "threads-k", "workers-32")
 
@@ -51,8 +51,7 @@ def asp_decisions(policy: str = "paper", seed: int = 0) -> list[dict[str, Any]]:
     the ``batch_change`` records it writes."""
     rng = np.random.default_rng(seed)
     n, B, speed = 4, 64, (1.0, 1.0, 0.5, 4.0)
-    c = effective(ControlConfig(policy=policy), B, n)
-    ctl = make_controller(c, B, Bounds.make(n, c.min_batch, c.max_batch, B), synchronous=False)
+    ctl = build_controller(ControlConfig(policy=policy), B, n, asynchronous=True)
     out: list[dict[str, Any]] = []
     loop = ControlLoop(ctl, lambda kind, **f: out.append({"kind": kind, **f}))
     loop.start(lambda: [None] * n, False, version=0, epoch=0.0)

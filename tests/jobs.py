@@ -71,17 +71,14 @@ def wait_until(proc: Any, until: Callable[[], bool], what: str, timeout: float =
 
 def decisions_replay(run: Path, rank: int = 0) -> tuple[list[dict], list[dict]]:
     """The run's batch changes and what a fresh controller decides on the run's recorded inputs."""
-    from omnilearn.control.controller import make_controller
+    from omnilearn.control.controller import build_controller
     from omnilearn.control.loop import replay
-    from omnilearn.control.policies import Bounds, effective
     from omnilearn.jobfile import JobSpec
     from omnilearn.metrics import read_rank
 
     job = JobSpec.load(run / "job.json", out_dir=run)
     cfg = job.config
-    c = effective(cfg.control, cfg.train.global_batch, cfg.workers)
-    ctl = make_controller(c, cfg.train.global_batch, Bounds.make(cfg.workers, c.min_batch, c.max_batch,
-                                                                 cfg.train.global_batch))
+    ctl = build_controller(cfg.control, cfg.train.global_batch, cfg.workers)
     records = read_rank(run, rank)
     recorded = [{k: v for k, v in r.items() if k != "time"} for r in records if r["kind"] == "batch_change"]
     return recorded, replay(ctl, records)

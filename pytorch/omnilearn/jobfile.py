@@ -83,11 +83,7 @@ class JobSpec:
     def load(path: Path, out_dir: Path | None = None) -> JobSpec:
         """Read a job file; ``out_dir`` re-roots it (a container sees the run folder elsewhere)."""
         d = json.loads(Path(path).read_text())
-        control = d["config"].get("control", {})
-        if "prior" in control:  # a run from before dynamic+prior had its name: say what it ran
-            if control.pop("prior") == "allocation" and control.get("policy") == "dynamic":
-                control["policy"] = "dynamic+prior"
-        cfg = from_dict(d["config"], d.get("source", str(path)))
+        cfg = from_dict(d["config"], d.get("source", str(path)), saved=True)
         return JobSpec(
             job_id=d["job_id"],
             config=cfg,

@@ -24,7 +24,7 @@ workers: 3
 model: {name: smallcnn}
 data: {name: synthetic, image_size: 64, synthetic_size: 1536}
 train: {epochs: EPOCHS, global_batch: 192, lr: 0.02, momentum: 0.0}
-control: {policy: dynamic, window: 3, min_samples: 2, deadband: 0.1}
+control: {policy: dynamic}
 asp: {worker_timeout_s: TIMEOUT, eval_interval: 1, delay_tolerance: 4}
 emulation:
   backend: auto

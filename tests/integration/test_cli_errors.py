@@ -24,8 +24,8 @@ def test_cli_bad_input_exits_2_and_starts_nothing(tmp_path: Path) -> None:
     assert not out.exists()
     r = run_cli("run", "--hl", "HL5", "--out", str(out), cwd=tmp_path)
     assert r.returncode == 2 and "HL5" in r.stderr and not out.exists()
-    r = run_cli("run", "--set", "control.deadband=2", "--out", str(out), cwd=tmp_path)
-    assert r.returncode == 2 and "control.deadband" in r.stderr
+    r = run_cli("run", "--set", "control.memory_margin=2", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 2 and "control.memory_margin" in r.stderr
     r = run_cli("run", "--workers", "many", cwd=tmp_path)  # argparse's own error, also status 2
     assert r.returncode == 2
 

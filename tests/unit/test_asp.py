@@ -157,35 +157,16 @@ def test_server_dynamic_moves_to_the_split_its_model_prefers(tmp_path: Path) -> 
     assert change["old"] == [8, 8] and change["reason"] == "progress" and change["worth_new"] > change["worth"]
 
 
-def test_server_controller_rebalances_without_a_barrier(tmp_path: Path) -> None:
-    server = make_server(tmp_path, ("control.policy", "dynamic-v1"), ("control.min_samples", 2),
-                         ("control.deadband", 0.05))
-    flat = torch.zeros_like(server.state)
-    assert server.controller.batch == [8, 8]
-    push(server, 1, 1, 0, flat, batch=8, compute_s=0.4)
-    push(server, 1, 2, 1, flat, batch=8, compute_s=0.4)  # worker 2 has no measurement yet: no decision
-    assert server.controller.batch == [8, 8]
-    push(server, 2, 1, 2, flat, batch=8, compute_s=0.1)
-    reply = push(server, 2, 2, 3, flat, batch=8, compute_s=0.1)  # worker 1 is 4x slower
-    assert server.controller.batch == [3, 13] and reply["batch"] == 13
-    assert sum(server.controller.batch) == 16
-    # Worker 1 learns its size at its next push; its time at the old size must not count.
-    reply = push(server, 1, 3, 4, flat, batch=8, compute_s=0.4)
-    assert reply["batch"] == 3 and server.controller.estimates()[1][0] == 0
-    changes = records(tmp_path, "batch_change")
-    assert changes[-1]["old"] == [8, 8] and changes[-1]["batch"] == [3, 13]
-
-
-def test_server_dynamic_is_never_told_the_allocations_or_the_level(tmp_path: Path) -> None:
+def test_a_measuring_baseline_is_never_told_the_allocations_or_the_level(tmp_path: Path) -> None:
     schedule = tmp_path / "sched.yaml"
     schedule.write_text("unit: seconds\npoints:\n  - {at: 0, level: EVEN}\n  - {at: 5, level: SKEW}\n")
     server = make_server(tmp_path, ("emulation.hl", None), ("emulation.schedule", str(schedule)),
                          ("emulation.backend", "auto"), ("emulation.allocation", "quota"),
                          ("emulation.levels", {"EVEN": [0.5, 0.5], "SKEW": [0.2, 0.6]}),
-                         ("control.policy", "dynamic-v1"), ("control.min_samples", 2))
+                         ("control.policy", "paper"), ("train.epochs", 3), train_size=32)
 
     def unreadable(level: str) -> list[float | None]:
-        raise AssertionError("the dynamic policy was given the allocations")
+        raise AssertionError("the paper policy was given the allocations")
 
     server.shares = unreadable  # type: ignore[method-assign]
     flat = torch.zeros_like(server.state)

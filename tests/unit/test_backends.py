@@ -137,7 +137,7 @@ def test_a_share_of_a_step_under_a_quota_is_its_cpu_at_the_quotas_rate() -> None
     """Under a sixth of a core, 2 ms of CPU that ran at a core's speed within a period (2 ms of wall
     time) cost the step 12 ms; a compute that spanned periods shows the quota in its wall time already;
     threads' CPU counts as the quota counts it; without a quota the wall time stands."""
-    from omnilearn.emulator.backends.cgroupfs import quota_seconds
+    from omnilearn.train.quota_clock import quota_seconds
 
     assert quota_seconds(0.002, 0.002, 1 / 6) == pytest.approx(0.012)
     assert quota_seconds(1.200, 0.190, 1 / 6) == pytest.approx(1.200)

@@ -17,7 +17,7 @@ workers: 2
 model: {{name: smallcnn}}
 data: {{name: synthetic, image_size: 16, synthetic_size: 512}}
 train: {{epochs: 2, global_batch: 64, lr: 0.03, momentum: 0.0}}
-control: {{interval: 2, window: 3, min_samples: 2}}
+control: {{interval: 2}}
 emulation:
   backend: none
   levels: {{SKEW: {levels}}}

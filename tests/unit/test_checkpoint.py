@@ -15,8 +15,7 @@ import torch
 
 from omnilearn import config
 from omnilearn.config import ControlConfig
-from omnilearn.control.controller import make_controller
-from omnilearn.control.policies import Bounds
+from omnilearn.control.controller import build_controller
 from omnilearn.train import checkpoint
 from omnilearn.train.checkpoint import (
     CheckpointSchedule,
@@ -29,11 +28,11 @@ from omnilearn.train.checkpoint import (
 )
 
 
-@pytest.mark.parametrize("policy", ["dynamic", "dynamic-v1"])
+@pytest.mark.parametrize("policy", ["dynamic", "dynamic+prior", "paper"])
 def test_controller_state_round_trips_its_whole_state(policy: str) -> None:
     """Everything a controller decides from survives a checkpoint: the same next decisions after."""
     def controller():
-        return make_controller(ControlConfig(policy=policy), 64, Bounds.make(2, 2, None, 64))
+        return build_controller(ControlConfig(policy=policy), 64, 2)
 
     a = controller()
     for k in range(12):

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from omnilearn.config import ControlConfig
-from omnilearn.control.controller import make_controller
-from omnilearn.control.policies import Bounds
+from omnilearn.control.controller import build_controller
 from omnilearn.emulator.spec.levels import load_tables, resolve_level
 from omnilearn.train.sampler import GlobalBatchSampler
 
@@ -48,15 +47,14 @@ def test_one_server_of_eight_gets_cpusets_on_a_48_core_host() -> None:
     assert [a.cpuset for a in workers] == ["0-2", "3-5", "6-8", "9-11", "12-14", "15-17", "18-23", "24-47"]
 
 
-@pytest.mark.parametrize("policy", ["dynamic", "dynamic-v1"])
-def test_the_controller_balances_32_workers_of_the_hl8_table(policy: str) -> None:
+def test_the_controller_balances_32_workers_of_the_hl8_table() -> None:
     """Compute times from the 32-worker HL8 cores (t = c (b + k), a little noise): the reactive
     controller, from equal batches, brings the measured spread under 10% and keeps B and the bounds."""
     table = load_tables()["bsp"]
     cores = table.cluster_cores("HL8", 32)
-    c = ControlConfig(policy=policy)
+    c = ControlConfig(policy="dynamic")
     B = 32 * 32
-    ctl = make_controller(c, B, Bounds.make(32, c.min_batch, c.max_batch, B))
+    ctl = build_controller(c, B, 32)
     rng = random.Random(3)
     spread = []
     for _ in range(80):

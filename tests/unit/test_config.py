@@ -44,7 +44,8 @@ def test_overrides_win_over_file(tmp_path: Path) -> None:
     ("control:\n  policy: magic\n", "control.policy"),
     ("control:\n  min_batch: 0\n", "control.min_batch"),
     ("control:\n  prior: allocation\n", "policy dynamic+prior"),  # the oracle start has its own name now
-    ("control:\n  change_threshold: -0.1\n", "control.change_threshold"),
+    ("control:\n  change_threshold: 0.1\n", "control.change_threshold: no longer a key"),
+    ("control:\n  policy: dynamic-v1\n", "retired; its figures are in results/2026-11-29_2cpu_fresh-clone-bounds.md"),
     ("emulation:\n  backend: kvm\n", "emulation.backend"),
     ("data:\n  download: yes please\n", "data.download"),
     ("train:\n  milestones: [5, 2]\n", "train.milestones"),

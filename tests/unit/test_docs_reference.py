@@ -72,4 +72,4 @@ def test_every_command_and_flag_is_in_the_reference() -> None:
 def test_control_keys_follow_the_control_section() -> None:
     names = {f.name for f in dataclasses.fields(ControlConfig)}
     assert set(CONTROL_KEYS) == names - {"policy", "memory_bounds", "memory_margin"}
-    assert {"hysteresis", "damp_reversals"} <= set(CONTROL_KEYS)
+    assert {"confidence", "hazard", "probe_steps"} <= set(CONTROL_KEYS)

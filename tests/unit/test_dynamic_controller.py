@@ -13,7 +13,7 @@ import pytest
 from fakes import FakeClock
 from omnilearn.config import ControlConfig
 from omnilearn.control import loop as loop_module
-from omnilearn.control.controller import make_controller
+from omnilearn.control.controller import build_controller
 from omnilearn.control.dynamic import TRUST, DynamicController
 from omnilearn.control.loop import (
     BUDGET,
@@ -34,7 +34,7 @@ B, N = 256, 4
 
 
 def _controller(**control: object) -> DynamicController:
-    ctl = make_controller(ControlConfig(policy="dynamic", **control), B, Bounds.make(N, 2, None, B))
+    ctl = build_controller(ControlConfig(policy="dynamic", **control), B, N)
     assert isinstance(ctl, DynamicController)
     return ctl
 
@@ -314,8 +314,8 @@ def test_asp_moves_tell_k_and_the_split_settles_without_a_false_speed_change() -
     must not read as speed changes when a worker moves, and the update rates end within 10%."""
     rng = np.random.default_rng(5)
     n, batch = 3, 192
-    ctl = make_controller(ControlConfig(policy="dynamic"), batch, Bounds.make(n, 1, None, batch),
-                          synchronous=False)
+    ctl = DynamicController(ControlConfig(policy="dynamic"), batch, Bounds.make(n, 1, None, batch),
+                            synchronous=False)
     speed, k = np.array([0.15, 0.3, 1.2]), 0.0
     clock = np.zeros(n)  # each worker's next push, in seconds: the fastest pushes most often
     for _ in range(240):

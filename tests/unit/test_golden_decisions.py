@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from golden_decisions import GOLDEN, POLICIES, asp_decisions, decisions
 
 KEPT = ("uniform", "static", "paper", "dynamic")

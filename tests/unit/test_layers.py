@@ -197,3 +197,39 @@ def test_functions_are_capped_by_complexity_rules() -> None:
     assert lint["pylint"]["max-branches"] <= 20 and lint["pylint"]["max-statements"] <= 60
     exempt = set(lint.get("per-file-ignores", {}))
     assert exempt <= {"pytorch/omnilearn/simulate/engine.py"}, exempt  # the controller work's, listed
+
+
+POLICY_BLIND = ("train", "torch", "launch", "lightning.py", "accelerate.py", "hf.py")
+"""Where no code tests a policy's name: what differs between controllers is in their capabilities."""
+
+
+def policy_name_tests(tree: ast.AST) -> list[int]:
+    """Lines of ``tree`` that compare something with a policy's name (``== "dynamic"``, ``in ("paper",)``)."""
+    from omnilearn.config import PEERS, POLICIES, RETIRED
+
+    names = {*POLICIES, *PEERS, *RETIRED}
+
+    def named(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return any(named(e) for e in node.elts)
+        return False
+
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Compare) and any(named(x) for x in (node.left, *node.comparators))]
+
+
+def test_no_trainer_launcher_or_integration_tests_a_policy_name() -> None:
+    found = []
+    for part in POLICY_BLIND:
+        root = PACKAGE / part
+        for path in ([root] if root.is_file() else sorted(root.rglob("*.py"))):
+            found += [f"{path.relative_to(PACKAGE)}:{line}" for line in policy_name_tests(ast.parse(path.read_text()))]
+    assert not found, found
+
+
+def test_the_policy_name_check_sees_one() -> None:
+    assert policy_name_tests(ast.parse('if c.policy == "dynamic":\n    pass\n')) == [1]
+    assert policy_name_tests(ast.parse('ok = policy in ("uniform", "paper")\n')) == [1]
+    assert policy_name_tests(ast.parse('x = dataclasses.replace(c, policy="uniform")\n')) == []

@@ -212,6 +212,31 @@ def test_garbage_is_skipped_and_next_line_applied(tmp_path: Path) -> None:
     assert backend.applied == [("worker0", Allocation(cpuset="0", cpus=1.0))]
 
 
+@pytest.mark.parametrize("junk", [b"x" * 5 * 2**20, b'{"seq": 0, "target": "' + b"w" * 4 * 2**20 + b'"}',
+                                  b"[" * 50_000 + b"]" * 50_000])
+def test_the_request_behind_a_line_of_several_mib_is_applied_in_the_same_poll(tmp_path: Path, junk: bytes) -> None:
+    tog, backend = make(tmp_path)
+    log = request_log(tmp_path, 0)
+    with open(log, "ab") as f:
+        f.write(junk + b"\n" + req_line(0, level="HL4", cpuset="0", cpus=1.0).encode())
+    records = tog.poll_once()
+    assert [(r["status"], r["reason"]) for r in records] == [("malformed", "line-too-long"), ("applied", None)]
+    assert backend.applied == [("worker0", Allocation(cpuset="0", cpus=1.0))]
+    assert tog.poll_once() == []
+
+
+def test_a_long_line_still_being_written_is_skipped_once_it_ends(tmp_path: Path) -> None:
+    tog, backend = make(tmp_path)
+    log = request_log(tmp_path, 0)
+    with open(log, "ab") as f:
+        f.write(b"y" * 3 * 2**20)
+    assert [r["reason"] for r in tog.poll_once()] == ["line-too-long"]
+    with open(log, "ab") as f:
+        f.write(b"y" * 2**20 + b"\n" + req_line(0, level="HL4", cpuset="0", cpus=1.0).encode())
+    assert statuses(tog.poll_once()) == ["applied"]
+    assert backend.applied == [("worker0", Allocation(cpuset="0", cpus=1.0))]
+
+
 def test_duplicate_seq_not_applied_twice(tmp_path: Path) -> None:
     tog, backend = make(tmp_path)
     log = request_log(tmp_path, 0)

@@ -141,12 +141,12 @@ def test_a_small_suite_end_to_end(tmp_path: Path, capfd: pytest.CaptureFixture[s
     suite.write_text(SMALL)
     out = tmp_path / "out"
     assert main(["simulate", "--scenarios", str(suite), "--out", str(out), "--jobs", "1", "--policies", "uniform",
-                 "dynamic", "dynamic-v1", "paper", "static", "dynamic+prior"]) == 0
+                 "dynamic", "paper", "static", "dynamic+prior"]) == 0
     with open(out / "scenarios.csv", newline="") as f:
         reader = csv.DictReader(f)
         assert tuple(reader.fieldnames or ()) == COLUMNS
         rows = list(reader)
-    assert len(rows) == 2 * 6 * 2
+    assert len(rows) == 2 * 5 * 2
     assert {r["scenario"] for r in rows} == {"even", "skewed"}
     assert all(0 < float(r["fraction_of_oracle"]) <= 1.2 for r in rows)
     md = (out / "scenarios.md").read_text()
@@ -154,5 +154,5 @@ def test_a_small_suite_end_to_end(tmp_path: Path, capfd: pytest.CaptureFixture[s
     assert "scenarios.md" in capfd.readouterr().out
     again = tmp_path / "again"
     assert main(["simulate", "--scenarios", str(suite), "--out", str(again), "--jobs", "1", "--policies", "uniform",
-                 "dynamic", "dynamic-v1", "paper", "static", "dynamic+prior"]) == 0
+                 "dynamic", "paper", "static", "dynamic+prior"]) == 0
     assert (again / "scenarios.csv").read_text() == (out / "scenarios.csv").read_text()  # deterministic per seed

@@ -106,7 +106,7 @@ def test_the_trainers_controller_class_takes_the_decisions(run: Path, tmp_path: 
             calls.append(self.workers)
             return super().decide(cpu_shares, steps_left, cost)
 
-    monkeypatch.setattr(control, "DynamicController", Counting)
+    monkeypatch.setitem(control.STEP_DRIVEN, "dynamic", Counting)
     sim = simulate(run, tmp_path / "sim", noise=0.0, figures=False)
     # every step's decision point, and the probe's first split
     assert len(calls) == sim["simulated"]["decisions"] + 1 == sim["steps"] + 1 and set(calls) == {2}

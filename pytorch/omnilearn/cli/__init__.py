@@ -60,6 +60,14 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     return emulate(command, args.hl, args.schedule, args.workers, out, containers, args.tensorboard)
 
 
+class Shipped(tuple):
+    """A flag's choices: the shipped policies, listed; a retired one also passes argparse, for the config's
+    check to refuse it with the results file that holds its figures."""
+
+    def __contains__(self, name: object) -> bool:
+        return tuple.__contains__(self, name) or name in config.RETIRED
+
+
 def _add_run(sub: Any) -> None:
     from omnilearn.control.policies import POLICIES
 
@@ -70,7 +78,7 @@ def _add_run(sub: Any) -> None:
     r.add_argument("--workers", type=int)
     r.add_argument("--epochs", type=int)
     r.add_argument("--global-batch", type=int)
-    r.add_argument("--policy", choices=[*POLICIES, *config.PEERS],
+    r.add_argument("--policy", choices=Shipped((*POLICIES, *config.PEERS)),
                    help="what each knows: docs/guide/compare-policies.md (ddp: plain DistributedDataParallel, BSP)")
     r.add_argument("--hl", help="pin one heterogeneity level (HL1, HL2, HL4, HL8) for the whole run")
     r.add_argument("--schedule", help="named schedule (configs/schedules.yaml) or a YAML file")
@@ -169,13 +177,13 @@ def _add_simulate(sub: Any) -> None:
     sm.add_argument("--out", required=True, help="new folder for summary.json, run.png and the simulated metrics "
                                                  "(--scenarios, --asp-scenarios: for their CSV and Markdown)")
     sm.add_argument("--policies", nargs="+", metavar="POLICY",
-                    help="--scenarios: the policies to score (default: uniform dynamic dynamic-v1 paper static; "
+                    help="--scenarios: the policies to score (default: uniform dynamic paper static; "
                          "--asp-scenarios: uniform dynamic static)")
     sm.add_argument("--seeds", type=int, help="--scenarios, --asp-scenarios: seeds of every scenario (default: "
                                               "each scenario's)")
     sm.add_argument("--jobs", type=int, help="--scenarios, --asp-scenarios: processes (default: the CPUs, at most 2)")
     sm.add_argument("--workers", type=int, help="default: the run's; more repeat its workers' models in turn")
-    sm.add_argument("--policy", choices=list(POLICIES), help="default: the run's")
+    sm.add_argument("--policy", choices=Shipped(POLICIES), help="default: the run's")
     sm.add_argument("--epochs", type=int, help="default: the run's")
     sm.add_argument("--seed", type=int, default=0, help="of the measured noise")
     sm.add_argument("--noise", type=float, default=1.0, help="scale of the measured noise (0: none)")

@@ -110,6 +110,9 @@ def compare_policies(text: str) -> list[str]:
     """``--compare`` (uniform, dynamic) or ``--compare uniform,dynamic,paper``: policies run in order."""
     known = (*config.POLICIES, *config.PEERS)
     names = [n.strip() for n in text.split(",") if n.strip()]
+    retired = [n for n in names if n in config.RETIRED]
+    if retired:
+        raise UserError(f"--compare: policy {retired[0]!r} is retired; its figures are in {config.RETIRED[retired[0]]}")
     unknown = [n for n in names if n not in known]
     if unknown or len(names) < 2 or len(set(names)) != len(names):
         raise UserError(f"--compare {text}: expected two or more different policies out of "

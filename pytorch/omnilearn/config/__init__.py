@@ -20,6 +20,7 @@ from omnilearn.config.sections import (  # noqa: F401  (the sections are part of
     MODES,
     PEERS,
     POLICIES,
+    RETIRED,
     AspConfig,
     CheckpointConfig,
     ControlConfig,
@@ -101,12 +102,35 @@ class JobConfig:
             raise bad("fault.min_workers", f"must be between 1 and workers ({self.workers}), not {self.fault.min_workers}")
 
 
-def from_dict(data: dict[str, Any], where: str) -> JobConfig:
-    if isinstance(data, dict) and isinstance(data.get("control"), dict) and "prior" in data["control"]:
-        raise UserError(f"{where}: control.prior: no longer a key: use policy dynamic+prior")
+RETIRED_KEYS = ("window", "min_samples", "deadband", "hysteresis", "skip_after_change", "change_threshold",
+                "fit_overhead", "damp_reversals")
+"""``control`` keys only the retired ``dynamic-v1`` read."""
+
+
+def from_dict(data: dict[str, Any], where: str, saved: bool = False) -> JobConfig:
+    """The job config of ``data`` (``where``: its file, for messages). ``saved``: a run folder's job file,
+    perhaps written before a key was retired: ``control.prior: allocation`` is read as the policy
+    ``dynamic+prior`` it meant and the retired ``dynamic-v1`` keys are dropped; a user's config naming
+    them is refused, the key named."""
+    control = data.get("control") if isinstance(data, dict) else None
+    if isinstance(control, dict):
+        data = {**data, "control": _retire(dict(control), where, saved)}
     cfg = build_dataclass(JobConfig, data, "", where)
     cfg.source = where
     return cfg
+
+
+def _retire(control: dict[str, Any], where: str, saved: bool) -> dict[str, Any]:
+    """``control`` without the keys since retired (``saved``), or the first of them refused."""
+    old = [k for k in ("prior", *RETIRED_KEYS) if k in control]
+    if old and not saved:
+        why = "use policy dynamic+prior" if old[0] == "prior" else f"it was dynamic-v1's ({RETIRED['dynamic-v1']})"
+        raise UserError(f"{where}: control.{old[0]}: no longer a key: {why}")
+    if control.pop("prior", None) == "allocation" and control.get("policy") == "dynamic":
+        control["policy"] = "dynamic+prior"
+    for k in RETIRED_KEYS:
+        control.pop(k, None)
+    return control
 
 
 def load(path: str | Path | None) -> dict[str, Any]:
@@ -115,8 +139,9 @@ def load(path: str | Path | None) -> dict[str, Any]:
         return {}
     p = Path(path)
     data = load_yaml(p, "config file")
-    if data is None:
-        return {}
+    if data is None:  # nothing but comments, or nothing at all: not a job anyone meant to run
+        raise UserError(f"{p}: the config file is empty: give it at least one key, or leave --config out "
+                        f"to run the defaults")
     if not isinstance(data, dict):
         raise UserError(f"{p}: top level must be a mapping of keys")
     return data

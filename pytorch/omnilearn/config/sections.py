@@ -16,23 +16,19 @@ the peer a user would otherwise run."""
 BACKENDS = ("auto", "cgroup", "affinity", "docker", "none")
 ALLOCATION_MODES = ("auto", "cpuset", "quota")
 
-POLICIES = ("uniform", "static", "dynamic", "dynamic-v1", "dynamic+prior", "paper")
+POLICIES = ("uniform", "static", "dynamic", "dynamic+prior", "paper")
+RETIRED = {"dynamic-v1": "results/2026-11-29_2cpu_fresh-clone-bounds.md"}
+"""Policies no longer shipped, and the results file that holds their last figures."""
 
 KNOWS = {
     "uniform": "nothing: equal batches, never changed",
     "static": "the allocated CPU shares (the emulator's allocations); nothing measured",
     "dynamic": "measured compute times only (a start-up probe at two batch sizes, then every step's): no "
                "allocations, no level events",
-    "dynamic-v1": "measured compute times only: equal batches at the start, no allocations, no level events "
-                  "(the heuristic controller that preceded dynamic, kept for comparison)",
     "dynamic+prior": "measured compute times and the allocated CPU shares (its start and its level changes)",
     "paper": "measured compute times only (per-epoch means), with the paper's fixed settings",
     "ddp": "nothing: plain DistributedDataParallel with equal batches (the peer, not a policy of ours)",
 }
-USES_ALLOCATION = frozenset({"static", "dynamic+prior"})
-"""Policies that read the emulator's allocations: only these are ever given them."""
-MEASURED = frozenset({"dynamic", "dynamic-v1", "dynamic+prior", "paper"})
-"""Policies that decide from measured compute times."""
 
 Bad = Callable[[str, str], Exception]
 """Makes the error for a key of a section (relative to it) and a message; the job's config names its file
@@ -162,9 +158,10 @@ class ControlConfig:
 
     policy: str = "dynamic"
     """uniform | static (knows allocations) | dynamic (measured times only: a start-up probe, then every
-    step) | dynamic-v1 (the earlier heuristic controller, measured times only) | dynamic+prior (dynamic-v1
-    told the allocations) | paper (measured times, the paper's settings: control.policies.effective) | ddp
-    (plain DistributedDataParallel with equal batches, BSP only: the peer to compare with)."""
+    step) | dynamic+prior (dynamic told the allocations: it starts from them and rescales its speeds by
+    the new shares at a level change) | paper (measured times, the paper's rule and settings: per-epoch
+    means, deadband 0.2, bounds [B/n / 2, 3 B/n]) | ddp (plain DistributedDataParallel with equal
+    batches, BSP only: the peer to compare with)."""
     interval: int = 1
     """Consider a decision every N steps (0: at epoch ends)."""
     confidence: float = 2.0
@@ -184,27 +181,6 @@ class ControlConfig:
     round, once its first allocation is in force; the least of two rounds counts, of more the median of
     each pair's least; under a CPU quota more rounds where steps are short, until the pass has lasted 0.1 s); 0: no
     probe, the equal split until steps are measured."""
-    window: int = 16
-    """dynamic-v1, paper: compute-time measurements kept per worker (median)."""
-    min_samples: int = 1
-    """dynamic-v1: fresh measurements each worker needs before a decision."""
-    deadband: float = 0.04
-    """dynamic-v1: relative compute-time spread (max/min - 1) below which nothing changes, with a full
-    window; with n < window fresh measurements it is deadband * sqrt(window / n)."""
-    hysteresis: float = 2.0
-    """dynamic-v1: once a check finds the workers within the plain deadband (settled), the next split
-    needs a spread of hysteresis x deadband, until a speed change is detected."""
-    skip_after_change: int = 1
-    """dynamic-v1: steps not measured after a batch change (and at the start)."""
-    change_threshold: float = 0.15
-    """dynamic-v1: a worker whose step time departs from its window's median by more than this, two
-    steps in a row, has changed speed: its old measurements are dropped (0: never)."""
-    fit_overhead: bool = True
-    """dynamic-v1: fit the per-step fixed cost k of t_i(b) = c_i (b + k) from measurements at two
-    batch sizes (false: k = 0, the plain proportional rule)."""
-    damp_reversals: bool = False
-    """dynamic-v1: a decision that would move the split back against the previous one moves only half
-    way (false: adopt every proposal whole)."""
     min_batch: int = 2
     """The smallest local batch any worker is given."""
     max_batch: int | None = None
@@ -218,22 +194,18 @@ class ControlConfig:
 
     def check(self, bad: Bad) -> None:
         """This section's own checks (keys relative to it); how it fits the job's batch is the job's."""
+        if self.policy in RETIRED:
+            raise bad("policy", f"{self.policy!r} is retired; its figures are in {RETIRED[self.policy]}")
         if self.policy not in (*POLICIES, *PEERS):
             raise bad("policy", f"must be one of {', '.join((*POLICIES, *PEERS))}, not {self.policy!r}")
         if self.min_batch < 1:
             raise bad("min_batch", f"must be at least 1, not {self.min_batch}")
         if self.max_batch is not None and self.max_batch < self.min_batch:
             raise bad("max_batch", f"{self.max_batch} is below control.min_batch {self.min_batch}")
-        if self.interval < 0 or self.window < 1 or self.min_samples < 1 or self.min_samples > self.window:
-            raise bad("", "need interval >= 0, window >= 1 and 1 <= min_samples <= window")
-        if self.change_threshold < 0:
-            raise bad("change_threshold", f"must be >= 0, not {self.change_threshold}")
+        if self.interval < 0:
+            raise bad("interval", f"must be >= 0, not {self.interval}")
         if not 0 <= self.memory_margin < 1:
             raise bad("memory_margin", f"must be in [0, 1), not {self.memory_margin}")
-        if not 0 <= self.deadband < 1:
-            raise bad("deadband", f"must be in [0, 1), not {self.deadband}")
-        if self.skip_after_change < 0:
-            raise bad("skip_after_change", "must be >= 0")
         if self.confidence < 0:
             raise bad("confidence", f"must be >= 0, not {self.confidence}")
         if not 0 < self.drift < 1:

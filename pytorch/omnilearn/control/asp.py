@@ -131,6 +131,9 @@ class AsyncController:
 
     policy = property(lambda self: "dynamic")
     knows_allocation = False  # measured times only
+    bounded_by_memory = True
+    times_quota = True
+    """A worker's compute time counts the waits its CPU quota put into its last push and this pull."""
 
     # ------------------------------------------------------------------ measurements
     def push(self, worker: int, batch: int, compute_s: float, cycle_s: float) -> list[int] | None:

@@ -60,8 +60,8 @@ where it lands. A whole move that passes is always taken whole."""
 
 @dataclass
 class DynamicController:
-    """The ``dynamic`` policy (see the module). Same interface as the other policies' controller
-    (:class:`~omnilearn.control.v1.BatchController`), plus the start-up probe."""
+    """The ``dynamic`` policy (see the module): a :class:`~omnilearn.control.controller.Controller` with
+    the start-up probe."""
 
     config: ControlConfig
     global_batch: int
@@ -89,7 +89,6 @@ class DynamicController:
     step while this exceeds a measurement's cost (:data:`~omnilearn.control.loop.BUDGET`)."""
 
     def __post_init__(self) -> None:
-        assert self.config.policy == "dynamic", self.config.policy
         n = len(self.bounds.max_batch)
         if not self.batch:
             self.batch = policies.uniform(n, self.global_batch, self.bounds)
@@ -108,12 +107,14 @@ class DynamicController:
     knows_allocation = False
     measures = True
     times_update = True
+    bounded_by_memory = True
+    per_epoch = False
     skips_steps = True
     """The control loop may leave steps out when measuring every one would cost more than its budget
     (:data:`~omnilearn.control.loop.BUDGET`): the model counts the steps between two it measured."""
     times_quota = True
     """Under a CPU quota a worker's time is its compute's CPU at the quota's rate where that is longer
-    than its wall time (:func:`~omnilearn.emulator.backends.cgroupfs.quota_seconds`): a compute that fits
+    than its wall time (:func:`~omnilearn.train.quota_clock.quota_seconds`): a compute that fits
     a period's quota runs at full speed, the wait for the next period lands in the all-reduce, and the
     wall time alone would not show the quota."""
 

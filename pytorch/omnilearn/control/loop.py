@@ -164,7 +164,7 @@ def probe_times(readings: Sequence[Sequence[float]]) -> tuple[list[float], list[
 
 def _ks(controller: Controller) -> dict[str, Any]:
     """A record's ``k_by_worker``, where the controller tells the workers' k apart by their kinds."""
-    ks = getattr(controller, "overheads", None)
+    ks = controller.overheads
     return {} if ks is None else {"k_by_worker": ks}
 
 
@@ -331,7 +331,7 @@ class ControlLoop:
         ctl = self.controller
         self.write("batch_change", **where, old=decision["old"], batch=decision["batch"], reason="compute-time",
                    compute_ms=decision["compute_ms"], samples=decision["samples"], overhead=round(ctl.overhead, 2),
-                   **_ks(ctl), **(getattr(ctl, "decision", None) or {}))
+                   **_ks(ctl), **(ctl.decision or {}))
         return list(decision["batch"])
 
     def summary(self) -> dict[str, Any]:

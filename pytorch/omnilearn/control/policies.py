@@ -10,15 +10,13 @@ name; the others decide from what a real cluster gives them, measured compute ti
 - ``static``: batches proportional to each worker's allocated CPU share.
 - ``dynamic``: the model-based controller of :mod:`omnilearn.control.dynamic` (a start-up probe, an
   estimator of ``t_i(b) = c_i (b + k)``, one decision rule); it uses :func:`balanced` from here.
-- ``dynamic-v1`` (OmniLearn, reactive, the earlier controller): starts from equal batches and balances
-  measured compute times with a fitted per-worker time model ``t_i(b) = c_i (b + k)``
-  (:func:`dynamic`): with ``k = 0`` it is the paper's ``b_i <- b_i * t_mean / t_i``, whose fixed point
-  gives each worker a batch proportional to its measured throughput; ``k``, the per-step fixed cost
-  in samples, removes the creep that fixed costs give the plain rule.
-- ``dynamic+prior``: ``dynamic-v1`` told the allocations: it starts from batches proportional to the
-  allocated CPU and rescales by the new shares when the level changes.
-- ``paper``: the paper's own controller as a preset (:func:`paper`, :data:`PAPER_DEADBAND`,
-  :data:`PAPER_BOUNDS`): once per epoch, from each worker's mean compute time over the epoch.
+- ``dynamic+prior``: ``dynamic`` told the allocations: it starts from batches proportional to the
+  allocated CPU and rescales its speeds by the new shares when the level changes.
+- ``paper``: the paper's own rule (:func:`paper`, :data:`PAPER_DEADBAND`, :data:`PAPER_BOUNDS`): once per
+  epoch, from each worker's mean compute time over the epoch.
+
+The controllers that hold a split and call these are in :mod:`omnilearn.control.baselines` and
+:mod:`omnilearn.control.dynamic`.
 
 Every decision keeps ``sum(b) == B`` exactly and each ``b_i`` within ``[min_batch, max_batch_i]``;
 what one worker cannot take is redistributed to the others.
@@ -27,31 +25,19 @@ what one worker cannot take is redistributed to the others.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import heapq
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 # The policies' names and what each knows belong to the config (one layer below): re-exported here.
-from omnilearn.config.sections import KNOWS, MEASURED, POLICIES, USES_ALLOCATION, ControlConfig  # noqa: E402,F401
+from omnilearn.config.sections import KNOWS, POLICIES, ControlConfig  # noqa: F401
 
 PAPER_DEADBAND = 0.2
 """The paper's rule applies a new split only when some worker's batch moves by 20% of its new size."""
 PAPER_BOUNDS = (0.5, 3.0)
 """The paper's per-worker batch bounds as multiples of the equal share B/n ([16, 96] for 32)."""
 
-OVERHEAD_MIN_SPREAD = 0.25
-"""The fixed cost is fitted only from splits that moved workers' batches by ratios at least this far
-apart (in log): otherwise every k explains the times alike."""
-OVERHEAD_MAX_RESIDUAL = 0.12
-"""A pair of splits whose times the fitted model misses by more (RMS, in log) is not evidence of k."""
-OVERHEAD_SIGMAS = 2.0
-"""A pair supports the values of k that fit its times worse than its best k by less than this many
-standard deviations of the measurement noise (a two-sigma range)."""
 
 
 @dataclass(frozen=True)
@@ -201,53 +187,6 @@ def balanced(batch: Sequence[int], compute_s: Sequence[float], overhead: float |
     return new
 
 
-def predicted(batch: Sequence[int], compute_s: Sequence[float], overhead: float, new: Sequence[int]) -> list[float]:
-    """Compute times the model ``t_i(b) = c_i (b + k)`` predicts at ``new`` from ``compute_s`` at ``batch``."""
-    return [t * (m + overhead) / (b + overhead) for b, t, m in zip(batch, compute_s, new, strict=True)]
-
-
-def dynamic(
-    batch: Sequence[int],
-    compute_s: Sequence[float],
-    global_batch: int,
-    bounds: Bounds,
-    deadband: float = 0.0,
-    overhead: float = 0.0,
-) -> list[int]:
-    """OmniLearn's rebalancing under the time model ``t_i(b) = c_i (b + k)`` (:func:`balanced`).
-
-    ``compute_s[i]`` is worker i's robust compute time for its current batch ``batch[i]``;
-    ``overhead`` is ``k`` (0: the paper's rule ``b_i <- b_i * t_mean / t_i``). Returns ``batch``
-    unchanged when the compute times are already within ``deadband`` of each other (relative spread
-    ``max/min - 1``), or when the new split would not at least halve that spread as the model
-    predicts it (integer batches cannot do better): small changes cost more than they gain.
-    """
-    assert len(batch) == len(compute_s)
-    times = [max(float(t), 1e-9) for t in compute_s]
-    now = imbalance(times)
-    if now <= deadband:
-        return list(batch)
-    new = balanced(batch, times, overhead, global_batch, bounds)
-    if imbalance(predicted(batch, times, overhead, new)) > now / 2:
-        return list(batch)
-    return new
-
-
-def damped(previous: Sequence[int], batch: Sequence[int], new: Sequence[int], global_batch: int,
-           bounds: Bounds) -> list[int]:
-    """``new``, or half way to it when it moves the split back against the last move (``previous`` to
-    ``batch``): the two moves' dot product is negative. The model behind the last decision then
-    overshot (times that grow faster than the batch, a ``k`` fitted too large); a bisection on the
-    way back converges where whole steps would swing. The half way split sums to B within the
-    bounds (the mean of two that do)."""
-    last = [b - p for p, b in zip(previous, batch, strict=True)]
-    step = [n - b for b, n in zip(batch, new, strict=True)]
-    if sum(x * y for x, y in zip(last, step, strict=True)) >= 0:
-        return list(new)
-    return round_preserving_sum([(b + n) / 2 for b, n in zip(batch, new, strict=True)], global_batch,
-                                bounds.min_batch, bounds.max_batch)
-
-
 def paper(batch: Sequence[int], compute_s: Sequence[float], global_batch: int, bounds: Bounds,
           deadband: float = PAPER_DEADBAND) -> list[int]:
     """The paper's rule: ``b_i <- b_i * t_mean / t_i``, adopted when some worker's batch would move by
@@ -271,114 +210,18 @@ def probe_sizes(global_batch: int, workers: int, bounds: Bounds) -> tuple[int, i
 
 
 def effective(control: ControlConfig, global_batch: int, workers: int) -> ControlConfig:
-    """The settings ``control``'s policy runs with: ``paper`` replaces all but the memory keys by the
-    paper's (epoch ends, per-epoch means, deadband 0.2, bounds [B/n / 2, 3 B/n], no k, no change
-    detection)."""
+    """The settings ``control``'s policy runs with: ``paper`` replaces the batch bounds by the paper's
+    ([B/n / 2, 3 B/n]) and decides at epoch ends (``interval`` 0)."""
     if control.policy != "paper":
         return control
     lo, hi = paper_bounds(workers, global_batch)
-    return dataclasses.replace(control, interval=0, window=1, min_samples=1, deadband=PAPER_DEADBAND, hysteresis=1.0,
-                               skip_after_change=0, change_threshold=0.0, fit_overhead=False, damp_reversals=False,
-                               min_batch=lo, max_batch=hi)
+    return dataclasses.replace(control, interval=0, min_batch=lo, max_batch=hi)
 
 
 def paper_bounds(workers: int, global_batch: int) -> tuple[int, int]:
     """The paper's per-worker bounds for this job: [B/n / 2, 3 B/n] (its [16, 96] at B/n = 32)."""
     share = global_batch / workers
     return max(1, math.ceil(share * PAPER_BOUNDS[0])), math.floor(share * PAPER_BOUNDS[1])
-
-
-Pair = tuple[Sequence[int], Sequence[float], Sequence[int], Sequence[float]]
-
-
-def fit_overhead(pairs: Sequence[Pair], cap: float, noise: Sequence[float] | None = None) -> float | None:
-    """The per-step fixed cost ``k`` (in samples) from how the workers' compute times moved between two
-    splits: ``(b, t, b2, t2)`` per pair, the speeds unchanged in between.
-
-    Under ``t_i(b) = c_i (b + k)``, ``log(t2_i / t_i) = log((b2_i + k) / (b_i + k)) + m``, where ``m``
-    is one constant per pair: whatever slowed or sped up every worker alike between the two (a busy
-    host, the first step's warm-up, times measured relative to each other) drops out. Each pair's
-    ``k`` minimises its squared residuals over the workers (a grid over ``[0, cap]``, then a finer
-    one); a pair the model cannot explain (residuals above :data:`OVERHEAD_MAX_RESIDUAL`) or that
-    moved every batch alike (every ``k`` explains it) is left out. One ``k`` for all workers: the
-    fixed work of a step (optimizer update, framework overhead) and the per-sample work both scale
-    with a worker's speed. None when no pair tells.
-
-    ``noise``: the standard deviation of each pair's ``log(t2_i / t_i)`` (one per pair). Without it,
-    ``k`` is the median of the pairs' fits. With it, each pair also tells the range of ``k`` it
-    supports (fits worse than its best by less than :data:`OVERHEAD_SIGMAS` standard deviations),
-    and only pairs that agree count. A speed that changed unnoticed between a pair's two splits can
-    make the pair fit well at a wrong ``k``: a level change that slows the workers a decision has
-    just unloaded, and speeds up the one it loaded, looks like times that did not follow the
-    batches, a ``k`` as large as the grid allows. No pair tells that alone, but clean pairs agree
-    and a corrupt one disagrees with them. So:
-
-    - only a range bounded below ``cap`` estimates ``k``; one open to the cap (the times hardly
-      followed the batches: a large ``k``, or a speed change) only says ``k`` is at least its low
-      end, and no ``k`` at all (None) when no pair bounds it;
-    - ``k`` comes from the largest group of pairs whose ranges share a value within a bounded range,
-      and between equal groups from the one that shares the smaller ``k``: the median of the group's
-      bounded fits, kept within the range the group shares.
-
-    Too small a ``k`` costs one more decision (the plain rule's creep, measured and corrected by the
-    next pair); too large a one overshoots (the batches move as if time hardly followed them). One
-    bounded pair, or pairs that all agree, give their fits as before.
-    """
-    fits = [_pair_fit(tuple(b), tuple(t), tuple(b2), tuple(t2), cap) for b, t, b2, t2 in pairs]
-    if noise is None:
-        found = [f[0] for f in fits if f is not None]
-        return statistics.median(found) if found else None
-    ranges = [_pair_range(f, float(sd)) for f, sd in zip(fits, noise, strict=True) if f is not None]
-    # Only a range bounded below the cap estimates k; the value shared by the most ranges (counting
-    # open ones too) among those inside a bounded range is some range's lower end: the smallest on ties.
-    bounded = [r for r in ranges if r[2] < cap]
-    if not bounded:
-        return None
-    points = sorted({lo for lo, _, _ in ranges if any(b[0] <= lo <= b[2] for b in bounded)})
-    best = max(points, key=lambda x: sum(lo <= x <= hi for lo, _, hi in ranges))
-    group = [r for r in ranges if r[0] <= best <= r[2]]
-    low, high = max(r[0] for r in group), min(r[2] for r in group)
-    return min(max(statistics.median(r[1] for r in group if r[2] < cap), low), high)
-
-
-@functools.lru_cache(maxsize=64)
-def _pair_fit(b: tuple[int, ...], t: tuple[float, ...], b2: tuple[int, ...], t2: tuple[float, ...],
-              cap: float) -> tuple[float, float, np.ndarray, np.ndarray] | None:
-    """One pair's fit for :func:`fit_overhead`: its best ``k``, the sum of squared residuals there, and
-    the grid of ``k`` over ``[0, cap]`` with the sum of squared residuals at each (None: the pair
-    does not tell). Pure, so cached: a controller refits the same kept pairs at every decision, and with
-    a thousand workers each fit is a grid of logarithms per worker."""
-    moves = [math.log(y / x) for x, y in zip(b, b2, strict=True)]
-    if max(moves) - min(moves) < OVERHEAD_MIN_SPREAD:
-        return None
-    logs = np.log(np.maximum(np.array(t2, dtype=np.float64), 1e-9) / np.maximum(np.array(t, dtype=np.float64), 1e-9))
-    old, now = np.array(b, dtype=np.float64), np.array(b2, dtype=np.float64)
-
-    def losses(ks: np.ndarray) -> np.ndarray:
-        """The mean squared residual at every ``k`` of ``ks`` (one row of workers per k)."""
-        r = logs[None, :] - np.log((now[None, :] + ks[:, None]) / (old[None, :] + ks[:, None]))
-        return ((r - r.mean(axis=1, keepdims=True)) ** 2).mean(axis=1)
-
-    step = cap / 128
-    grid = np.arange(129) * step
-    coarse = losses(grid)
-    best = float(grid[int(np.argmin(coarse))])
-    fine = np.maximum(0.0, best - step + np.arange(33) * step / 16)
-    best = float(fine[int(np.argmin(losses(fine)))])
-    least = float(losses(np.array([best]))[0])
-    if math.sqrt(least) > OVERHEAD_MAX_RESIDUAL:
-        return None
-    return best, least * len(b), grid, coarse * len(b)
-
-
-def _pair_range(fit: tuple[float, float, np.ndarray, np.ndarray], sd: float) -> tuple[float, float, float]:
-    """``(low, best, high)``: a pair's best ``k`` and the range of ``k`` (on its grid) whose squared
-    residuals exceed the best's by at most ``(OVERHEAD_SIGMAS * sd) ** 2``, ``sd`` the noise of a
-    worker's log time ratio."""
-    best, least, grid, squares = fit
-    inside = grid[squares <= least + (OVERHEAD_SIGMAS * sd) ** 2]
-    low, high = (float(inside.min()), float(inside.max())) if inside.size else (best, best)
-    return min(low, best), best, max(high, best)
 
 
 def imbalance(compute_s: Sequence[float]) -> float:

@@ -25,7 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
-from omnilearn.control.policies import Bounds, effective
+from omnilearn.control.controller import configured_bounds
 from omnilearn.files import read_records
 from omnilearn.jobfile import JobSpec
 from omnilearn.launch.failures import WorkerFailed
@@ -65,10 +65,11 @@ def survivors_without(job: JobSpec, lost: list[int]) -> tuple[list[int] | None, 
     workers = len(survivors) - (1 if cfg.mode == "asp" else 0)
     if workers < cfg.fault.min_workers:
         return None, f"fewer than fault.min_workers ({cfg.fault.min_workers}) would be left"
-    control, batch = effective(cfg.control, cfg.train.global_batch, workers), cfg.train.global_batch
-    if not Bounds.make(workers, control.min_batch, control.max_batch, batch).feasible(batch):
+    batch = cfg.train.global_batch
+    bounds = configured_bounds(cfg.control, batch, workers)
+    if not bounds.feasible(batch):
         return None, (f"{workers} workers cannot hold the global batch {batch} within control.max_batch "
-                      f"{control.max_batch}")
+                      f"{max(bounds.max_batch)}")
     return survivors, ""
 
 

@@ -26,9 +26,8 @@ from typing import Any
 
 from omnilearn.config import ControlConfig, JobConfig
 from omnilearn.control import policies
-from omnilearn.control.controller import make_controller
+from omnilearn.control.controller import build_controller
 from omnilearn.control.loop import ControlLoop, pass_done, probe_time
-from omnilearn.control.policies import Bounds
 from omnilearn.emulator.spec.plan import EmulationPlan
 from omnilearn.metrics import METRICS_DIR, metrics_path
 from omnilearn.simulate.models import RunModels
@@ -68,7 +67,7 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
     (replayed when the global batch is the run's: BSP's update does not depend on the split)."""
     t, n, measured = cfg.train, cfg.workers, models.workers
     c = policies.effective(cfg.control, t.global_batch, n)
-    ctl = make_controller(c, t.global_batch, Bounds.make(n, c.min_batch, c.max_batch, t.global_batch))
+    ctl = build_controller(cfg.control, t.global_batch, n)
     size = models.train_samples * t.global_batch // models.job.config.train.global_batch
     sampler = GlobalBatchSampler(size, t.global_batch, t.seed, drop_last=t.drop_last, min_local=c.min_batch)
     targets = plan.targets

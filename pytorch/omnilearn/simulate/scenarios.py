@@ -53,10 +53,10 @@ from typing import Any
 
 import numpy as np
 
-from omnilearn.config import ControlConfig
-from omnilearn.control.controller import make_controller
+from omnilearn.config import RETIRED, ControlConfig
+from omnilearn.control.controller import build_controller
 from omnilearn.control.loop import ControlLoop
-from omnilearn.control.policies import POLICIES, Bounds, effective, probe_sizes
+from omnilearn.control.policies import POLICIES, Bounds, probe_sizes
 from omnilearn.errors import UserError
 from omnilearn.files import CONFIG_DIR, load_yaml, write_atomic
 from omnilearn.records import BATCH_CHANGE
@@ -64,7 +64,7 @@ from omnilearn.simulate.truth import Scenario, Timeline, World, describe, timeli
 from omnilearn.typed import build_dataclass
 
 SUITE_FILE = CONFIG_DIR / "scenarios.yaml"
-DEFAULT_POLICIES = ("uniform", "dynamic", "dynamic-v1", "paper", "static")
+DEFAULT_POLICIES = ("uniform", "dynamic", "paper", "static")
 SETTLED = 0.10
 """A split whose expected step time is within 10% of the oracle's split's has settled."""
 COLUMNS = ("scenario", "policy", "seed", "fraction_of_oracle", "settle_steps", "settle_decisions",
@@ -108,6 +108,9 @@ def read_suite(path: Path, cls: type, what: str) -> list[Any]:
 
 
 def check_policies(policies: Sequence[str]) -> list[str]:
+    retired = [p for p in policies if p in RETIRED]
+    if retired:
+        raise UserError(f"--policies: policy {retired[0]!r} is retired; its figures are in {RETIRED[retired[0]]}")
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         raise UserError(f"--policies: unknown policy {bad[0]!r} (known: {', '.join(POLICIES)})")
@@ -174,8 +177,8 @@ def run_policy(world: World, policy: str, oracle_step_s: np.ndarray, oracle_expe
     sc, line = world.sc, world.line
     n, B = sc.workers, sc.global_batch
     assert B is not None
-    cfg = effective(ControlConfig(policy=policy, min_batch=sc.min_batch, max_batch=sc.max_batch), B, n)
-    ctl = make_controller(cfg, B, Bounds.make(n, cfg.min_batch, cfg.max_batch, B))
+    cfg = ControlConfig(policy=policy, min_batch=sc.min_batch, max_batch=sc.max_batch)
+    ctl = build_controller(cfg, B, n)
     count = [0]
 
     def write(kind: str, **fields: Any) -> None:

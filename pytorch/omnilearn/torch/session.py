@@ -19,7 +19,6 @@ the script itself, through the same request log and toggler as a run's workers.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -32,10 +31,8 @@ import torch
 import torch.distributed as dist
 
 from omnilearn import config
-from omnilearn.control.controller import make_controller
+from omnilearn.control.controller import build_controller
 from omnilearn.control.loop import ControlLoop, ProbeRounds
-from omnilearn.control.policies import POLICIES, Bounds, effective
-from omnilearn.emulator.backends.cgroupfs import QuotaClock, quota_seconds
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.emulator.spec.plan import build_plan, worker_target
 from omnilearn.errors import UserError
@@ -45,6 +42,7 @@ from omnilearn.observe.tensorboard import LiveTensorBoard
 from omnilearn.report.stragglers import WINDOW_STEPS, StragglerScores
 from omnilearn.report.summary import summarize
 from omnilearn.train.distributed import all_gather_floats
+from omnilearn.train.quota_clock import QuotaClock, quota_seconds
 from omnilearn.train.sampler import GlobalBatchSampler
 
 
@@ -275,16 +273,14 @@ class StepSession:
         self.settings.update({"train.seed": seed, "train.drop_last": drop_last})
         self.job, emulated = make_job(self.world, self.rank, global_batch, self.settings,
                                       (self.model_name or names[0], names[1]), self.out)
-        c = effective(self.job.config.control, global_batch, self.world)
-        if c.policy not in POLICIES:
-            raise UserError(f"{self.library}: policy {c.policy!r} is not a batch controller's")
-        if min_batch > c.min_batch:
-            if min_batch * self.world > global_batch:
-                raise UserError(f"{self.library}: a global batch of {global_batch} over {self.world} ranks leaves "
-                                f"a rank fewer than {min_batch} samples, one per micro-batch: give a larger batch")
-            c = dataclasses.replace(c, min_batch=min_batch)
-        self.controller = make_controller(c, global_batch, Bounds.make(self.world, c.min_batch, c.max_batch,
-                                                                      global_batch))
+        if min_batch * self.world > global_batch:
+            raise UserError(f"{self.library}: a global batch of {global_batch} over {self.world} ranks leaves "
+                            f"a rank fewer than {min_batch} samples, one per micro-batch: give a larger batch")
+        try:
+            self.controller = build_controller(self.job.config.control, global_batch, self.world, min_batch=min_batch)
+        except UserError as e:
+            raise UserError(f"{self.library}: {e}") from None
+        c = self.controller.bounds
         self.levels = Levels(self.job, self.rank, emulated, set_threads=self.per_level_threads)
         self.sampler = GlobalBatchSampler(dataset_size, global_batch, seed, drop_last=drop_last,
                                           min_local=c.min_batch)
@@ -296,7 +292,7 @@ class StepSession:
         self.metrics.write("start", rank=self.rank, world=self.world, target=self.levels.target,
                            params=self.params, train_samples=dataset_size,
                            steps_per_epoch=self.sampler.steps_per_epoch, device=self.device,
-                           dist_backend=dist.get_backend(), policy=c.policy, library=self.library)
+                           dist_backend=dist.get_backend(), policy=self.controller.policy, library=self.library)
         dist.barrier()
         self.t_start = time.time()
         self.started = False  # the loop starts at the first step, once its level is in force
@@ -384,7 +380,7 @@ class StepSession:
         """At the end of the step's backward, just before its all-reduce: rank 0's clock, this rank's time
         (its compute; the update after the last all-reduce rides one step late, as in the trainer; under
         a CPU quota, where the controller times it, each at the quota's rate where that is longer:
-        :func:`~omnilearn.emulator.backends.cgroupfs.quota_seconds`)."""
+        :func:`~omnilearn.train.quota_clock.quota_seconds`)."""
         assert self.pending is not None, "fill_slots outside a step"
         self.filled_at, cpu_s = time.perf_counter(), time.process_time()
         reading = self.quota_reading = self.quota.read() if self.controller.times_quota else None

@@ -8,7 +8,7 @@ and no waiting for the others:
 2. compute (timed): forward and backward of its next ``b_i`` samples;
 3. push: the mean gradient followed by the change of the running statistics (one flat tensor), the
    version it was computed on and the step's compute time (under ``dynamic``, with the waits the worker's
-   CPU quota put into its last push and this pull: :class:`~omnilearn.emulator.backends.cgroupfs.QuotaClock`).
+   CPU quota put into its last push and this pull: :class:`~omnilearn.train.quota_clock.QuotaClock`).
    The reply gives the batch
    size of the next step (the controller runs at the server), the server's epoch and level, and
    whether training is over; a new level is requested from the toggler like in BSP.
@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.distributed.rpc as rpc
 
-from omnilearn.emulator.backends.cgroupfs import QuotaClock
+from omnilearn.control.controller import controller_class
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.emulator.spec.plan import SERVER_TARGET
 from omnilearn.jobfile import JobSpec
@@ -52,6 +52,7 @@ from omnilearn.train.asp_update import local_rule, reference_batch, scheduled_lr
 from omnilearn.train.checkpoint import cut_worker_metrics
 from omnilearn.train.distributed import GradBuffer, env_int, flat_state
 from omnilearn.train.models import count_parameters
+from omnilearn.train.quota_clock import QuotaClock
 from omnilearn.train.workload import Workload, gather, load_workload
 
 log = logging.getLogger("omnilearn.worker")
@@ -155,8 +156,9 @@ def run_worker(job: JobSpec) -> None:
                   train_samples=len(train), test_samples=len(test), policy=c_cfg.policy, pushes=seq, samples=samples)
     if first is not None:
         metrics.write("hl_change", **first)
-    # ``dynamic``: the waits this worker's CPU quota put into its last push and this pull count as its time
-    quota, pushed = (QuotaClock() if c_cfg.policy == "dynamic" else None), None
+    # A controller that times quotas: the waits this worker's CPU quota put into its last push and this
+    # pull count as its time
+    quota, pushed = (QuotaClock() if controller_class(c_cfg.policy, asynchronous=True).times_quota else None), None
     own = local_rule(cfg, state[:n_params]) if cfg.asp.push == "parameters" else None
     while not control["stop"]:
         follow(control, step)

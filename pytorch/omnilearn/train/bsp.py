@@ -29,10 +29,8 @@ import torch
 import torch.distributed as dist
 
 from omnilearn.control import policies
-from omnilearn.control.controller import make_controller
+from omnilearn.control.controller import build_controller, configured_bounds
 from omnilearn.control.loop import ControlLoop, ProbeRounds
-from omnilearn.control.policies import Bounds
-from omnilearn.emulator.backends.cgroupfs import QuotaClock, quota_seconds
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
@@ -41,6 +39,7 @@ from omnilearn.train.checkpoint import BSPCheckpoint
 from omnilearn.train.distributed import GradBuffer
 from omnilearn.train.evaluate import evaluate
 from omnilearn.train.models import count_parameters
+from omnilearn.train.quota_clock import QuotaClock, quota_seconds
 from omnilearn.train.sampler import GlobalBatchSampler
 from omnilearn.train.workload import Workload, gather, load_workload, make_optimizer, perplexity
 
@@ -91,8 +90,8 @@ class BSPTrainer:
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=t.milestones, gamma=t.gamma)
         self.sampler = GlobalBatchSampler(len(self.work.train), t.global_batch, t.seed, drop_last=t.drop_last,
                                           min_local=c.min_batch)
-        self.configured_bounds = Bounds.make(self.world, c.min_batch, c.max_batch, t.global_batch)
-        self.controller = make_controller(c, t.global_batch, self.configured_bounds)
+        self.configured_bounds = configured_bounds(cfg.control, t.global_batch, self.world)
+        self.controller = build_controller(cfg.control, t.global_batch, self.world)
         self.update_s = 0.0  # this rank's last optimizer step: it rides in the next step's buffer
         # the next update allocates the optimizer's state the start-up pass's restore emptied: a one-off
         # no split changes, so the pass's update (already in update_s) rides in its place

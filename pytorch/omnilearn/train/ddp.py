@@ -48,7 +48,7 @@ class DDPTrainer(BSPTrainer):
 
     def __init__(self, job: JobSpec) -> None:
         cfg = job.config
-        assert cfg.control.policy == "ddp" and cfg.mode == "bsp", (cfg.mode, cfg.control.policy)
+        assert cfg.mode == "bsp", cfg.mode
         # Equal batches are the uniform policy's; plain DDP knows nothing of memory bounds.
         equal = dataclasses.replace(cfg.control, policy="uniform", memory_bounds=False)
         super().__init__(dataclasses.replace(job, config=dataclasses.replace(cfg, control=equal)))

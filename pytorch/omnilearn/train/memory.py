@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from omnilearn.control.controller import BatchController
+from omnilearn.control.controller import Controller
 from omnilearn.control.policies import Bounds
 from omnilearn.emulator.backends.cgroupfs import memory_limit, memory_peak_file
 from omnilearn.errors import UserError
@@ -178,17 +178,17 @@ class BoundsChange:
     """The batch sizes after enforcement moved them; None when nothing moved."""
 
 
-def enforce_bounds(controller: BatchController, configured: Bounds, memory_max: Sequence[int | None], who: str,
+def enforce_bounds(controller: Controller, configured: Bounds, memory_max: Sequence[int | None], who: str,
                    force: bool = False) -> BoundsChange:
     """Bound ``controller`` by the workers' memory: the one path BSP and the parameter server share.
 
-    ``uniform``, the baseline, ignores the bounds (``over`` names the workers it overloads) unless
-    ``force`` (a worker already ran out of memory). Raises :class:`UserError` when the global batch
-    cannot fit.
+    A controller not ``bounded_by_memory`` (``uniform``, the baseline) ignores the bounds (``over`` names
+    the workers it overloads) unless ``force`` (a worker already ran out of memory). Raises
+    :class:`UserError` when the global batch cannot fit.
     """
     bounds = memory_bounds(configured, memory_max, controller.global_batch, who)
     old = list(controller.batch)
-    if controller.policy == "uniform" and not force:
+    if not controller.bounded_by_memory and not force:
         return BoundsChange(bounds, False, [i for i, m in enumerate(bounds.max_batch) if old[i] > m], old, None)
     new = controller.set_bounds(bounds)
     return BoundsChange(bounds, True, [], old, new)

@@ -40,10 +40,9 @@ pull (copying the latest worker's statistics would). ``num_batches_tracked`` cou
 
 **Controller.** Each push carries the compute time of the step. ``dynamic`` is the ASP controller
 (:mod:`omnilearn.control.asp`): from every worker's compute times and cycles and the server's time
-per update, the split that maximises the effective samples a second its model predicts. The other
-policies keep a window of each worker's times and re-decide with the shared policies
-(:class:`BatchController`) whenever every worker has ``control.min_samples`` fresh measurements
-(``paper``: when the server's epoch passes an integer). Each worker learns its new size in its next
+per update, the split that maximises the effective samples a second its model predicts. The
+baselines (:mod:`omnilearn.control.baselines`) are given each push's time; ``paper`` decides when the
+server's epoch passes an integer (its ``per_epoch``). Each worker learns its new size in its next
 push reply. The sum of the batch sizes is ``train.global_batch`` at all times. The server runs the
 schedule, but only the policies named for the allocations (``static``, ``dynamic+prior``) are told
 of a level change; the others see it in the times the workers measure.
@@ -78,9 +77,8 @@ from typing import Any
 import torch
 
 from omnilearn.control.asp import AsyncController, AsyncLoop
-from omnilearn.control.controller import make_controller
+from omnilearn.control.controller import build_controller, configured_bounds
 from omnilearn.control.loop import ControlLoop
-from omnilearn.control.policies import Bounds, effective
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
@@ -128,7 +126,7 @@ class ParameterServer:
         cfg = job.config
         self.slots = job.slots[1:]  # the workers' slots: how they name themselves in every call
         self.workers = len(self.slots)  # fewer than configured when the job went on without a lost one
-        t, c = cfg.train, effective(cfg.control, cfg.train.global_batch, self.workers)
+        t = cfg.train
         self.job, self.cfg, self.metrics = job, cfg, metrics
         self.schedule = job.plan.schedule
         self.model = model.train()
@@ -145,15 +143,15 @@ class ParameterServer:
         self.train_size = train_size
         self.target_samples = t.epochs * train_size
         self.worker_targets = [job.plan.targets[s] for s in self.slots]
-        self.configured_bounds = Bounds.make(self.workers, c.min_batch, c.max_batch, t.global_batch)
+        self.configured_bounds = configured_bounds(cfg.control, t.global_batch, self.workers)
         self.memory_max: list[int | None] = [None] * self.workers  # what each worker's memory takes
         self.fault: UserError | None = None  # set by a handler, raised by the main loop
-        if c.policy == "dynamic":  # the ASP controller: progress a second (control/asp.py)
-            self.controller: Any = AsyncController(t.global_batch, self.configured_bounds, cfg.asp.delay_tolerance,
-                                                   parameters=self.parameters_pushed)
+        self.controller: Any = build_controller(cfg.control, t.global_batch, self.workers, asynchronous=True,
+                                                delay_tolerance=cfg.asp.delay_tolerance,
+                                                parameters=self.parameters_pushed)
+        if isinstance(self.controller, AsyncController):  # progress a second, from cycles (control/asp.py)
             self.loop: Any = AsyncLoop(self.controller, self.metrics.write)
         else:
-            self.controller = make_controller(c, t.global_batch, self.configured_bounds, synchronous=False)
             self.loop = ControlLoop(self.controller, self.metrics.write)
         self.applied_at: list[float | None] = [None] * len(self.slots)  # when each worker's last push was applied
         self.level = self.schedule.level_at(0)
@@ -312,7 +310,7 @@ class ParameterServer:
         if not ctl.measures or self.stopping or (ctl.knows_allocation and stats.get("level") != self.level):
             return
         due = True
-        if ctl.policy == "paper":  # the paper decides once per epoch
+        if ctl.per_epoch:  # it decides once an epoch (the paper's), at the epoch's first push
             due = int(self.epoch) > self.decided_epoch
             if due:
                 self.decided_epoch = int(self.epoch)

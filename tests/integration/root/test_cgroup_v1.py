@@ -214,7 +214,7 @@ def test_read_own_allocation_inside_the_cgroup(v1: CgroupV1Backend, spawn) -> No
 
 QUOTA_CLOCK_CHILD = """
 import json, sys, time
-from omnilearn.emulator.backends.cgroupfs import QuotaClock
+from omnilearn.train.quota_clock import QuotaClock
 sys.stdin.readline()
 clock = QuotaClock()
 before, cpu0 = clock.read(), time.process_time()
@@ -256,7 +256,7 @@ def test_quota_clock_tells_a_core_set_from_a_quota(v1: CgroupV1Backend, job: str
 
 QUOTA_CLOCK_FOLLOWS = """
 import json, sys
-from omnilearn.emulator.backends.cgroupfs import QuotaClock
+from omnilearn.train.quota_clock import QuotaClock
 clock = QuotaClock()
 for _ in range(3):
     reading = clock.read()

@@ -97,7 +97,7 @@ workers: 2
 model: {name: smallcnn}
 data: {name: synthetic, image_size: 128, synthetic_size: 384}
 train: {epochs: 1, global_batch: 128, lr: 0.02, momentum: 0.0}
-control: {policy: POLICY, window: 3, min_samples: 2}
+control: {policy: POLICY}
 asp: {eval_interval: 1, worker_timeout_s: 60}
 emulation:
   backend: cgroup

@@ -189,12 +189,10 @@ class Toggler:
         start = lg.offset  # the file offset of data[0]
         pos = 0
         if lg.skipping:
-            end = data.find(b"\n")
-            if end < 0:
-                lg.offset = start + len(data)
+            skipped = self._skip_line(lg, data, written)
+            if skipped is None:
                 return
-            pos, lg.skipping = end + 1, False
-            lg.offset = start + pos
+            data, start, pos = skipped
         handled = 0
         while handled < MAX_LINES_PER_POLL and lg.closed is None:
             self._close_if_flooded(lg, written)
@@ -211,9 +209,14 @@ class Toggler:
                                             f"a line of {length} bytes, more than {MAX_LINE_BYTES}",
                                             unterminated=unterminated))
                 lg.offset, lg.skipping = offset_end, unterminated
-                if unterminated:
-                    return
-                pos, handled = end + 1, handled + 1
+                handled += 1
+                if unterminated:  # the rest of the line, whatever its length, within this poll
+                    skipped = self._skip_line(lg, b"", written)
+                    if skipped is None:
+                        return
+                    data, start, pos = skipped
+                    continue
+                pos = end + 1
                 continue
             line, offset_end = data[pos:end], start + end + 1
             pos = end + 1
@@ -223,6 +226,23 @@ class Toggler:
                 if decision is not None:
                     written.append(decision)
             lg.offset = offset_end
+
+    def _skip_line(self, lg: LogState, data: bytes, written: list[dict[str, Any]]) -> tuple[bytes, int, int] | None:
+        """Read past the rest of a line already refused as too long (``data``: the bytes read from the
+        log's offset, perhaps none yet), however many reads it takes: a log holds at most
+        MAX_LOG_BYTES, and the worker's next request, behind the line, waits on it. Returns the bytes
+        read last, their file offset and the position after the line's newline, or None: the line
+        goes on past what is written (the offset moves to the end; the skip goes on next poll)."""
+        while True:
+            end = data.find(b"\n")
+            if end >= 0:
+                lg.skipping = False
+                lg.offset += end + 1
+                return data, lg.offset - end - 1, end + 1
+            lg.offset += len(data)
+            data = self._read(lg, written) or b""
+            if not data:
+                return None
 
     def _read(self, lg: LogState, written: list[dict[str, Any]]) -> bytes | None:
         """The next bytes of ``lg`` to consume (at most MAX_READ_BYTES), or None: nothing to read,
