@@ -1,9 +1,10 @@
-"""The generated references: ``docs/reference/config.md`` and ``docs/reference/cli.md``.
+"""The generated references: ``docs/reference/config.md``, ``cli.md``, ``records.md`` and ``torch.md``.
 
 ``config.md`` comes from the config dataclasses: each field's type and default from
 :func:`dataclasses.fields`, its doc from the string literal under it in the source (read with
 :mod:`ast`, as attribute docstrings are not kept at run time). ``cli.md`` comes from the argparse
-parser of :mod:`omnilearn.cli`. The output is deterministic: the same code gives the same bytes.
+parser of :mod:`omnilearn.cli`; ``torch.md`` from the signatures and docstrings of ``omnilearn.torch``'s
+public classes (:data:`TORCH_MEMBERS`). The output is deterministic: the same code gives the same bytes.
 
     python -m omnilearn.docs_gen           write both files (``make docs``)
     python -m omnilearn.docs_gen --check   exit 1 naming each file that differs from the code
@@ -15,6 +16,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -243,12 +245,73 @@ def cli_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------- omnilearn.torch
+
+TORCH_MEMBERS = {
+    "HeteroDataParallel": ("require_backward_grad_sync", "no_sync", "batch_sizes", "epochs", "stop", "finish_step",
+                           "end_epoch"),
+    "HeteroDataLoader": ("start_up", "set_epoch", "last_indices"),
+    "HeteroBatches": ("start_up", "set_epoch"),
+}
+"""The public names of ``omnilearn.torch`` and the members of each a loop may use."""
+
+
+def _doc(obj: Any) -> str:
+    """A docstring as Markdown: reST's double backquotes and roles (``:class:`~a.b.C``` -> ``C``) as code."""
+    text = inspect.cleandoc(obj.__doc__ or "").replace("``", "`")
+    return re.sub(r":\w+:`~?([\w.]+)`", lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`", text)
+
+
+def _signature(name: str, obj: Any) -> str:
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return name
+    params = [p for p in sig.parameters.values() if p.name != "self"]
+    return f"{name}{sig.replace(parameters=params)}".replace("'", "")
+
+
+def torch_markdown() -> str:
+    """``docs/reference/torch.md``: every public class of ``omnilearn.torch``, its signature and doc, and
+    its members'."""
+    import omnilearn.torch as lib
+
+    lines = [HEADER.format(src="the docstrings of omnilearn.torch (pytorch/omnilearn/torch/)"),
+             "# omnilearn.torch reference", "",
+             "The classes a torchrun script imports from `omnilearn.torch`; the guide is "
+             "[your-workload.md](../guide/your-workload.md#a-loop-without-a-dataloader)."]
+    for name in lib.__all__:
+        cls = getattr(lib, name)
+        lines += ["", f"## {name}", "", "```python", _signature(name, cls), "```", "", _doc(cls)]
+        for member in TORCH_MEMBERS[name]:
+            attr = inspect.getattr_static(cls, member, None)
+            if isinstance(attr, property):
+                lines += ["", f"### `{name}.{member}` (attribute)", "", _doc(attr)]
+            elif callable(attr):
+                lines += ["", f"### `{name}.{_signature(member, attr)}`", "", _doc(attr)]
+            else:
+                lines += ["", f"### `{name}.{member}` (attribute)", "", _doc(_attribute_doc(cls, member))]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _attribute_doc(cls: type, member: str) -> Any:
+    """An object whose ``__doc__`` is the string literal after ``self.<member> = ...`` in ``cls.__init__``."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))  # type: ignore[misc]
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in zip(body, body[1:], strict=False):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Attribute) and t.attr == member for t in targets) and isinstance(nxt, ast.Expr) \
+                and isinstance(nxt.value, ast.Constant):
+            return type("Doc", (), {"__doc__": nxt.value.value})
+    return type("Doc", (), {"__doc__": ""})
+
+
 # ---------------------------------------------------------------- files
 
 def generated() -> dict[Path, str]:
     """Path -> the text the code generates for it."""
     return {REFERENCE / "config.md": config_markdown(), REFERENCE / "cli.md": cli_markdown(),
-            REFERENCE / "records.md": records.markdown()}
+            REFERENCE / "records.md": records.markdown(), REFERENCE / "torch.md": torch_markdown()}
 
 
 def main(argv: list[str] | None = None) -> int:

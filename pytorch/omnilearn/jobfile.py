@@ -15,6 +15,7 @@ from typing import Any
 
 from omnilearn.config import JobConfig, from_dict
 from omnilearn.emulator.spec.plan import EmulationPlan
+from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 
 JOB_FILE = "job.json"
@@ -82,8 +83,12 @@ class JobSpec:
     @staticmethod
     def load(path: Path, out_dir: Path | None = None) -> JobSpec:
         """Read a job file; ``out_dir`` re-roots it (a container sees the run folder elsewhere)."""
-        d = json.loads(Path(path).read_text())
-        cfg = from_dict(d["config"], d.get("source", str(path)), saved=True)
+        try:
+            d = json.loads(Path(path).read_text())
+            config = d["config"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{path}: not a readable job file ({type(e).__name__}: {e})") from None
+        cfg = from_dict(config, d.get("source", str(path)), saved=True)
         return JobSpec(
             job_id=d["job_id"],
             config=cfg,

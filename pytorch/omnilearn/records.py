@@ -133,9 +133,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "`step`, `epoch`, `samples`, `elapsed_s`"),
     Kind(END, "every rank",
          ("wall_time_s", "samples", "batch", "level"),
-         ("train_time_s", "steps", "epochs", "out_of_time", "controller_overhead_ms", "controller_steps_measured",
-          "holds", "pushes", "updates", "duplicates", "version", "epoch", "target_samples", "done_time_s"),
+         ("train_time_s", "steps", "epochs", "out_of_time", "stopped_early", "controller_overhead_ms",
+          "controller_steps_measured", "holds", "pushes", "updates", "duplicates", "version", "epoch", "target_samples", "done_time_s"),
          "`wall_time_s`, `train_time_s`, `samples`, `steps`, `epochs`, `batch`, `level`, `out_of_time`, "
+         "`stopped_early` (omnilearn.torch: the loop ended inside a pass, after `steps` steps), "
          "`controller_overhead_ms`, `controller_steps_measured` (BSP: the steps the controller measured), `holds`; ASP: `pushes`, `updates`, `duplicates`, `version`, `epoch`, "
          "`target_samples`, `done_time_s`"),
     Kind(TRAIN_START, "ASP server",

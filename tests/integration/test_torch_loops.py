@@ -211,12 +211,51 @@ def _misuse(out: Path, rank: int) -> str:
     return ""
 
 
+def _nanogpt_loop(out: Path, rank: int) -> dict:
+    """nanoGPT's loop shape, converted: a first batch fetched before ``while True``, iterations 0 to
+    ``max_iters`` inclusive, accumulation by ``require_backward_grad_sync``, GradScaler and clipping,
+    and a ``break`` long before the pass of ``steps`` ends."""
+    from omnilearn.torch import HeteroBatches, HeteroDataParallel
+
+    torch.manual_seed(rank)
+    data, k, max_iters = Indexed(500), 2, 5
+    g = torch.Generator().manual_seed(7 + rank)
+
+    def get_batch(size: int):  # noqa: ANN202
+        idx = torch.randint(0, len(data), (size,), generator=g)
+        return data.x[idx], data.y[idx]
+
+    model = HeteroDataParallel(net(), out=str(out))
+    batches = iter(HeteroBatches(get_batch, batch_size=4, accumulate=k, steps=100))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = next(batches)  # the first batch, before the loop
+    iter_num = 0
+    while True:
+        for micro_step in range(k):
+            model.require_backward_grad_sync = micro_step == k - 1
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y) / k
+            scaler.scale(loss).backward()
+            x, y = next(batches)  # the next micro-batch, once this one's backward ran
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        if iter_num == max_iters:
+            break
+        iter_num += 1
+    return {"iterations": iter_num + 1}
+
+
 def _loops_rank(rank: int, world: int, out: Path) -> None:
     init_gloo()
     results = {"accumulation": _accumulation(out / "accumulation", rank),
                "amp": _amp_clip_peek_eval(out / "amp", rank),
                "get_batch": _get_batch_loop(out / "get_batch", rank),
-               "misuse": _misuse(out / "misuse", rank), "probe": _probe(out / "probe", rank)}
+               "misuse": _misuse(out / "misuse", rank), "probe": _probe(out / "probe", rank),
+               "nanogpt": _nanogpt_loop(out / "nanogpt", rank)}
     if rank == 0:
         (out / "results.json").write_text(json.dumps(results))
     import torch.distributed as dist
@@ -299,3 +338,22 @@ def test_the_start_up_probe_runs_the_loops_step_before_step_one_and_leaves_no_tr
     probe = changes[1]
     assert probe["step"] == 0 and probe["warm"] is False
     assert probe["batch"][1] < probe["batch"][0], probe  # the slower rank 1 gets less before step 1
+
+
+def test_a_nanogpt_loop_that_breaks_inside_the_pass_closes_its_records(loops: Path,
+                                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    from omnilearn.cli import main
+
+    got = json.loads((loops / "results.json").read_text())["nanogpt"]
+    assert got["iterations"] == 6, got  # iterations 0..5
+    run = loops / "nanogpt"
+    for rank in (0, 1):
+        steps = _steps(run, rank)
+        assert len(steps) == 6 and all(s["global_batch"] == 16 for s in steps)  # 4 x 2 ranks x 2 micro-batches
+        end = [r for r in read_rank(run, rank) if r["kind"] == "end"]
+        assert len(end) == 1 and end[0]["stopped_early"] is True and end[0]["steps"] == 6, end
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped_early"] is True and summary["steps"] == 6 and summary["samples"] == 6 * 16
+    capfd.readouterr()
+    assert main(["report", str(run)]) == 0
+    assert "Traceback" not in capfd.readouterr().err

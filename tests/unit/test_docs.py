@@ -234,7 +234,8 @@ CONFIG_KEYS = {k for k, _, _ in docs_gen.config_keys()}
 
 def named_keys(text: str) -> list[str]:
     code = "\n".join(code_blocks(text) + inline_code(text))
-    pattern = rf"(?<![\w./-])((?:{'|'.join(CONFIG_SECTIONS)})\.[a-z_]+)\b(?![./(])"  # a call is no key
+    # a call is no key, nor an attribute assigned in a script (`model.x = ...`)
+    pattern = rf"(?<![\w./-])((?:{'|'.join(CONFIG_SECTIONS)})\.[a-z_]+)\b(?![./(])(?! = )"
     return [k for k in re.findall(pattern, code) if k.split(".")[1] not in ("py", "pt", "yaml", "json", "md", "sock")]
 
 

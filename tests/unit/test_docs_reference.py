@@ -16,7 +16,7 @@ from omnilearn.config.sections import ControlConfig
 from omnilearn.report.summary import CONTROL_KEYS
 
 
-@pytest.mark.parametrize("name", ["config.md", "cli.md", "records.md"])
+@pytest.mark.parametrize("name", ["config.md", "cli.md", "records.md", "torch.md"])
 def test_committed_reference_is_generated(name: str) -> None:
     path = docs_gen.REFERENCE / name
     assert path.exists(), f"{path} is missing: run `make docs`"
@@ -73,3 +73,14 @@ def test_control_keys_follow_the_control_section() -> None:
     names = {f.name for f in dataclasses.fields(ControlConfig)}
     assert set(CONTROL_KEYS) == names - {"policy", "memory_bounds", "memory_margin"}
     assert {"confidence", "hazard", "probe_steps"} <= set(CONTROL_KEYS)
+
+
+def test_the_torch_reference_names_every_public_class_and_member() -> None:
+    import omnilearn.torch as lib
+
+    text = docs_gen.torch_markdown()
+    for name in lib.__all__:
+        assert f"## {name}\n" in text and f"{name}(" in text
+        for member in docs_gen.TORCH_MEMBERS[name]:
+            section = text.split(f"### `{name}.{member}", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+            assert len(section.strip().splitlines()) >= 2, f"{name}.{member} has no doc"

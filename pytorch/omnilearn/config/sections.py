@@ -23,8 +23,7 @@ RETIRED = {"dynamic-v1": "results/2026-11-29_2cpu_fresh-clone-bounds.md"}
 KNOWS = {
     "uniform": "nothing: equal batches, never changed",
     "static": "the allocated CPU shares (the emulator's allocations); nothing measured",
-    "dynamic": "measured compute times only (a start-up probe at two batch sizes, then every step's): no "
-               "allocations, no level events",
+    "dynamic": "measured compute times only (every step's): no allocations, no level events",
     "dynamic+prior": "measured compute times and the allocated CPU shares (its start and its level changes)",
     "paper": "measured compute times only (per-epoch means), with the paper's fixed settings",
     "ddp": "nothing: plain DistributedDataParallel with equal batches (the peer, not a policy of ours)",

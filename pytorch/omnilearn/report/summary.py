@@ -11,6 +11,7 @@ from typing import Any
 from omnilearn.config.sections import ControlConfig
 from omnilearn.control.policies import KNOWS, effective
 from omnilearn.emulator.spec.plan import SERVER_TARGET
+from omnilearn.errors import UserError
 from omnilearn.files import read_records, write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import eval_path, read_rank, restarts_path
@@ -267,7 +268,8 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     ends = [(of_kind(recs, END) or [None])[-1] for recs in ranks]
     if any(e is None for e in ends):
         missing = [r for r, e in enumerate(ends) if e is None]
-        raise RuntimeError(f"run in {out_dir} did not finish: no end record for ranks {missing}")
+        raise UserError(f"{out_dir}: the run did not finish: no end record for rank(s) "
+                        f"{', '.join(map(str, missing))} (stopped or still running)")
     r0 = ranks[0]
     end0 = ends[0]
     train_time = end0["train_time_s"]
@@ -297,6 +299,7 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         **metric_of(evals),
         "accuracy_curve": eval_curve(evals),
         "epochs_done": round(end0.get("epochs", cfg.train.epochs), 4),
+        "stopped_early": bool(end0.get("stopped_early", False)),
         "time_budget_s": cfg.train.time_budget_s,
         "batch_sizes": batches,
         "measured_batch_sizes": measured_batches,
@@ -320,6 +323,8 @@ def summarize(out_dir: Path) -> dict[str, Any]:
         "links": links_at(job, end0.get("level")),
         "restarts": read_records(restarts_path(out_dir)),
     }
+    if summary["probe"] is not None:  # what the run knew: its times at two sizes before step 1 too
+        summary["policy_knows"] += f"; a start-up probe at batch sizes {summary['probe']['sizes']} before step 1"
     summary = {**summary, **emulated(out_dir)}
     write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
@@ -393,7 +398,8 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
     missing = [r for r, recs in zip(slots, workers, strict=True) if not of_kind(recs, END)]
     if end is None or missing:
         ranks = ([0] if end is None else []) + missing
-        raise RuntimeError(f"run in {out_dir} did not finish: no end record for ranks {ranks}")
+        raise UserError(f"{out_dir}: the run did not finish: no end record for rank(s) "
+                        f"{', '.join(map(str, ranks))} (stopped or still running)")
     updates = of_kind(server, UPDATE)
     steps = [of_kind(recs, STEP) for recs in workers]
     evals = read_records(eval_path(out_dir))

@@ -60,14 +60,15 @@ class _Steps(ABC):
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs (each iteration otherwise runs the one after the last)."""
         self.epoch = epoch
 
     def start_up(self, step: Callable[[Any], Any], *optimizers: torch.optim.Optimizer) -> None:
         """The start-up probe (optional; once, before the first iteration): ``step(batch)``, the loop's own
         step on one batch (forward, loss, backward, optimizer step), run on this rank alone (no step is
         open, so no all-reduce) at the controller's two probe sizes and timed as ``omnilearn run``'s
-        workers time theirs (:meth:`~omnilearn.torch.session.StepSession.start_up`): the first split is
-        balanced before step 1. ``optimizers``: those ``step`` steps; their state, the model's weights
+        workers time theirs: the first split is balanced before step 1. Under gradient accumulation a
+        probe step is one ``step`` call on a batch of the whole share. ``optimizers``: those ``step`` steps; their state, the model's weights
         and buffers, the random state and the gradients are put back after it. Without a
         :class:`~omnilearn.torch.HeteroDataParallel` in the process, or on one rank, nothing runs."""
         model = parallel.active()
@@ -92,13 +93,18 @@ class _Steps(ABC):
         sampler.set_epoch(epoch)
         steps = sampler.steps_per_epoch
         equal = proportional_split(self.global_batch, [1] * self.world)
-        for step in range(steps):
-            shares = (model.begin_step(epoch, step, steps, self.accumulate) if model is not None
-                      else sampler.step_sizes(step, equal))
-            start = step * self.global_batch + sum(shares[:self.rank])
-            for size in micro_sizes(shares[self.rank], self.accumulate):
-                yield start, size
-                start += size
+        try:
+            for step in range(steps):
+                shares = (model.begin_step(epoch, step, steps, self.accumulate) if model is not None
+                          else sampler.step_sizes(step, equal))
+                start = step * self.global_batch + sum(shares[:self.rank])
+                for size in micro_sizes(shares[self.rank], self.accumulate):
+                    yield start, size
+                    start += size
+        except GeneratorExit:  # the loop left the pass (a break): its records close where it stopped
+            if model is not None:
+                model.session.stop()
+            raise
         if model is not None:
             model.end_epoch(epoch)
         self.epoch = epoch + 1
@@ -181,10 +187,17 @@ class HeteroBatches(_Steps):
     """This rank's batches from the loop's own ``get_batch(size)``, for a loop without a DataLoader.
 
     Each step asks ``get_batch`` for ``accumulate`` micro-batches of this rank's share (``size`` is
-    its part; the function draws it, e.g. random windows of a token stream), so the controller moves
-    shares as it does with a loader. One iteration is ``steps`` optimizer steps (an epoch of the run
-    folder's records: an end record and ``summary.json`` after each). The global batch is given as
-    in :class:`HeteroDataLoader`.
+    its part; the function draws it, e.g. random windows of a token stream, with the loop's own
+    random state: nothing here seeds it), so the controller moves shares as it does with a loader.
+    The global batch is ``batch_size x world size x accumulate``, or ``global_batch`` itself.
+
+    One pass over it is ``steps`` optimizer steps, ``steps x accumulate`` batches (an epoch of the
+    run folder's records: an ``end`` record and ``summary.json`` after it). A loop of iterations
+    ``0..max_iters`` runs ``max_iters + 1`` steps. Taking the first micro-batch of a step opens that
+    step and closes the one before: take the next batch after the current one's ``backward``, not
+    before it. A loop may stop inside the pass (a ``break``, an iteration count): its records close
+    where it stopped (an ``end`` record with ``stopped_early``, and ``summary.json``) when the
+    iteration is left or the interpreter exits.
     """
 
     def __init__(self, get_batch: Callable[[int], Any], global_batch: int | None = None, *,

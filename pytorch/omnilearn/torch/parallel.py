@@ -47,6 +47,11 @@ class HeteroDataParallel(torch.nn.Module):
     writes TensorBoard scalars to the run folder while it trains. One backward per
     micro-batch; the loss must be a mean over the micro-batch, divided by the micro-batches a step.
     ``model.eval()`` closes the step in progress, so evaluation is not timed as training.
+
+    A step's last backward all-reduces; the ones before it keep their gradients local inside
+    :meth:`no_sync`, or while :attr:`require_backward_grad_sync` is false, as with DDP.
+    :attr:`batch_sizes` is every rank's share of the next step (its samples over all its
+    micro-batches); a loader's ``start_up`` probes whole steps of the loop's own at two shares.
     """
 
     def __init__(self, module: torch.nn.Module, *, policy: str = "dynamic", control: dict[str, Any] | None = None,
@@ -82,6 +87,24 @@ class HeteroDataParallel(torch.nn.Module):
             self.finish_step()  # what follows (evaluation) is not the step's
         return super().train(mode)
 
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        """DDP's switch, honoured as DDP honours it: while false, a backward keeps its gradient local (as
+        under :meth:`no_sync`); a step's last backward runs with it true and all-reduces."""
+        return not self._deferred
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, value: bool) -> None:
+        self._deferred = not value
+
+    def stop(self) -> None:
+        """End the run here, inside a pass: the step in progress closed if its all-reduce ran, an ``end``
+        record on every rank saying where it stopped (``stopped_early``) and rank 0's ``summary.json``,
+        without a collective. Called for the loop when it leaves a loader's pass or the interpreter
+        exits; a loop may call it itself."""
+        self._check_closed()
+        self.session.stop()
+
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backwards inside keep their gradient local, as DDP's ``no_sync`` (a step's last one all-reduces)."""
@@ -103,6 +126,9 @@ class HeteroDataParallel(torch.nn.Module):
 
     @property
     def epochs(self) -> int | None:
+        """The epochs the loop will run, where it tells them (set this attribute): the horizon over which
+        the controller weighs a new split's gain against its cost (None: unknown, at most ``1 / hazard``
+        steps)."""
         return self.session.epochs
 
     @epochs.setter

@@ -18,7 +18,9 @@ the script itself, through the same request log and toggler as a run's workers.
 
 from __future__ import annotations
 
+import atexit
 import copy
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +46,25 @@ from omnilearn.report.summary import summarize
 from omnilearn.train.distributed import all_gather_floats
 from omnilearn.train.quota_clock import QuotaClock, quota_seconds
 from omnilearn.train.sampler import GlobalBatchSampler
+
+STOP_WAIT_S = 30.0
+"""How long rank 0 waits for the other ranks' ``end`` records when a loop stops inside a pass."""
+
+
+def _last_end(path: Path) -> dict[str, Any] | None:
+    """The last record of a rank's metrics file, if it is an ``end`` record (None: none, or not yet)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - 65536, 0))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    try:
+        last = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return last if isinstance(last, dict) and last.get("kind") == "end" else None
 
 
 def _shared_text(value: str) -> str:
@@ -296,6 +317,7 @@ class StepSession:
         dist.barrier()
         self.t_start = time.time()
         self.started = False  # the loop starts at the first step, once its level is in force
+        atexit.register(self.stop)  # a loop that ends before its pass does still closes its records
         return self.sampler
 
     def _follow(self, position: float) -> None:
@@ -454,6 +476,16 @@ class StepSession:
         evaluation), as a run's does.
         """
         self.finish_step()
+        ended = self._write_end(stopped=False)
+        dist.barrier()  # every rank's end record is written before rank 0 reads them
+        if self.rank == 0:
+            summarize(self.job.out_dir)
+        if self.board is not None:
+            self.board.update()
+        self.epoch_ended_at = ended
+
+    def _write_end(self, stopped: bool) -> float:
+        """This rank's ``end`` record of the steps so far (``stopped``: the loop ended inside a pass)."""
         assert self.sampler is not None
         ended = time.time()
         wall = ended - self.t_start
@@ -461,13 +493,40 @@ class StepSession:
                            steps=self.steps_done,
                            batch=list(self.controller.batch), level=self.levels.level,
                            epochs=self.steps_done / self.sampler.steps_per_epoch, out_of_time=False,
-                           **self.loop.summary())
-        dist.barrier()  # every rank's end record is written before rank 0 reads them
-        if self.rank == 0:
+                           **({"stopped_early": True} if stopped else {}), **self.loop.summary())
+        self.ended_steps = self.steps_done
+        return ended
+
+    ended_steps = 0
+    """The steps the last ``end`` record covers."""
+
+    def stop(self) -> None:
+        """The loop ended inside a pass (a ``break``, an iteration count, the interpreter's exit): the step
+        in progress closed if its all-reduce ran, an ``end`` record saying where it stopped
+        (``stopped_early``), and rank 0's ``summary.json`` once every rank's end record is written (read
+        from the files, for how long :data:`STOP_WAIT_S` allows: no collective, the process group may
+        be gone). Nothing when every step is in an end record already."""
+        if self.sampler is None or (self.steps_done == self.ended_steps and self.pending is None):
+            return
+        self.finish_step()
+        if self.steps_done == self.ended_steps:
+            return
+        self._write_end(stopped=True)
+        if self.rank == 0 and self._ends_written(self.steps_done):
             summarize(self.job.out_dir)
         if self.board is not None:
             self.board.update()
-        self.epoch_ended_at = ended
+
+    def _ends_written(self, steps: int) -> bool:
+        """Whether every rank's metrics end with an ``end`` record of ``steps`` steps (waiting for them)."""
+        deadline = time.monotonic() + STOP_WAIT_S
+        while True:
+            last = [_last_end(metrics_path(self.job.out_dir, r)) for r in range(self.world)]
+            if all(e is not None and e.get("steps") == steps for e in last):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
 
     @property
     def batch_sizes(self) -> list[int]:
