@@ -365,3 +365,18 @@ def test_audit_limits_match_the_request_protocol_page() -> None:
     assert f"{rq.MAX_AUDIT_LINE_BYTES // 2**10} KiB a line, depth {rq.MAX_AUDIT_DEPTH}." in text
     assert f"at most {rq.MAX_STRAY_REPORTS} stray names" in text
     assert f"past {rq.MAX_LOG_BYTES // 2**20} MiB" in (ROOT / "docs" / "design" / "security.md").read_text()
+
+
+def test_the_readmes_workload_builds_and_trains_a_step() -> None:
+    import torch
+
+    block = (ROOT / "README.md").read_text().split("```python\n# mine.py\n", 1)[1].split("```", 1)[0]
+    space: dict = {}
+    exec(compile(block, "README.md:mine.py", "exec"), space)  # noqa: S102 - the project's own README
+    work = space["workload"](None)
+    assert len(work.train) == 5120 and len(work.test) == 1024
+    x, y = work.train[:1024]
+    loss = torch.nn.functional.cross_entropy(work.model()(x), y)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert "--global-batch 1024 --hl HL8 --compare" in (ROOT / "README.md").read_text()
