@@ -35,7 +35,7 @@ test-docker: $(STAMP) docker
 # A Docker daemon in a single-node swarm for the Docker tier: ./docker_install.sh --swarm where this
 # host allows it (root on Debian/Ubuntu); elsewhere a daemon must already answer, or that tier is skipped.
 docker: $(STAMP)
-	@if $(PY) -c 'from omnilearn.launch.docker.daemon import daemon_client; daemon_client(timeout=10)' 2>/dev/null; then \
+	@if $(PY) -c 'from omnilearn.emulator.backends.dockerd import daemon_client; daemon_client(timeout=10)' 2>/dev/null; then \
 		echo "docker: a daemon answers"; \
 	elif [ "$$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		bash docker_install.sh --swarm; \

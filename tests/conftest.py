@@ -45,8 +45,8 @@ def docker_client() -> Iterator[object]:
     """A client for a daemon that answers; else a skip that says why (a failure under ``make test-docker``).
     ``make test`` and ``make test-docker`` start one first with ``make docker``, which fails where it
     could install one and did not."""
+    from omnilearn.emulator.backends import dockerd as daemon
     from omnilearn.errors import UserError
-    from omnilearn.launch.docker import daemon
 
     try:
         client = daemon.daemon_client(timeout=30)

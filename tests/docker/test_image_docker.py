@@ -11,10 +11,10 @@ import pytest
 from test_image import _fake_context
 from test_scripts import INSTALL, ROOT
 
+from omnilearn.emulator.backends import dockerd as daemon
 from omnilearn.errors import UserError
 from omnilearn.images import base as base_image
 from omnilearn.images import worker as image
-from omnilearn.launch.docker import daemon
 
 
 @pytest.fixture(scope="module")

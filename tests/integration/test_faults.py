@@ -117,8 +117,9 @@ def test_cleanup_spares_a_live_job_and_clears_a_dead_ones(state_env) -> None:
 
 def test_cleanup_keeps_a_docker_jobs_record_while_another_hosts_daemon_does_not_answer(
         state_env, monkeypatch: pytest.MonkeyPatch) -> None:
+    from omnilearn.emulator.backends import dockerd
     from omnilearn.errors import UserError
-    from omnilearn.launch.docker import daemon, swarm
+    from omnilearn.launch.docker import swarm
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -126,7 +127,7 @@ def test_cleanup_keeps_a_docker_jobs_record_while_another_hosts_daemon_does_not_
                                {"worker3": "unix:///nowhere.sock"})
     record.data["launcher"] = {"pid": gone.pid, "start": 1}
     record._write()
-    monkeypatch.setattr(daemon, "daemon_client", lambda: object())
+    monkeypatch.setattr(dockerd, "daemon_client", lambda: object())
 
     def silent(job_id: str, hosts: dict[str, str]) -> list[str]:
         raise UserError(f"job {job_id}: removed container worker1; the Docker daemon at {hosts['worker3']} "

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from omnilearn import cli
+from omnilearn.emulator.backends import dockerd as daemon
 from omnilearn.errors import UserError
 from omnilearn.images import base as base_image
 from omnilearn.images import worker as image
-from omnilearn.launch.docker import daemon
 
 
 @pytest.mark.parametrize("bound", [False, True], ids=["no-socket-file", "socket-not-listening"])

@@ -233,3 +233,16 @@ def test_the_policy_name_check_sees_one() -> None:
     assert policy_name_tests(ast.parse('if c.policy == "dynamic":\n    pass\n')) == [1]
     assert policy_name_tests(ast.parse('ok = policy in ("uniform", "paper")\n')) == [1]
     assert policy_name_tests(ast.parse('x = dataclasses.replace(c, policy="uniform")\n')) == []
+
+
+def test_the_report_reads_run_folders_and_never_a_workload_or_a_model() -> None:
+    """``report/`` summarizes records: no import of the trainers, their workloads, models or data."""
+    def imports(path: Path) -> list[tuple[int, str]]:
+        tree = ast.parse(path.read_text())
+        plain = [(n.lineno, a.name) for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        froms = [(n.lineno, n.module) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        return plain + froms + imported_modules(path)
+
+    found = [f"{path.relative_to(PACKAGE)}:{line} {name}" for path in sorted((PACKAGE / "report").rglob("*.py"))
+             for line, name in imports(path) if name.split(".")[0] == "torch" or name.startswith("omnilearn.train")]
+    assert not found, found

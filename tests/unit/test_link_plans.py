@@ -112,12 +112,12 @@ def test_a_delay_is_refused_naming_sch_netem_where_the_kernel_lacks_it(monkeypat
 
 
 def test_docker_links_only_for_targets_on_this_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    from omnilearn.emulator.backends import dockerd
     from omnilearn.emulator.network import shaping
-    from omnilearn.launch.docker import daemon
 
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(shaping, "detect_qdiscs", lambda: QdiscSupport(True, True, True, True, "assumed"))
-    monkeypatch.setattr(daemon, "daemon_client", lambda: None)
+    monkeypatch.setattr(dockerd, "daemon_client", lambda: None)
     cfg = config.build(str(ROOT / "configs" / "link-demo.yaml"),
                        [("emulation.backend", "docker"), ("docker.hosts", {"worker1": "ssh://other"})])
     with pytest.raises(UserError, match="worker1 run on another daemon"):

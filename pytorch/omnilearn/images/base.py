@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from omnilearn.errors import UserError
-from omnilearn.launch.docker.daemon import (
+from omnilearn.emulator.backends.dockerd import (
     LOG_TAIL_LINES,
     LogFn,
     daemon_client,
@@ -28,6 +27,7 @@ from omnilearn.launch.docker.daemon import (
     image_or_none,
     split_tag,
 )
+from omnilearn.errors import UserError
 
 if TYPE_CHECKING:
     import docker

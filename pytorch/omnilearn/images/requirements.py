@@ -14,8 +14,8 @@ import json
 from typing import Any
 
 from omnilearn.emulator.backends.docker import docker_sdk
+from omnilearn.emulator.backends.dockerd import LogFn, emit_to, image_or_none, split_tag
 from omnilearn.errors import UserError
-from omnilearn.launch.docker.daemon import LogFn, emit_to, image_or_none, split_tag
 
 LABEL_REQUIREMENTS = "omnilearn.requirements-sha256"
 

@@ -24,9 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from omnilearn.emulator.backends.docker import docker_sdk
-from omnilearn.errors import UserError
-from omnilearn.images.base import LOCAL_BASE_IMAGE, build_base_image
-from omnilearn.launch.docker.daemon import (
+from omnilearn.emulator.backends.dockerd import (
     LOG_TAIL_LINES,
     LogFn,
     daemon_client,
@@ -34,6 +32,8 @@ from omnilearn.launch.docker.daemon import (
     image_or_none,
     split_tag,
 )
+from omnilearn.errors import UserError
+from omnilearn.images.base import LOCAL_BASE_IMAGE, build_base_image
 
 if TYPE_CHECKING:
     import docker

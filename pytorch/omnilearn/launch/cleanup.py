@@ -35,7 +35,7 @@ def cleanup_dead() -> list[str]:
 def _docker_down(job_id: str, hosts: dict[str, str]) -> tuple[list[str], bool]:
     """What was removed of the job's Docker resources, and whether every daemon answered."""
     try:
-        from omnilearn.launch.docker.daemon import daemon_client
+        from omnilearn.emulator.backends.dockerd import daemon_client
         from omnilearn.launch.docker.swarm import down
         daemon_client()
     except UserError as e:  # no daemon here: nothing of the job can be running in it now

@@ -133,7 +133,7 @@ def container_names(text: str, workers: int | None) -> list[str]:
 
 def container_backend(job_id: str, targets: list[str], names: list[str]) -> UserContainers:
     """The user's containers as the job's targets, through the local Docker daemon."""
-    from omnilearn.launch.docker.daemon import daemon_client
+    from omnilearn.emulator.backends.dockerd import daemon_client
 
     if len(names) != len(targets):  # ASP: the parameter server is a rank too
         raise UserError(f"--containers names {len(names)} containers, the job has {len(targets)} ranks")

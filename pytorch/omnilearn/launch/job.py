@@ -31,7 +31,7 @@ def check_launcher(cfg: JobConfig, plan: EmulationPlan | None = None) -> None:
     """The launcher the config names can start workers here, with the plan's links (else one clear
     UserError: no daemon, links without root, a delay on a kernel without sch_netem, ...)."""
     if cfg.emulation.backend == "docker":
-        from omnilearn.launch.docker.daemon import daemon_client
+        from omnilearn.emulator.backends.dockerd import daemon_client
         daemon_client()  # no daemon: one clear message before anything is made
     else:
         from omnilearn.launch.local import check_local_prerequisites
@@ -82,7 +82,9 @@ def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console
         run_with_restarts(job, lambda j: launch(j, console, label=label, show_progress=show_progress),
                           console, label, unreachable)
         if cfg.mode == "asp":  # after the emulation ends: scoring takes no worker's CPU
+            from omnilearn.train.evaluate import evaluate_snapshots
             console.print(f"{label}: scoring the server's snapshots on the held-out split", markup=False)
+            evaluate_snapshots(job)  # the eval records the report reads
         summary = summarize(run_dir)
         if board is not None:
             board.update()  # ASP's held-out scores exist only now

@@ -402,10 +402,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
                         f"{', '.join(map(str, ranks))} (stopped or still running)")
     updates = of_kind(server, UPDATE)
     steps = [of_kind(recs, STEP) for recs in workers]
-    evals = read_records(eval_path(out_dir))
-    if not evals and (out_dir / "snapshots").is_dir():  # a launcher that did not score them (e.g. Docker)
-        from omnilearn.train.evaluate import evaluate_snapshots
-        evals = evaluate_snapshots(job)
+    evals = read_records(eval_path(out_dir))  # the job scored the server's snapshots after training
     batches = end["batch"]
     # At the batch size of each worker's last steps: a change decided at the very end has no steps yet.
     last = [s[-1]["batch"] if s else 0 for s in steps]

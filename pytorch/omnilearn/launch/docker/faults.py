@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.emulator.backends.docker import docker_sdk
-from omnilearn.launch.docker.daemon import DEFAULT_DOCKER_HOST
+from omnilearn.emulator.backends.dockerd import DEFAULT_DOCKER_HOST
 from omnilearn.launch.failures import WorkerFailed
 
 log = logging.getLogger("omnilearn.docker")

@@ -31,6 +31,7 @@ from omnilearn.emulator.backends.docker import (
     docker_sdk,
     run_kwargs,
 )
+from omnilearn.emulator.backends.dockerd import answering, daemon_client, image_or_none
 from omnilearn.emulator.network.docker_net import ContainerLinks
 from omnilearn.emulator.protocol.toggler import Toggler
 from omnilearn.emulator.protocol.toggler_host import TogglerHost
@@ -40,7 +41,7 @@ from omnilearn.images.requirements import with_requirements
 from omnilearn.images.worker import ensure_images
 from omnilearn.jobfile import JOB_FILE, JobSpec
 from omnilearn.launch.docker.containers import container_states, save_logs, tail_logs
-from omnilearn.launch.docker.daemon import answering, clients_for, daemon_client, image_or_none
+from omnilearn.launch.docker.daemon import clients_for
 from omnilearn.launch.docker.faults import (
     DaemonLost,
     DaemonWatch,
