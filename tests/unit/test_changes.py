@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from omnilearn.control.changes import ClusterEvents
-from omnilearn.control.model import JUMP, NOISE_MEMORY, NOISE_PRIOR, PRIOR_WEIGHT, SpeedModel
+from omnilearn.control.model import SpeedModel
+from omnilearn.control.priors import PRIORS
 
 B, N = 256, 4
 
 
 def _events() -> ClusterEvents:
-    return ClusterEvents(NOISE_PRIOR, PRIOR_WEIGHT, NOISE_MEMORY, JUMP)
+    return ClusterEvents(PRIORS.noise, PRIORS.noise_weight, PRIORS.noise_memory, PRIORS.jump)
 
 
 def _times(speed: np.ndarray, batch: int, rng: np.random.Generator, noise: float, host: float) -> list[float]:
@@ -34,7 +35,7 @@ def test_a_jump_of_the_common_factor_is_an_event_and_its_noise_is_not() -> None:
     assert events.observe(level + 0.6, 0.01) > 0.9  # some 14 sds, under Student-t tails
     kept = len(events.changes)
     assert events.observe(level + 0.6, 0.01) < 0.5  # the new level is the next step's reference
-    assert len(events.changes) == min(kept + 1, NOISE_MEMORY)
+    assert len(events.changes) == min(kept + 1, PRIORS.noise_memory)
 
 
 def test_the_events_follow_the_estimate_s_terms_and_survive_a_round_trip() -> None:

@@ -14,12 +14,8 @@ from fakes import FakeClock
 from omnilearn.config import ControlConfig
 from omnilearn.control import loop as loop_module
 from omnilearn.control.controller import build_controller
-from omnilearn.control.dynamic import TRUST, DynamicController
+from omnilearn.control.dynamic import DynamicController
 from omnilearn.control.loop import (
-    BUDGET,
-    MAX_ROUNDS,
-    MIN_PASS_S,
-    MIN_RATE,
     ControlLoop,
     ProbeRounds,
     pass_done,
@@ -27,8 +23,9 @@ from omnilearn.control.loop import (
     probe_times,
     replay,
 )
-from omnilearn.control.model import SHIFT_STEPS, SpeedModel
+from omnilearn.control.model import SpeedModel
 from omnilearn.control.policies import Bounds
+from omnilearn.control.priors import PRIORS, Priors
 
 B, N = 256, 4
 
@@ -49,7 +46,7 @@ def _times(speed: np.ndarray, k: float, batch: list[int] | int, rng: np.random.G
 def test_the_probe_and_the_first_step_recover_k_and_the_speeds(k: float) -> None:
     """Tolerances: every relative speed within 6% at 3% noise after the probe (4 workers, one round:
     two times per worker); k within 6 samples or 20% once the first step, at the probe's split, has
-    told it at the job's sizes (the probe's own sizes tell it only within PROBE_SHAPE)."""
+    told it at the job's sizes (the probe's own sizes tell it only within PRIORS.probe_shape)."""
     rng = np.random.default_rng(int(k))
     speed = np.array([1.0, 1.0, 0.667, 5.33])
     errors_k, errors_speed = [], []
@@ -74,7 +71,7 @@ def test_a_probe_under_a_quota_counts_the_rate_it_ran_at() -> None:
     # more rounds: the median of each pair's least, the statistic of two rounds, whatever their number
     assert probe_time([0.002, 0.004, 0.005, 0.003, 0.009, 0.008]) == pytest.approx(0.003)
     assert probe_time([0.004], rate=2.0) == pytest.approx(0.002)  # two threads' CPU seconds
-    assert probe_time([0.002], rate=0.0) == pytest.approx(0.002 / MIN_RATE)  # never infinite
+    assert probe_time([0.002], rate=0.0) == pytest.approx(0.002 / PRIORS.min_rate)  # never infinite
     rng = np.random.default_rng(3)
     share = np.array([0.25, 0.25, 1 / 6, 1.0])  # HL8's quotas; every round at a core's speed
     ctl = _controller()
@@ -91,7 +88,7 @@ def test_a_pass_of_short_steps_lasts_long_enough_that_one_preemption_does_not_se
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker under a CPU quota, its rounds of 1 and 2 ms at a core's speed, one of them preempted for
     10 ms: control.probe_steps' two rounds a size would read a rate of about a third (probe times three
-    times too long); the pass runs on until MIN_PASS_S, and the rate reads within 20%."""
+    times too long); the pass runs on until PRIORS.min_pass_s, and the rate reads within 20%."""
     wall, cpu = FakeClock(), FakeClock(0.0)
     monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
     rounds = ProbeRounds(quota=True)
@@ -106,8 +103,8 @@ def test_a_pass_of_short_steps_lasts_long_enough_that_one_preemption_does_not_se
     reading = rounds.own(1, 2)  # on the fake clocks
     (small,), (large,), _, _ = probe_times([reading])
     seconds = reading[2]
-    assert seconds >= MIN_PASS_S and len(ran) > 4 and not pass_done(1, 10.0, 2, True)
-    assert pass_done(MAX_ROUNDS, 0.0, 2, True)
+    assert seconds >= PRIORS.min_pass_s and len(ran) > 4 and not pass_done(1, 10.0, 2, True)
+    assert pass_done(PRIORS.max_rounds, 0.0, 2, True)
     assert small == pytest.approx(1e-3, rel=0.2) and large == pytest.approx(2e-3, rel=0.2)
 
 
@@ -166,7 +163,7 @@ def test_a_pass_without_a_quota_keeps_its_rounds_and_reads_wall_times(monkeypatc
     reading = rounds.own(1, 2)
     (small,), (large,), _, _ = probe_times([reading])
     seconds = reading[2]
-    assert ran == [1, 2, 1, 2] and seconds < MIN_PASS_S and not pass_done(1, 0.0, 2, False)
+    assert ran == [1, 2, 1, 2] and seconds < PRIORS.min_pass_s and not pass_done(1, 0.0, 2, False)
     assert small == pytest.approx(3e-3) and large == pytest.approx(6e-3)
 
 
@@ -421,7 +418,7 @@ def test_the_trust_region_bounds_a_move_by_what_was_measured() -> None:
     small, large = ctl.probe_sizes()
     speed = np.array([0.1, 0.1, 0.1, 10.0])
     new = ctl.observe_probe(small, large, _times(speed, 0.0, small, rng, 0.01), _times(speed, 0.0, large, rng, 0.01))
-    assert new is not None and max(new) <= TRUST * large and sum(new) == B
+    assert new is not None and max(new) <= PRIORS.trust * large and sum(new) == B
 
 
 def test_decisions_are_the_same_on_every_rank_and_keep_the_sum() -> None:
@@ -441,7 +438,7 @@ def test_decisions_are_the_same_on_every_rank_and_keep_the_sum() -> None:
 
 def test_a_costly_controller_measures_fewer_steps_within_its_budget() -> None:
     """Steps shorter than the controller's cost over its budget are measured every few: one step
-    measured per ``cost / BUDGET`` seconds of steps; the first two steps at a new split always are;
+    measured per ``cost / PRIORS.budget`` seconds of steps; the first two steps at a new split always are;
     a decision point left out is taken at the next step measured; a replay of the recorded inputs
     decides the same."""
     rng = np.random.default_rng(5)
@@ -463,7 +460,7 @@ def test_a_costly_controller_measures_fewer_steps_within_its_budget() -> None:
     every = run(0.0)
     assert every.measured == 200
     step_s = float(((B * speed / speed.sum() + 8) / speed * 1e-3).max())  # a balanced step: about 0.05 s
-    cost_s = 10 * BUDGET * step_s  # one step measured in about ten
+    cost_s = 10 * PRIORS.budget * step_s  # one step measured in about ten
     thinned = run(cost_s)
     moves = [r["step"] for r in records if r["kind"] == "batch_change" and r["reason"] == "compute-time"]
     after = [m for m in moves if m > 100]
@@ -683,7 +680,7 @@ def test_a_shift_is_never_believed_more_precise_than_the_noise_learned_since() -
                     continue
                 shifts += 1
                 share = 1 - 1 / N
-                assert model.var[w] >= model.noise2[w] * share / SHIFT_STEPS * (1 - 1e-9), (seed, i, w)
+                assert model.var[w] >= model.noise2[w] * share / PRIORS.shift_steps * (1 - 1e-9), (seed, i, w)
     assert shifts >= 10, shifts
 
 
@@ -693,7 +690,7 @@ def test_a_part_of_the_way_is_taken_where_the_whole_way_is_not_sure(monkeypatch:
     whole move is one of the candidates, so a part never delays the first move, and it often comes sooner."""
 
     def first_moves(strides: tuple[float, ...]) -> tuple[list[int], list[float]]:
-        monkeypatch.setattr("omnilearn.control.dynamic.STRIDES", strides)
+        monkeypatch.setattr("omnilearn.control.dynamic.PRIORS", Priors(strides=strides))
         steps, parts = [], []
         for seed in range(20):
             rng = np.random.default_rng(400 + seed)

@@ -12,7 +12,7 @@ import torch
 
 from fakes import FakeClock
 from omnilearn.control import loop as loop_module
-from omnilearn.control.loop import MIN_PASS_S
+from omnilearn.control.priors import PRIORS
 from omnilearn.torch import session as session_module
 from omnilearn.torch.session import StepSession
 
@@ -113,11 +113,11 @@ def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_
     session.start_up(batch, local_step)
     session.start_up(batch, local_step)  # once only
     # B/(8n) and B/(4n) in turn, control.probe_steps rounds each; under a CPU quota more: 20-ms pairs
-    # until the pass has lasted MIN_PASS_S, so its CPU rate is read over scheduler periods
+    # until the pass has lasted Priors.min_pass_s, so its CPU rate is read over scheduler periods
     pairs = len(ran) // 2
     assert ran == [4, 8] * pairs
     if quota:
-        assert (pairs - 1) * 0.020 < MIN_PASS_S + 1e-9 <= pairs * 0.020 + 2e-9
+        assert (pairs - 1) * 0.020 < PRIORS.min_pass_s + 1e-9 <= pairs * 0.020 + 2e-9
     else:
         assert pairs == session.job.config.control.probe_steps
     assert session.batch_sizes[0] > 40  # balanced before step 1: the slower rank 1 gets less

@@ -22,7 +22,7 @@ It maximises the effective samples a second
     P(b) = Σ_i  min(b_i, ρ b_ref) / T_i(b_i) · E[a(τ_i(b))]        subject to  Σ_i b_i = B,  within the bounds,
 
 over a family of splits (:meth:`AsyncController.candidates`), and moves when ``P`` gains more than
-:data:`PRIORS`' ``min_gain``. Whatever the split, an update waits on average for ``n − 1`` updates
+:data:`ASYNC_PRIORS`' ``min_gain``. Whatever the split, an update waits on average for ``n − 1`` updates
 (one of each other worker); the split moves the spread, and how many samples those updates hold:
 a fast worker's push waits for few samples whatever its rate, a slow worker's for many. Where the
 cut is mild (``ρ`` near ``n``), evening the update rates keeps most samples at their full weight;
@@ -47,7 +47,7 @@ from omnilearn.control.policies import Bounds
 
 
 @dataclass(frozen=True)
-class Priors:
+class AsyncPriors:
     """What the ASP controller assumes before it measures, and the margins of its decisions."""
 
     window: int = 8
@@ -71,7 +71,7 @@ class Priors:
     """The powers of the speeds the candidate splits follow (0: equal batches; 1: equal compute times)."""
 
 
-PRIORS = Priors()
+ASYNC_PRIORS = AsyncPriors()
 
 
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(9)
@@ -104,7 +104,7 @@ class AsyncController:
     global_batch: int
     bounds: Bounds
     delay_tolerance: float
-    priors: Priors = PRIORS
+    priors: AsyncPriors = ASYNC_PRIORS
     parameters: bool = False
     """``asp.push: parameters``: no rule weighs a push, and a push overwrites every update applied
     since its pull; the controller then evens the update rates (the paper's aim: every push extends the

@@ -26,8 +26,8 @@ import numpy as np
 from omnilearn.config import ControlConfig
 from omnilearn.control import policies
 from omnilearn.control.dynamic import DynamicController
-from omnilearn.control.model import JUMP
 from omnilearn.control.policies import Bounds
+from omnilearn.control.priors import PRIORS
 
 Shares = Sequence[float | None]
 
@@ -266,7 +266,7 @@ class Prior(DynamicController):
             return None
         m.u = m.u + np.log(ratio)  # u: log seconds a sample; a larger share is a faster worker
         var = m.var.copy()
-        var[moved] += JUMP ** 2 / 4  # the prior is a share's ratio, not a measurement
+        var[moved] += PRIORS.jump ** 2 / 4  # the prior is a share's ratio, not a measurement
         m.var = var
         m.regimes = [r + int(x) for r, x in zip(m.regimes, moved, strict=True)]
         if m.relative:

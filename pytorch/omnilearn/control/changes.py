@@ -20,11 +20,7 @@ from typing import Any
 import numpy as np
 from scipy.special import gammaln
 
-from omnilearn.control.fixed_cost import DOF
-
-EVENT_SHARE = 0.5
-"""The chance that a worker's speed, relative to the others', moved when the cluster changed: a level
-change moves every allocation, and about half the workers' shares of the job move with them."""
+from omnilearn.control.priors import PRIORS
 
 
 def jump_probability(nu: np.ndarray, var: np.ndarray | float, dof: np.ndarray | float, hazard: float,
@@ -72,7 +68,7 @@ class ClusterEvents:
     change of the cluster (see the module). Its noise is the median of its last ``memory`` step-to-step
     changes (as a normal sd), shrunk towards ``prior`` (``weight`` steps of it, as the workers' noise
     is); a change under the jump hypothesis is normal with sd ``jump``, a change under none
-    Student-t (:data:`~omnilearn.control.fixed_cost.DOF`): a host's slow step is down-weighted, not
+    Student-t (:attr:`~omnilearn.control.priors.Priors.dof`): a host's slow step is down-weighted, not
     taken for an event."""
 
     prior: float
@@ -97,7 +93,7 @@ class ClusterEvents:
         if last is None:
             return 0.0
         d = common - last
-        p = float(jump_probability(np.float64(d), self.noise() ** 2, DOF, hazard, self.jump))
+        p = float(jump_probability(np.float64(d), self.noise() ** 2, PRIORS.dof, hazard, self.jump))
         if p < 0.5:
             self.changes = [*self.changes, abs(d)][-self.memory:]
         return p

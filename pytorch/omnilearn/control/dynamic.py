@@ -10,13 +10,13 @@ allocation is in force) and every step's compute times. One rule decides
 
 ``G`` is the step time the move saves (the slowest worker's predicted time now, less at the new split),
 its mean and spread from posterior draws of the speeds and k; the move goes the whole way to b*, or,
-where that is not sure, half or a quarter of it (:data:`STRIDES`); ``C`` the measured cost of a re-split (the first
+where that is not sure, half or a quarter of it (:attr:`~omnilearn.control.priors.Priors.strides`); ``C`` the measured cost of a re-split (the first
 step at new shapes against the second, seconds); ``H`` the steps the new split is expected to serve
 (to the end of the run, at most ``1 / hazard``: the steps until a speed is expected to change). A
 balanced job, equal speeds, steps dominated by fixed cost or a noise the evidence cannot resolve give
 ``G`` small against its spread: the split is kept, and the reason counted (:attr:`holds`).
 
-A trust region keeps every worker within :data:`TRUST` times the batches it has been measured at: a
+A trust region keeps every worker within :attr:`~omnilearn.control.priors.Priors.trust` times the batches it has been measured at: a
 worker whose time per sample grows with the batch converges in bounded steps instead of swinging.
 Identical inputs give identical decisions on every rank (the posterior draws are seeded by the count
 of decisions considered).
@@ -37,25 +37,7 @@ from omnilearn.config import ControlConfig
 from omnilearn.control import policies
 from omnilearn.control.model import SpeedModel
 from omnilearn.control.policies import Bounds
-
-TRUST = 16.0
-"""A new batch stays within [lowest measured / TRUST, highest measured * TRUST] of that worker: from
-the probe's larger size (B/(4n)) four times the equal share at once."""
-DRAWS = 64
-"""Posterior draws behind a decision's expected gain and its spread."""
-COST_PRIOR = 0.1
-"""The cost of a re-split, as a share of the predicted step, before it is measured."""
-COST_PRIOR_WEIGHT = 2
-"""The prior cost counts as this many measurements: a re-split's cost is a difference of two steps, and
-one step the host slowed (a third of a step, on a shared host) would otherwise set C alone."""
-COSTS_KEPT = 8
-"""Measured re-split costs kept (C is the median of them and the prior's)."""
-STRIDES = (1.0, 0.5, 0.25)
-"""The moves a decision weighs, in turn: the whole way to the balanced split, half of it, a quarter.
-Each is judged by the rule on the same posterior draws, and the first that passes is taken. Where the
-estimate is sure of the direction but not of how far (a few steps of a noisy loop), the whole move
-overshoots in many draws and fails, and a part of it may be sure; the next decision goes on from
-where it lands. A whole move that passes is always taken whole."""
+from omnilearn.control.priors import PRIORS
 
 
 @dataclass
@@ -86,7 +68,7 @@ class DynamicController:
     at_stake: float = 0.0
     """Seconds a step the last decision considered would save, when it was held for want of evidence
     (``uncertain``), else 0: what the next measurements may unlock. The control loop measures every
-    step while this exceeds a measurement's cost (:data:`~omnilearn.control.loop.BUDGET`)."""
+    step while this exceeds a measurement's cost (:attr:`~omnilearn.control.priors.Priors.budget`)."""
 
     def __post_init__(self) -> None:
         n = len(self.bounds.max_batch)
@@ -111,7 +93,7 @@ class DynamicController:
     per_epoch = False
     skips_steps = True
     """The control loop may leave steps out when measuring every one would cost more than its budget
-    (:data:`~omnilearn.control.loop.BUDGET`): the model counts the steps between two it measured."""
+    (:attr:`~omnilearn.control.priors.Priors.budget`): the model counts the steps between two it measured."""
     times_quota = True
     """Under a CPU quota a worker's time is its compute's CPU at the quota's rate where that is longer
     than its wall time (:func:`~omnilearn.train.quota_clock.quota_seconds`): a compute that fits
@@ -215,7 +197,7 @@ class DynamicController:
             # not after the run's first step (the probe's measurement and that step's: two), which
             # carries the run's one-off costs too: no measure of a later re-split's
             if self.model.measured > 2:
-                self.costs = [*self.costs, max(self._first) - max(times)][-COSTS_KEPT:]
+                self.costs = [*self.costs, max(self._first) - max(times)][-PRIORS.resplit_costs_kept:]
             self._first = None
         if self._moved is not None:  # the first step at a new split: evidence on k and the re-split's cost
             old, predicted = self._moved
@@ -225,7 +207,7 @@ class DynamicController:
             sd = np.sqrt(self.model.var + 2 * self.model.noise2)
             self.model.k_from_move(old, self.batch, predicted, observed, sd)
         changed, _ = self.model.update(self.batch, times, steps)
-        self.watch = 2 if changed else max(self.watch - 1, 0)
+        self.watch = PRIORS.watch_steps if changed else max(self.watch - 1, 0)
         return changed
 
     def observe(self, worker: int, batch: int, seconds: float) -> bool:
@@ -241,7 +223,7 @@ class DynamicController:
         if first is not None and math.isinf(first):  # its first step at the new batch
             self._fresh[worker] = seconds
         elif first is not None:  # its second: what the first one cost more, and what the move says of k
-            self.costs = [*self.costs, first - seconds][-COSTS_KEPT:]
+            self.costs = [*self.costs, first - seconds][-PRIORS.resplit_costs_kept:]
             before = self._from.pop(worker, None)
             if before is not None:
                 m = self.model
@@ -277,7 +259,7 @@ class DynamicController:
             return self._hold("balanced")
         self.considered += 1
         rng = np.random.default_rng(self.considered)
-        u, k = self.model.samples(DRAWS, rng)
+        u, k = self.model.samples(PRIORS.draws, rng)
         scale = math.exp(self.model.scale or 0.0)
         per_sample = np.exp(u)
         slowest_now = (per_sample * (np.asarray(self.batch, float)[None, :] + k)).max(axis=1)
@@ -294,12 +276,12 @@ class DynamicController:
         if cost is not None:
             resplit = cost
         else:  # differences of two noisy steps and the prior: their median, never below zero
-            resplit = max(statistics.median([*self.costs, *[COST_PRIOR * step] * COST_PRIOR_WEIGHT]), 0.0)
+            resplit = max(statistics.median([*self.costs, *[PRIORS.cost_prior * step] * PRIORS.cost_prior_weight]), 0.0)
         horizon = 1.0 / self.config.hazard
         if steps_left is not None:
             horizon = max(min(horizon, steps_left), 1.0)
         z = self.config.confidence
-        for stride in STRIDES:  # the longest move that passes
+        for stride in PRIORS.strides:  # the longest move that passes
             split = new if stride == 1.0 else self._partway(new, stride)
             if split == self.batch:
                 continue
@@ -325,8 +307,8 @@ class DynamicController:
     def _balanced(self) -> list[int]:
         """The water-filled split at the posterior mean, within the bounds and the trust region."""
         m = self.model
-        lo = np.where(m.lo > 0, np.floor(m.lo / TRUST), self.bounds.min_batch)
-        hi = np.where(m.hi > 0, np.ceil(m.hi * TRUST), self.global_batch)
+        lo = np.where(m.lo > 0, np.floor(m.lo / PRIORS.trust), self.bounds.min_batch)
+        hi = np.where(m.hi > 0, np.ceil(m.hi * PRIORS.trust), self.global_batch)
         trusted = Bounds(self.bounds.min_batch, tuple(int(min(h, mx)) for h, mx in zip(hi, self.bounds.max_batch,
                                                                                       strict=True)))
         bounds = trusted if trusted.feasible(self.global_batch) else self.bounds

@@ -7,8 +7,8 @@ one thread and 13 on two, alone on the host, and 7-10 against 27.5 in the job's 
 (``results/2026-11-28_2cpu_k-by-threads.md``). A kind is what a worker reports of itself: its threads
 and its kind of core (:func:`~omnilearn.control.loop.core_kind`), as the start-up probe pools them.
 
-Each kind's posterior is a log-density on one grid over ``[0, K_MAX_FACTOR * B / n]`` (prior:
-:data:`K_PRIOR`); evidence is a log-likelihood over the grid, added to one kind's row. A kind seen for
+Each kind's posterior is a log-density on one grid over ``[0, PRIORS.k_max_factor * B / n]`` (prior:
+:attr:`~omnilearn.control.priors.Priors.k_prior`); evidence is a log-likelihood over the grid, added to one kind's row. A kind seen for
 the first time starts from the prior.
 """
 
@@ -19,20 +19,12 @@ from typing import Any
 
 import numpy as np
 
-DOF = 4.0
-"""Degrees of freedom of the Student-t measurement noise (heavy tails: CFS-period jumps), of a step's
-time and of every piece of evidence on k."""
-K_POINTS = 97
-K_PRIOR = 0.25
-"""k's prior: exponential, its mean this share of a worker's equal share B/n: small until measured
-(a fixed cost large against the batch shows in the probe or the first re-split)."""
-K_MAX_FACTOR = 16.0
-"""k's grid reaches this many equal shares B/n: a fixed cost beyond it is 'time does not follow the batch'."""
+from omnilearn.control.priors import PRIORS
 
 
 def t_logpdf(e: np.ndarray) -> np.ndarray:
     """Student-t log density (up to a constant) of standardised residuals ``e``."""
-    return -0.5 * (DOF + 1) * np.log1p(e * e / DOF)
+    return -0.5 * (PRIORS.dof + 1) * np.log1p(e * e / PRIORS.dof)
 
 
 def distinct(x: np.ndarray) -> np.ndarray:
@@ -50,9 +42,9 @@ class FixedCost:
     """k's posterior for each kind of worker: ``log[g]`` over ``grid`` for the kind ``kinds[g]``."""
 
     def __init__(self, global_batch: int, workers: int) -> None:
-        self.grid = K_MAX_FACTOR * global_batch / workers * np.linspace(0.0, 1.0, K_POINTS) ** 2
-        # The prior: exponential with mean K_PRIOR of a worker's equal share, as a mass per grid cell.
-        prior = -self.grid / (K_PRIOR * global_batch / workers) + np.log(np.gradient(self.grid))
+        self.grid = PRIORS.k_max_factor * global_batch / workers * np.linspace(0.0, 1.0, PRIORS.k_points) ** 2
+        # The prior: exponential with mean PRIORS.k_prior of a worker's equal share, as a mass per grid cell.
+        prior = -self.grid / (PRIORS.k_prior * global_batch / workers) + np.log(np.gradient(self.grid))
         self.prior = prior - prior.max()
         self.kinds: list[tuple[float, ...]] = [()]
         self.log = self.prior[None, :].copy()

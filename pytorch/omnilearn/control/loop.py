@@ -20,33 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.control.controller import Controller
+from omnilearn.control.priors import PRIORS
 from omnilearn.records import BATCH_CHANGE, MEASUREMENT
 
 Write = Callable[..., None]
 """``write(kind, **fields)``: one record (the trainers' MetricsWriter.write, the simulator's recorder)."""
 Shares = Callable[[], Sequence[float | None]]
-MIN_RATE = 0.01
-"""The least CPU rate a probe is taken at (CPU seconds per second; a slower pass is not believed further)."""
-BUDGET = 0.02
-"""The share of the job's time the controller may spend measuring and deciding. Each rank's controller
-costs it CPU (about half a millisecond a step for a few workers), and on a rank under a CPU quota that
-CPU is wall time at the quota's rate: on a 0.17-CPU rank whose steps last 25 ms it is a fifth of every
-step. A controller that may leave steps out (``skips_steps``) measures a step only once the steps since
-the last one it measured took ``cost / BUDGET`` (``cost``: the largest rank's, shared by the
-all-reduce): steps of seconds are all measured, steps of milliseconds every few, and a decision point
-in between waits for the next step measured. The first two steps at a new split are always measured,
-and so is every step while a move held for want of evidence would save more a step than a measurement
-costs (the controller's ``at_stake``): there the evidence is worth its price. A measurement's cost is
-the median of the last :data:`COSTS_KEPT` read: one reading inflated by a pause of the rank's process (a
-garbage collection, a preemption) would otherwise stop the measurements that would replace it."""
-COSTS_KEPT = 5
-"""The controller's costs of the last steps measured behind its cost of a measurement (their median)."""
 
 
 def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
     """One worker's probe time at one size from its rounds: the least of two (an interruption only adds
     time); of more, the median of each successive pair's least (an odd last round left out). Workers
-    whose passes ran different numbers of rounds (:data:`MIN_PASS_S`) are so measured by the same
+    whose passes ran different numbers of rounds (:attr:`~omnilearn.control.priors.Priors.min_pass_s`) are so measured by the same
     statistic: a least of two reads lower than a median, by more the noisier the rounds, and mixing
     the two would bias the speeds.
 
@@ -55,27 +40,17 @@ def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
     CFS period runs at a core's speed and leaves the wait to a later one, so a round's wall time may
     or may not show the quota; the pass's rate always does (a quota, a crowded core, threads)."""
     least = [min(times[i:i + 2]) for i in range(0, max(len(times) - 1, 1), 2)]
-    return statistics.median(least) / max(rate, MIN_RATE)
+    return statistics.median(least) / max(rate, PRIORS.min_rate)
 
 
-MIN_PASS_S = 0.1
-"""Under a CPU quota the start-up pass lasts at least this long (wall seconds; more rounds where steps
-are short): its CPU rate is read over ten of the emulator's CFS periods (``emulation.cpu_period_us``,
-10 ms) and a kernel default one (100 ms), not inside one, where a single wait for the quota or a
-single preemption would set it (a 10-ms pass preempted once for 10 ms reads half its rate, for 50 ms a
-sixth). Its cost is set-up, paid once. Without a quota a round's wall time is its cost and needs no
-rate (an interruption only adds time, and the least of two leaves it out): the pass keeps its
-rounds."""
-MAX_ROUNDS = 256
-"""The most rounds a size gets in the start-up pass, however short its steps."""
 
 
 def pass_done(rounds: int, elapsed_s: float, at_least: int, quota: bool) -> bool:
     """Whether a start-up pass of ``rounds`` at each size that has run ``elapsed_s`` seconds is over:
     ``at_least`` rounds (``control.probe_steps``) and, for a worker under a CPU quota (``quota``),
-    :data:`MIN_PASS_S`; or :data:`MAX_ROUNDS`. The trainers' passes and the simulators' models of them
+    :attr:`~omnilearn.control.priors.Priors.min_pass_s`; or :attr:`~omnilearn.control.priors.Priors.max_rounds`. The trainers' passes and the simulators' models of them
     end alike."""
-    return rounds >= MAX_ROUNDS or (rounds >= at_least and (not quota or elapsed_s >= MIN_PASS_S))
+    return rounds >= PRIORS.max_rounds or (rounds >= at_least and (not quota or elapsed_s >= PRIORS.min_pass_s))
 
 
 def core_kind() -> int:
@@ -155,7 +130,7 @@ def probe_times(readings: Sequence[Sequence[float]]) -> tuple[list[float], list[
     taken = [medians[(r[4], r[5])] if r[3] > 0 else r[:2] for r in readings]
 
     def at_rate(seconds: float, r: Sequence[float]) -> float:
-        return seconds / max(r[3], MIN_RATE) if r[3] > 0 else seconds
+        return seconds / max(r[3], PRIORS.min_rate) if r[3] > 0 else seconds
 
     return ([at_rate(c[0], r) for c, r in zip(taken, readings, strict=True)],
             [at_rate(c[1], r) for c, r in zip(taken, readings, strict=True)],
@@ -259,7 +234,7 @@ class ControlLoop:
              cost_s: float = 0.0, threads: Sequence[float] | None = None, **where: Any) -> list[int] | None:
         """BSP: one step done. ``times``: every worker's compute time of it (None: a partial step, not
         measured); ``due``: a decision point; ``cost_s``: the controller's cost of a step measured, the
-        largest rank's (wall seconds at its CPU's rate; see :data:`BUDGET`); ``threads``: every worker's
+        largest rank's (wall seconds at its CPU's rate; see :attr:`~omnilearn.control.priors.Priors.budget`); ``threads``: every worker's
         threads in the step (its kind, with its kind of core). Returns the new split, or None."""
         if self.inputs:
             self.write("measurement", **where, times_s=None if times is None else [float(t) for t in times],
@@ -273,13 +248,13 @@ class ControlLoop:
         if self._cost_pending:  # the first reading is left out: the controller's first step measured
             # (and its first decision) carry its one-off costs, lazy set-up, at every rank's quota
             if self.measured > 1:
-                self._costs = [*self._costs, float(cost_s)][-COSTS_KEPT:]
+                self._costs = [*self._costs, float(cost_s)][-PRIORS.measurement_costs_kept:]
             self._cost_pending = False
         cost_s = statistics.median(self._costs) if self._costs else 0.0  # none kept: not measured yet
         if measured and ctl.skips_steps:
             self._gap += 1
             self._since_s += max(times)
-            if not ctl.wants_step and self._since_s * BUDGET < cost_s and ctl.at_stake <= cost_s:  # not worth it yet
+            if not ctl.wants_step and self._since_s * PRIORS.budget < cost_s and ctl.at_stake <= cost_s:  # not worth it yet
                 self._due = self._due or due
                 self._spent(t0)
                 return None
@@ -292,7 +267,7 @@ class ControlLoop:
         if measured:
             self.measured += 1
             if ctl.skips_steps:
-                self.cost_s = (time.process_time() - c0) / max(self.rate(), MIN_RATE)
+                self.cost_s = (time.process_time() - c0) / max(self.rate(), PRIORS.min_rate)
                 self._cost_pending = True
         if changed:
             self.write("speed_change", **where, workers=changed, regimes=ctl.regimes())

@@ -11,14 +11,14 @@ the worker's own noise: the variance is ``noise2 / count``; workers are estimate
 ``z_i = log t_i - log(b_i + k)``; its residual against the prediction, ``z_i - u_i``, holds the step's
 common factor (a Student-t weighted mean over the workers, removed: BSP) and the worker's innovation.
 
-- *Noise.* Measurement noise is Student-t (:data:`DOF` degrees of freedom, fewer while the noise rests on
+- *Noise.* Measurement noise is Student-t (:attr:`~omnilearn.control.priors.Priors.dof` degrees of freedom, fewer while the noise rests on
   few steps) with a per-worker scale: the median of how its innovation changes from step to step at
   one batch (each step's lesser change to the step before and the step after, taken a step late: one
   odd step is one outlier, not two, and a change of speed none, also where a move follows it), over
-  :data:`NOISE_MEMORY` steps, pooled across workers until measured
-  (:data:`NOISE_PRIOR`). A step that waits a whole CFS period is down-weighted, not chased.
+  :attr:`~omnilearn.control.priors.Priors.noise_memory` steps, pooled across workers until measured
+  (:attr:`~omnilearn.control.priors.Priors.noise`). A step that waits a whole CFS period is down-weighted, not chased.
 - *Drift and jumps.* Between steps ``u_i`` drifts (a random walk of variance ``drift**2`` a step) and,
-  with probability ``hazard``, jumps (its variance grows by :data:`JUMP` squared). Each step weighs the
+  with probability ``hazard``, jumps (its variance grows by :attr:`~omnilearn.control.priors.Priors.jump` squared). Each step weighs the
   two hypotheses by the innovation's likelihood under each, and the likelier wins: a level change needs
   one step of evidence, an outlier moves the estimate a little. Only the changed worker's speed reopens.
   Where the step's common factor jumped (BSP: a change of the whole cluster, as a level change is), every
@@ -46,35 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from omnilearn.control.changes import EVENT_SHARE, ClusterEvents, jump_probability, window_shifts
-from omnilearn.control.fixed_cost import DOF, FixedCost, distinct, kind_key, t_logpdf
-
-NOISE_PRIOR = 0.05
-"""Measurement noise (sd of a log time) assumed until a worker's own innovations have measured it."""
-NOISE_FLOOR = 0.005
-"""The smallest measurement noise believed: timers and schedulers are never exact."""
-NOISE_DOF = 2
-"""Degrees of freedom the prior noise is worth (a speed's posterior is Student-t with the noise's
-measured steps plus these): an unmeasured noise makes every gain uncertain."""
-NOISE_MEMORY = 32
-"""Steps of each worker's innovations behind its measurement noise."""
-PAIR_SCALE = 2.5813
-"""A normal noise's sd over the median of its :meth:`SpeedModel._learn_noise` samples (the lesser of a
-step's two differences, over sqrt 2)."""
-PRIOR_WEIGHT = 4.0
-"""The prior noise counts as this many steps of evidence."""
-JUMP = 1.0
-"""The sd (in log) of a speed jump: a level change moves a speed by a factor of 1.5-8."""
-START_VAR = 4.0
-"""The variance of a speed nobody has measured (log scale): anything from 1/7 to 7 times the others."""
-SHIFT_STEPS = 6
-"""Recent innovations a worker's shift test looks back over."""
-PROBE_SHAPE = 0.1
-"""The sd (log) of the probe's time ratio between its two sizes about the line ``c (b + k)`` the job's
-sizes follow: at B/(8n) and B/(4n) a core is used less well than at a worker's share, and the ratio
-reads low (k high). A ResNet18 step alone on one thread: log t16/t8 = 0.34, where the line through 16-187
-samples (k = 3.5) gives 0.53; on two, 0.22 against 0.32 (k = 13). The smaller of the two misfits: the
-first re-split tells k at the job's sizes (``results/2026-11-28_2cpu_probe-k.md``)."""
+from omnilearn.control.changes import ClusterEvents, jump_probability, window_shifts
+from omnilearn.control.fixed_cost import FixedCost, distinct, kind_key, t_logpdf
+from omnilearn.control.priors import PRIORS
 
 
 @dataclass
@@ -106,8 +80,8 @@ class SpeedModel:
         n = self.workers
         if self.u is None:
             self.u = np.zeros(n)
-            self.noise2 = np.full(n, NOISE_PRIOR ** 2)
-            self.var = np.full(n, START_VAR)
+            self.noise2 = np.full(n, PRIORS.noise ** 2)
+            self.var = np.full(n, PRIORS.start_var)
             self.lo = np.zeros(n)
             self.hi = np.zeros(n)
         self.fixed = FixedCost(self.global_batch, n)
@@ -116,11 +90,11 @@ class SpeedModel:
         if not self.regimes:
             self.regimes = [0] * n
         # Each worker's recent innovations and their variances (oldest first), and how many are its own.
-        self.hist_nu = np.zeros((SHIFT_STEPS, n))
-        self.hist_est = np.zeros((SHIFT_STEPS, n))  # the estimate's share of each innovation's variance
-        self.hist_share = np.ones((SHIFT_STEPS, n))  # the part of the noise left in each innovation
+        self.hist_nu = np.zeros((PRIORS.shift_steps, n))
+        self.hist_est = np.zeros((PRIORS.shift_steps, n))  # the estimate's share of each innovation's variance
+        self.hist_share = np.ones((PRIORS.shift_steps, n))  # the part of the noise left in each innovation
         self.hist_count = np.zeros(n, int)
-        self.noise_abs = np.zeros((NOISE_MEMORY, n))  # each worker's recent |innovation| (oldest first)
+        self.noise_abs = np.zeros((PRIORS.noise_memory, n))  # each worker's recent |innovation| (oldest first)
         self.noise_count = np.zeros(n, int)
         self.last_nu = np.full(n, np.nan)  # each worker's innovation at its last steady step
         self.last_b = np.zeros(n)  # and the batch it was at
@@ -133,7 +107,7 @@ class SpeedModel:
         self.alt_count = np.ones(n)
         self.alt_p = np.zeros(n)
         self.taken_back = np.zeros(n, bool)  # the workers whose last step took back the change before it
-        self.events = ClusterEvents(NOISE_PRIOR, PRIOR_WEIGHT, NOISE_MEMORY, JUMP)  # BSP: the step's common factor, step to step
+        self.events = ClusterEvents(PRIORS.noise, PRIORS.noise_weight, PRIORS.noise_memory, PRIORS.jump)  # BSP: the step's common factor, step to step
 
     # ------------------------------------------------------------------ k's posterior
 
@@ -190,7 +164,7 @@ class SpeedModel:
         same ``d`` give one reading, counted once: under a CPU quota the probe pools one kind's CPU
         seconds and the rate drops out of the ratio (:func:`~omnilearn.control.loop.probe_times`), so n
         pooled workers are one measurement, not n. Each reading's sd is the readings' spread about their
-        kind's median and :data:`PROBE_SHAPE`, the probe's small sizes read the line the job's sizes
+        kind's median and :attr:`~omnilearn.control.priors.Priors.probe_shape`, the probe's small sizes read the line the job's sizes
         follow only that well."""
         d = np.log(np.asarray(t_large, float)) - np.log(np.asarray(t_small, float))
         rows = [self.group == g for g in np.unique(self.group)]
@@ -202,7 +176,7 @@ class SpeedModel:
         readings = [distinct(d[r]) for r in rows]
         about = np.concatenate([x - np.median(x) for x in readings])
         spread = 1.4826 * float(np.median(np.abs(about - np.median(about)))) if len(about) > 2 else 0.0
-        sd = math.hypot(max(spread, math.sqrt(2) * NOISE_PRIOR / 2, NOISE_FLOOR), PROBE_SHAPE)
+        sd = math.hypot(max(spread, math.sqrt(2) * PRIORS.noise / 2, PRIORS.noise_floor), PRIORS.probe_shape)
         pred = np.log((large + self.k_grid) / (small + self.k_grid))
         for r, x in zip(rows, readings, strict=True):
             self.fixed.add(int(self.group[r][0]), t_logpdf((x[:, None] - pred[None, :]) / sd).sum(axis=0))
@@ -263,9 +237,9 @@ class SpeedModel:
         share = 1.0 - 1.0 / max(int(live.sum()), 2) if self.relative else 1.0
         hazard = self._hazard(steps)
         event = self.events.observe(common, hazard) if self.relative else 0.0
-        hazard = 1.0 - (1.0 - hazard) * (1.0 - EVENT_SHARE * event)
+        hazard = 1.0 - (1.0 - hazard) * (1.0 - PRIORS.event_share * event)
         changed = self._filter(np.where(live, resid - common, 0.0), live, b, share, steps, hazard=hazard)
-        self.scale = common if self.scale is None else 0.7 * self.scale + 0.3 * common
+        self.scale = common if self.scale is None else (1 - PRIORS.scale_weight) * self.scale + PRIORS.scale_weight * common
         self.lo = np.where(live & ((self.lo == 0) | (b < self.lo)), b, self.lo)
         self.hi = np.where(live & (b > self.hi), b, self.hi)
         self.measured += 1
@@ -306,8 +280,8 @@ class SpeedModel:
             return float(r[0])
         s = self.var[live] + self.noise2[live]
         m = float(np.median(r))
-        for _ in range(3):
-            w = (DOF + 1) / (DOF + (r - m) ** 2 / s) / s
+        for _ in range(PRIORS.reweight_passes):
+            w = (PRIORS.dof + 1) / (PRIORS.dof + (r - m) ** 2 / s) / s
             m = float((w * r).sum() / w.sum())
         return m
 
@@ -346,19 +320,19 @@ class SpeedModel:
         prior = self.var + steps * self.drift ** 2
         s = (prior + self.noise2) * share
         e2 = nu * nu / s
-        # Student-t tails: the measurement noise's (DOF), heavier while the noise scale itself rests on
+        # Student-t tails: the measurement noise's (PRIORS.dof), heavier while the noise scale itself rests on
         # few steps (its own estimate's degrees of freedom).
-        dof = np.minimum(DOF, self.noise_count + NOISE_DOF)
+        dof = np.minimum(PRIORS.dof, self.noise_count + PRIORS.noise_dof)
         w = (dof + 1) / (dof + e2)  # the Student-t's weight of this residual
-        p_jump = jump_probability(nu, s, dof, hazard, JUMP)
+        p_jump = jump_probability(nu, s, dof, hazard, PRIORS.jump)
         gain0 = prior / (prior + self.noise2 / w)
         u0, v0 = self.u + gain0 * nu, (1 - gain0) * prior
-        jumped = prior + JUMP ** 2
+        jumped = prior + PRIORS.jump ** 2
         gain1 = jumped / (jumped + self.noise2)
         u1, v1 = self.u + gain1 * nu, (1 - gain1) * jumped
         # The more likely hypothesis wins (a mixture's variance would hold the ambiguity of one step
         # for many and delay the answer to a jump it already saw).
-        jump = live & (p_jump >= 0.5)
+        jump = live & (p_jump >= PRIORS.jump_belief)
         self.u = np.where(live, np.where(jump, u1, u0), self.u)
         self.var = np.where(live, np.where(jump, v1, v0), prior)
         stall = jump & (nu > 0)  # a one-off pause only ever slows a step
@@ -388,7 +362,7 @@ class SpeedModel:
         self.taken_back = np.zeros(self.workers, bool)
         if not judged.any():
             return judged
-        dof = np.minimum(DOF, self.noise_count + NOISE_DOF)
+        dof = np.minimum(PRIORS.dof, self.noise_count + PRIORS.noise_dof)
 
         def loglik(e: np.ndarray, var: np.ndarray) -> np.ndarray:
             s = (var + steps * self.drift ** 2 + self.noise2) * share
@@ -423,10 +397,10 @@ class SpeedModel:
         moved on this step, scaled alike): a jump taken in full leaves the next step's innovation near
         zero. A worker's first two steps at a batch give one sample (the change between them, as a
         lesser of two), every step after one more; a step followed by a move is judged by the step
-        before it alone. The median of the last :data:`NOISE_MEMORY` samples, as a normal sd
-        (:data:`PAIR_SCALE`: robust to the heavy tails it is the scale of), shrunk towards the pool of
-        every worker's (a worker with few steps borrows the others' scale; :data:`PRIOR_WEIGHT` steps of
-        :data:`NOISE_PRIOR` before any)."""
+        before it alone. The median of the last :attr:`~omnilearn.control.priors.Priors.noise_memory` samples, as a normal sd
+        (:attr:`~omnilearn.control.priors.Priors.pair_scale`: robust to the heavy tails it is the scale of), shrunk towards the pool of
+        every worker's (a worker with few steps borrows the others' scale; :attr:`~omnilearn.control.priors.Priors.noise_weight` steps of
+        :attr:`~omnilearn.control.priors.Priors.noise` before any)."""
         b = np.asarray(batch, float)
         kept = live & ~np.isnan(self.last_nu)
         returned = kept & self.last_changed & changed  # a change taken and taken back: an odd step
@@ -435,37 +409,37 @@ class SpeedModel:
         pair = (has_after | has_before) & ~changed & ~self.last_changed | returned
         after = np.abs(self.last_nu - np.where(has_after, nu, 0.0))
         before = np.abs(self.last_nu - np.where(has_before, self.prev_nu, 0.0))
-        one = np.where(has_after, after, before) * 1.4826 / PAIR_SCALE
+        one = np.where(has_after, after, before) * 1.4826 / PRIORS.pair_scale
         sample = np.where(has_after & has_before, np.minimum(after, before), one) / math.sqrt(2)
         self.noise_abs[:-1, pair] = self.noise_abs[1:, pair]
         self.noise_abs[-1, pair] = sample[pair]
-        self.noise_count[pair] = np.minimum(self.noise_count[pair] + 1, NOISE_MEMORY)
+        self.noise_count[pair] = np.minimum(self.noise_count[pair] + 1, PRIORS.noise_memory)
         self.prev_nu = np.where(live, self.last_nu - moved, self.prev_nu)
         self.prev_b = np.where(live, self.last_b, self.prev_b)
         self.last_nu = np.where(live, nu - moved, self.last_nu)
         self.last_b = np.where(live, b, self.last_b)
         self.last_changed = np.where(live, changed, self.last_changed)
         n = self.noise_count
-        own = np.full(self.workers, NOISE_PRIOR ** 2)
+        own = np.full(self.workers, PRIORS.noise ** 2)
         some = n > 0
         if some.any():  # each worker's median over its own last n changes, all at once
             c = n[some]
-            recent = np.arange(NOISE_MEMORY)[:, None] >= NOISE_MEMORY - c[None, :]
+            recent = np.arange(PRIORS.noise_memory)[:, None] >= PRIORS.noise_memory - c[None, :]
             ordered = np.sort(np.where(recent, self.noise_abs[:, some], np.inf), axis=0)  # the unused last
             cols = np.arange(c.size)
             med = 0.5 * (ordered[(c - 1) // 2, cols] + ordered[c // 2, cols])
-            own[some] = np.maximum((PAIR_SCALE * med) ** 2, NOISE_FLOOR ** 2)
+            own[some] = np.maximum((PRIORS.pair_scale * med) ** 2, PRIORS.noise_floor ** 2)
         pool_n = float(n.sum())
-        pool = float(np.median(own[n > 0])) if pool_n else NOISE_PRIOR ** 2
-        pool = (pool * pool_n + NOISE_PRIOR ** 2 * PRIOR_WEIGHT) / (pool_n + PRIOR_WEIGHT)
-        self.noise2 = np.maximum((own * n + pool * PRIOR_WEIGHT) / (n + PRIOR_WEIGHT), NOISE_FLOOR ** 2)
+        pool = float(np.median(own[n > 0])) if pool_n else PRIORS.noise ** 2
+        pool = (pool * pool_n + PRIORS.noise ** 2 * PRIORS.noise_weight) / (pool_n + PRIORS.noise_weight)
+        self.noise2 = np.maximum((own * n + pool * PRIORS.noise_weight) / (n + PRIORS.noise_weight), PRIORS.noise_floor ** 2)
 
     def _shifts(self, nu: np.ndarray, estimate: np.ndarray, share: float, live: np.ndarray) -> np.ndarray:
         """A change too small to show in one step shows in several: for each worker and each window of
-        its last m innovations (m = 1..:data:`SHIFT_STEPS`), the shift that best explains them and its
+        its last m innovations (m = 1..:attr:`~omnilearn.control.priors.Priors.shift_steps`), the shift that best explains them and its
         log-likelihood ratio against none, under the Student-t noise (:func:`~.changes.window_shifts`). The ratio
         becomes a Bayes factor as the jump test weighs a jump: the shift's prior is the jump's (normal,
-        sd :data:`JUMP`), integrated over by Laplace's approximation (the window's shift variance against
+        sd :attr:`~omnilearn.control.priors.Priors.jump`), integrated over by Laplace's approximation (the window's shift variance against
         the prior's, the fitted shift's prior density), and a change at that step has prior odds
         ``hazard``. Where the posterior odds of a change favour it on a window of two steps or more, the
         worker's speed has moved: its estimate takes the shift of the window whose odds peak (the last
@@ -480,12 +454,12 @@ class SpeedModel:
         for h, new in ((h_nu, nu), (h_est, estimate), (h_share, share)):
             h[:-1, live] = h[1:, live]
             h[-1, live] = np.broadcast_to(new, live.shape)[live]
-        count[live] = np.minimum(count[live] + 1, SHIFT_STEPS)
-        dof = np.minimum(DOF, self.noise_count + NOISE_DOF).astype(float)
+        count[live] = np.minimum(count[live] + 1, PRIORS.shift_steps)
+        dof = np.minimum(PRIORS.dof, self.noise_count + PRIORS.noise_dof).astype(float)
         h_s = h_est + self.noise2[None, :] * h_share
         delta, lr, var = window_shifts(h_nu[::-1], h_s[::-1], dof)  # rows: m = 1..
-        m = np.arange(1, SHIFT_STEPS + 1)[:, None]
-        odds = (lr + math.log(self.hazard) + 0.5 * np.log(var / JUMP ** 2) - 0.5 * delta ** 2 / JUMP ** 2)
+        m = np.arange(1, PRIORS.shift_steps + 1)[:, None]
+        odds = (lr + math.log(self.hazard) + 0.5 * np.log(var / PRIORS.jump ** 2) - 0.5 * delta ** 2 / PRIORS.jump ** 2)
         odds = np.where(live & (count >= m), odds, -np.inf)
         shifted = (odds[1:].max(axis=0) > 0) & live
         if shifted.any():
@@ -511,8 +485,8 @@ class SpeedModel:
         extrapolates from it, the current split's own time included (after the probe, every worker's
         equal share is itself an extrapolation from the probe's sizes)."""
         # The noise scale is itself estimated: with m steps behind it, a speed's posterior is Student-t with
-        # m + NOISE_DOF degrees of freedom (normal-inverse-gamma), wide until the noise is measured.
-        dof = (self.noise_count + NOISE_DOF)[None, :]
+        # m + PRIORS.noise_dof degrees of freedom (normal-inverse-gamma), wide until the noise is measured.
+        dof = (self.noise_count + PRIORS.noise_dof)[None, :]
         u = self.u[None, :] + np.sqrt(self.var)[None, :] * rng.standard_t(dof, (count, self.workers))
         k = self.fixed.draws(count, rng)[:, self.group]
         if (self.alt_p > 0).any():  # a hypothesis kept from the last step: a draw is of it with its probability

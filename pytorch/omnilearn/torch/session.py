@@ -336,7 +336,7 @@ class StepSession:
         run a step of its own: the first level put in force, then ``local_step(batch(b))`` (forward,
         backward and optimizer step on ``b`` samples of this rank's, with no collective) timed at the
         two sizes of the controller's probe, ``control.probe_steps`` times each (more under a CPU quota
-        where steps are short, see :data:`~omnilearn.control.loop.MIN_PASS_S`), as ``omnilearn run``'s workers do
+        where steps are short, see :attr:`~omnilearn.control.priors.Priors.min_pass_s`), as ``omnilearn run``'s workers do
         (:class:`~omnilearn.control.loop.ProbeRounds`); one gather gives every rank every
         time and the controller its first split. ``batch(b)`` (the samples collated and on the device)
         runs before the clock, once a size: a step's time starts with its batch in hand. The caller

@@ -242,7 +242,7 @@ class BSPTrainer:
         policy: steps (forward, backward and update, each worker on its own) at
         the two sizes of :func:`~omnilearn.control.policies.probe_sizes`, twice each (more with
         ``control.probe_steps``, and under a CPU quota where steps are short, until the pass has lasted
-        :data:`~omnilearn.control.loop.MIN_PASS_S`). Their peak memory gives this worker's memory bound
+        :attr:`~omnilearn.control.priors.Priors.min_pass_s`). Their peak memory gives this worker's memory bound
         (``control.memory_bounds``); their times give ``dynamic`` its k and every speed (one gather;
         the least of each size's two runs, of more the median of each pair's least: the first also
         carries the new allocation, threads and shapes; on a CPU under a quota in CPU seconds, the median
