@@ -3,10 +3,10 @@
 - :class:`Uniform`: equal batches, never changed (the data-parallel baseline).
 - :class:`Static`: batches proportional to the allocated CPU shares, re-split at every level change
   (it knows the emulator's allocations, as its name says; it measures nothing).
-- :class:`Paper`: the OmniLearn paper's rule as its released code runs it: at each epoch's end, every
-  worker's mean compute time over the epoch, ``b_i <- b_i * t_mean / t_i`` normalised to B, adopted
-  when some worker's batch moves by :data:`~omnilearn.control.policies.PAPER_DEADBAND` of its new
-  size, within the paper's bounds (:func:`~omnilearn.control.policies.effective`).
+- :class:`Paper`: the OmniLearn paper's rule: at each epoch's end, from every worker's mean forward
+  and backward time over the epoch, ``b_i <- b_i * t_mean / t_i`` normalised to B, adopted when some
+  worker's batch moves by :data:`~omnilearn.control.policies.PAPER_DEADBAND` of its new size, within
+  the paper's bounds (:func:`~omnilearn.control.policies.effective`).
 - :class:`Prior`: ``dynamic`` told the allocations: it starts from the split the allocated shares give,
   and at a level change it expects each worker's speed to scale with its share, re-splits at once on
   that prior, and goes on measuring as ``dynamic`` does.

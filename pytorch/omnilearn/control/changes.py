@@ -68,7 +68,7 @@ class ClusterEvents:
     change of the cluster (see the module). Its noise is the median of its last ``memory`` step-to-step
     changes (as a normal sd), shrunk towards ``prior`` (``weight`` steps of it, as the workers' noise
     is); a change under the jump hypothesis is normal with sd ``jump``, a change under none
-    Student-t (:attr:`~omnilearn.control.priors.Priors.dof`): a host's slow step is down-weighted, not
+    Student-t (``Priors.dof``): a host's slow step is down-weighted, not
     taken for an event."""
 
     prior: float

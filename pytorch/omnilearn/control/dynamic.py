@@ -10,13 +10,13 @@ allocation is in force) and every step's compute times. One rule decides
 
 ``G`` is the step time the move saves (the slowest worker's predicted time now, less at the new split),
 its mean and spread from posterior draws of the speeds and k; the move goes the whole way to b*, or,
-where that is not sure, half or a quarter of it (:attr:`~omnilearn.control.priors.Priors.strides`); ``C`` the measured cost of a re-split (the first
+where that is not sure, half or a quarter of it (``Priors.strides``); ``C`` the measured cost of a re-split (the first
 step at new shapes against the second, seconds); ``H`` the steps the new split is expected to serve
 (to the end of the run, at most ``1 / hazard``: the steps until a speed is expected to change). A
 balanced job, equal speeds, steps dominated by fixed cost or a noise the evidence cannot resolve give
 ``G`` small against its spread: the split is kept, and the reason counted (:attr:`holds`).
 
-A trust region keeps every worker within :attr:`~omnilearn.control.priors.Priors.trust` times the batches it has been measured at: a
+A trust region keeps every worker within ``Priors.trust`` times the batches it has been measured at: a
 worker whose time per sample grows with the batch converges in bounded steps instead of swinging.
 Identical inputs give identical decisions on every rank (the posterior draws are seeded by the count
 of decisions considered).
@@ -68,7 +68,7 @@ class DynamicController:
     at_stake: float = 0.0
     """Seconds a step the last decision considered would save, when it was held for want of evidence
     (``uncertain``), else 0: what the next measurements may unlock. The control loop measures every
-    step while this exceeds a measurement's cost (:attr:`~omnilearn.control.priors.Priors.budget`)."""
+    step while this exceeds a measurement's cost (``Priors.budget``)."""
 
     def __post_init__(self) -> None:
         n = len(self.bounds.max_batch)
@@ -93,7 +93,7 @@ class DynamicController:
     per_epoch = False
     skips_steps = True
     """The control loop may leave steps out when measuring every one would cost more than its budget
-    (:attr:`~omnilearn.control.priors.Priors.budget`): the model counts the steps between two it measured."""
+    (``Priors.budget``): the model counts the steps between two it measured."""
     times_quota = True
     """Under a CPU quota a worker's time is its compute's CPU at the quota's rate where that is longer
     than its wall time (:func:`~omnilearn.train.quota_clock.quota_seconds`): a compute that fits

@@ -8,7 +8,7 @@ one thread and 13 on two, alone on the host, and 7-10 against 27.5 in the job's 
 and its kind of core (:func:`~omnilearn.control.loop.core_kind`), as the start-up probe pools them.
 
 Each kind's posterior is a log-density on one grid over ``[0, PRIORS.k_max_factor * B / n]`` (prior:
-:attr:`~omnilearn.control.priors.Priors.k_prior`); evidence is a log-likelihood over the grid, added to one kind's row. A kind seen for
+``Priors.k_prior``); evidence is a log-likelihood over the grid, added to one kind's row. A kind seen for
 the first time starts from the prior.
 """
 

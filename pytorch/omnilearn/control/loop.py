@@ -31,7 +31,7 @@ Shares = Callable[[], Sequence[float | None]]
 def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
     """One worker's probe time at one size from its rounds: the least of two (an interruption only adds
     time); of more, the median of each successive pair's least (an odd last round left out). Workers
-    whose passes ran different numbers of rounds (:attr:`~omnilearn.control.priors.Priors.min_pass_s`) are so measured by the same
+    whose passes ran different numbers of rounds (``Priors.min_pass_s``) are so measured by the same
     statistic: a least of two reads lower than a median, by more the noisier the rounds, and mixing
     the two would bias the speeds.
 
@@ -48,7 +48,7 @@ def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
 def pass_done(rounds: int, elapsed_s: float, at_least: int, quota: bool) -> bool:
     """Whether a start-up pass of ``rounds`` at each size that has run ``elapsed_s`` seconds is over:
     ``at_least`` rounds (``control.probe_steps``) and, for a worker under a CPU quota (``quota``),
-    :attr:`~omnilearn.control.priors.Priors.min_pass_s`; or :attr:`~omnilearn.control.priors.Priors.max_rounds`. The trainers' passes and the simulators' models of them
+    ``Priors.min_pass_s``; or ``Priors.max_rounds``. The trainers' passes and the simulators' models of them
     end alike."""
     return rounds >= PRIORS.max_rounds or (rounds >= at_least and (not quota or elapsed_s >= PRIORS.min_pass_s))
 
@@ -234,7 +234,7 @@ class ControlLoop:
              cost_s: float = 0.0, threads: Sequence[float] | None = None, **where: Any) -> list[int] | None:
         """BSP: one step done. ``times``: every worker's compute time of it (None: a partial step, not
         measured); ``due``: a decision point; ``cost_s``: the controller's cost of a step measured, the
-        largest rank's (wall seconds at its CPU's rate; see :attr:`~omnilearn.control.priors.Priors.budget`); ``threads``: every worker's
+        largest rank's (wall seconds at its CPU's rate; see ``Priors.budget``); ``threads``: every worker's
         threads in the step (its kind, with its kind of core). Returns the new split, or None."""
         if self.inputs:
             self.write("measurement", **where, times_s=None if times is None else [float(t) for t in times],

@@ -11,14 +11,14 @@ the worker's own noise: the variance is ``noise2 / count``; workers are estimate
 ``z_i = log t_i - log(b_i + k)``; its residual against the prediction, ``z_i - u_i``, holds the step's
 common factor (a Student-t weighted mean over the workers, removed: BSP) and the worker's innovation.
 
-- *Noise.* Measurement noise is Student-t (:attr:`~omnilearn.control.priors.Priors.dof` degrees of freedom, fewer while the noise rests on
+- *Noise.* Measurement noise is Student-t (``Priors.dof`` degrees of freedom, fewer while the noise rests on
   few steps) with a per-worker scale: the median of how its innovation changes from step to step at
   one batch (each step's lesser change to the step before and the step after, taken a step late: one
   odd step is one outlier, not two, and a change of speed none, also where a move follows it), over
-  :attr:`~omnilearn.control.priors.Priors.noise_memory` steps, pooled across workers until measured
-  (:attr:`~omnilearn.control.priors.Priors.noise`). A step that waits a whole CFS period is down-weighted, not chased.
+  ``Priors.noise_memory`` steps, pooled across workers until measured
+  (``Priors.noise``). A step that waits a whole CFS period is down-weighted, not chased.
 - *Drift and jumps.* Between steps ``u_i`` drifts (a random walk of variance ``drift**2`` a step) and,
-  with probability ``hazard``, jumps (its variance grows by :attr:`~omnilearn.control.priors.Priors.jump` squared). Each step weighs the
+  with probability ``hazard``, jumps (its variance grows by ``Priors.jump`` squared). Each step weighs the
   two hypotheses by the innovation's likelihood under each, and the likelier wins: a level change needs
   one step of evidence, an outlier moves the estimate a little. Only the changed worker's speed reopens.
   Where the step's common factor jumped (BSP: a change of the whole cluster, as a level change is), every
@@ -164,7 +164,7 @@ class SpeedModel:
         same ``d`` give one reading, counted once: under a CPU quota the probe pools one kind's CPU
         seconds and the rate drops out of the ratio (:func:`~omnilearn.control.loop.probe_times`), so n
         pooled workers are one measurement, not n. Each reading's sd is the readings' spread about their
-        kind's median and :attr:`~omnilearn.control.priors.Priors.probe_shape`, the probe's small sizes read the line the job's sizes
+        kind's median and ``Priors.probe_shape``, the probe's small sizes read the line the job's sizes
         follow only that well."""
         d = np.log(np.asarray(t_large, float)) - np.log(np.asarray(t_small, float))
         rows = [self.group == g for g in np.unique(self.group)]
@@ -397,10 +397,10 @@ class SpeedModel:
         moved on this step, scaled alike): a jump taken in full leaves the next step's innovation near
         zero. A worker's first two steps at a batch give one sample (the change between them, as a
         lesser of two), every step after one more; a step followed by a move is judged by the step
-        before it alone. The median of the last :attr:`~omnilearn.control.priors.Priors.noise_memory` samples, as a normal sd
-        (:attr:`~omnilearn.control.priors.Priors.pair_scale`: robust to the heavy tails it is the scale of), shrunk towards the pool of
-        every worker's (a worker with few steps borrows the others' scale; :attr:`~omnilearn.control.priors.Priors.noise_weight` steps of
-        :attr:`~omnilearn.control.priors.Priors.noise` before any)."""
+        before it alone. The median of the last ``Priors.noise_memory`` samples, as a normal sd
+        (``Priors.pair_scale``: robust to the heavy tails it is the scale of), shrunk towards the pool of
+        every worker's (a worker with few steps borrows the others' scale; ``Priors.noise_weight`` steps of
+        ``Priors.noise`` before any)."""
         b = np.asarray(batch, float)
         kept = live & ~np.isnan(self.last_nu)
         returned = kept & self.last_changed & changed  # a change taken and taken back: an odd step
@@ -436,10 +436,10 @@ class SpeedModel:
 
     def _shifts(self, nu: np.ndarray, estimate: np.ndarray, share: float, live: np.ndarray) -> np.ndarray:
         """A change too small to show in one step shows in several: for each worker and each window of
-        its last m innovations (m = 1..:attr:`~omnilearn.control.priors.Priors.shift_steps`), the shift that best explains them and its
+        its last m innovations (m = 1..``Priors.shift_steps``), the shift that best explains them and its
         log-likelihood ratio against none, under the Student-t noise (:func:`~.changes.window_shifts`). The ratio
         becomes a Bayes factor as the jump test weighs a jump: the shift's prior is the jump's (normal,
-        sd :attr:`~omnilearn.control.priors.Priors.jump`), integrated over by Laplace's approximation (the window's shift variance against
+        sd ``Priors.jump``), integrated over by Laplace's approximation (the window's shift variance against
         the prior's, the fitted shift's prior density), and a change at that step has prior odds
         ``hazard``. Where the posterior odds of a change favour it on a window of two steps or more, the
         worker's speed has moved: its estimate takes the shift of the window whose odds peak (the last
