@@ -71,9 +71,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          ("step", "epoch", "batch", "compute_ms"),
          ("sync_ms", "held_ms", "cpus", "threads", "level", "loss", "train_acc", "global_batch", "lr", "sample_sum",
           "seq", "version", "staleness", "pull_ms", "push_ms"),
-         "`step`, `epoch`, `batch`, `global_batch`, `compute_ms`, `sync_ms`, `held_ms` (BSP, where the policy "
-         "times the quota (`dynamic`): the wait for the CPU of this worker's compute and update beyond their "
-         "wall time under a CPU quota, their CPU at the quota's rate less their wall time; null elsewhere), "
+         "`step`, `epoch`, `batch`, `global_batch`, `compute_ms`, `sync_ms`, `held_ms` (BSP on a CPU, whatever "
+         "the policy: the wait for the CPU of this worker's compute and update beyond their wall time under a "
+         "CPU quota, their CPU at the quota's rate less their wall time; 0 without a quota, null on a GPU), "
          "`cpus`, `threads`, "
          "`level`, `loss`, `lr`, `train_acc`, `sample_sum` (a checksum of the step's samples); ASP: `seq`, "
          "`version`, `staleness`, `pull_ms`, `push_ms`"),

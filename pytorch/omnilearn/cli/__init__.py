@@ -41,6 +41,7 @@ from omnilearn.cli.manage import (
     cmd_report,
     cmd_simulate,
     cmd_toggle,
+    cmd_whatif,
 )
 from omnilearn.cli.run import DEFAULT_COMPARE, cmd_bench, cmd_run, cmd_worker
 from omnilearn.errors import UserError
@@ -246,10 +247,19 @@ def _add_image(sub: Any) -> None:
     im.set_defaults(func=cmd_image)
 
 
+def _add_whatif(sub: Any) -> None:
+    w = sub.add_parser("whatif", help="what balancing would give a recorded BSP job: per rank its work, its wait "
+                                      "and what it cost the others; the job's time as recorded, without a "
+                                      "straggler, balanced, and under dynamic")
+    w.add_argument("run", metavar="RUN", help="a finished BSP run folder with step records")
+    w.add_argument("--out", help="folder for whatif.json and whatif.png (default: RUN)")
+    w.set_defaults(func=cmd_whatif)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omnilearn", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_add_run, _add_bench, _add_worker, _add_levels, _add_report, _add_cleanup, _add_calibrate, _add_emulate, _add_simulate, _add_cluster, _add_toggle, _add_image):
+    for add in (_add_run, _add_bench, _add_worker, _add_levels, _add_report, _add_cleanup, _add_calibrate, _add_emulate, _add_simulate, _add_whatif, _add_cluster, _add_toggle, _add_image):
         add(sub)
     return p
 

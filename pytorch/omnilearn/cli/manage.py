@@ -185,6 +185,23 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from omnilearn.simulate.whatif import FIGURE_FILE, WHATIF_FILE, whatif
+
+    out = Path(args.out) if args.out else Path(args.run)
+    w = whatif(Path(args.run), out)
+    job = w["job"]
+    print(f"{w['policy']} · {w['workers']} ranks · {w['steps']} steps · k {w['models']['k']:g} "
+          f"({w['models']['k_source']})")
+    for r in w["ranks"]:
+        print(f"  rank {r['rank']}: work {r['work_s'] * 1e3:.1f} ms, wait {r['wait_s'] * 1e3:.1f} ms, "
+              f"cost to the others {r['cost_to_others_s'] * 1e3:.1f} ms a step")
+    print(f"training time: recorded {job['recorded_s']:.2f} s · no straggler {job['no_straggler_s']:.2f} s · "
+          f"balanced {job['balanced_s']:.2f} s · dynamic {job['dynamic_s']:.2f} s")
+    print(f"results: {out / WHATIF_FILE}, {out / FIGURE_FILE}")
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from omnilearn.simulate import simulate
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from omnilearn.config.sections import ControlConfig
+from omnilearn.control.controller import STEP_DRIVEN, controller_class
 from omnilearn.control.policies import KNOWS, effective
 from omnilearn.emulator.spec.plan import SERVER_TARGET
 from omnilearn.errors import UserError
@@ -109,10 +110,11 @@ def final_segment(steps: list[list[dict[str, Any]]]) -> list[int]:
     return segments[-1][-FINAL_WINDOW:] if segments else []
 
 
-def busy_ms(step: dict[str, Any]) -> float:
-    """A worker's busy time in a BSP step: its compute and the wait for its CPU beyond that under a quota
-    (``held_ms``, where the policy times it; null or absent: compute alone, what that policy balances)."""
-    return step["compute_ms"] + (step.get("held_ms") or 0.0)
+def busy_ms(step: dict[str, Any], quota: bool = True) -> float:
+    """A worker's busy time in a BSP step: its compute and, where the policy times the quota (``quota``),
+    the wait for its CPU beyond that (``held_ms``; null or absent, or a policy that does not time it:
+    compute alone, what that policy balances)."""
+    return step["compute_ms"] + ((step.get("held_ms") or 0.0) if quota else 0.0)
 
 
 def stretch_loads(busy: list[list[float]]) -> list[float]:
@@ -124,7 +126,7 @@ def stretch_loads(busy: list[list[float]]) -> list[float]:
 
 def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
            batch_changes: list[dict[str, Any]], fixed_cost: float = 0.0,
-           batch_bounds: tuple[float, float | None] = (0.0, None)) -> list[dict[str, Any]]:
+           batch_bounds: tuple[float, float | None] = (0.0, None), quota: bool = True) -> list[dict[str, Any]]:
     """Per level change (the start counts as the first, ``from_level`` null): how many compute-time
     decisions the controller took until its split came within :data:`SETTLED` of the balanced step
     time, and how long (the measure the scenario benchmark settles by, on measured times).
@@ -170,7 +172,7 @@ def settle(steps: list[list[dict[str, Any]]], hl_events: list[dict[str, Any]],
                 ks = ks[1:]
             if not ks:
                 continue
-            loads = stretch_loads([[busy_ms(s[k]) for s in steps] for k in ks])
+            loads = stretch_loads([[busy_ms(s[k], quota) for s in steps] for k in ks])
             batch = [statistics.median(s[k]["batch"] for k in ks) for s in steps]
             imbalance = round(balance_loss(batch, loads, fixed_cost, batch_bounds), 4)
             if record["imbalance"] is None or imbalance < record["imbalance"]:
@@ -208,10 +210,16 @@ def run_settle(steps: list[list[dict[str, Any]]], r0: list[dict[str, Any]], job:
     k = settle_fixed_cost(source)
     control = job.config.control
     bounds = (float(control.min_batch), float(control.max_batch or job.config.train.global_batch))
-    records = settle(steps, of_kind(r0, HL_CHANGE), of_kind(r0, BATCH_CHANGE), k, bounds)
+    records = settle(steps, of_kind(r0, HL_CHANGE), of_kind(r0, BATCH_CHANGE), k, bounds, times_quota(control.policy))
     return {"settle": records, "settle_k": {"k": round(k, 3), "fitted": source["k"], "k_se": source.get("k_se"),
                                             "k_status": source["k_status"],
                                             "runs": [r["run"] for r in source["runs"]]}}
+
+
+def times_quota(policy: str) -> bool:
+    """Whether ``policy``'s controller counts a worker's waits for its CPU quota as its time (the peer
+    ``ddp`` has none)."""
+    return policy in STEP_DRIVEN and controller_class(policy).times_quota
 
 
 def settle_fixed_cost(source: dict[str, Any]) -> float:

@@ -405,15 +405,18 @@ class StepSession:
         :func:`~omnilearn.train.quota_clock.quota_seconds`)."""
         assert self.pending is not None, "fill_slots outside a step"
         self.filled_at, cpu_s = time.perf_counter(), time.process_time()
-        reading = self.quota_reading = self.quota.read() if self.controller.times_quota else None
-        cpus = self.quota.cpus(reading) if torch.device(self.device).type == "cpu" else None  # a GPU's: wall time
+        on_cpu = torch.device(self.device).type == "cpu"
+        # read on every CPU step: the record's held_ms (what the quota held it back) whatever the policy
+        reading = self.quota_reading = self.quota.read() if on_cpu else None
+        cpus = self.quota.cpus(reading)  # a GPU's steps: wall time
         wall = self.filled_at - self.pending["t0"]
-        compute_s = quota_seconds(wall, cpu_s - self.pending["c0"], cpus)
-        late = quota_seconds(self.after_s, self.after_cpu_s, cpus)
-        self.held_s = (compute_s - wall) + (late - self.after_s)
+        compute_q = quota_seconds(wall, cpu_s - self.pending["c0"], cpus)
+        late_q = quota_seconds(self.after_s, self.after_cpu_s, cpus)
+        self.held_s = (compute_q - wall) + (late_q - self.after_s)
+        timed = self.controller.times_quota
         extra.zero_()
         extra[0] = self.levels.clock() if self.rank == 0 else 0.0
-        extra[1 + self.rank] = compute_s + late
+        extra[1 + self.rank] = (compute_q + late_q) if timed else (wall + self.after_s)
         extra[1 + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
         extra[1 + 2 * self.world] = 1.0 if self.asks_stop() else 0.0
         extra[2 + 2 * self.world + self.rank] = torch.get_num_threads()
@@ -466,7 +469,7 @@ class StepSession:
 
     def _held_ms(self) -> float | None:
         """The last step's wait for its CPU beyond its wall time (its compute's and the update's before it,
-        at the quota's rate, less their wall time), where the controller times the quota (None: not read)."""
+        at the quota's rate, less their wall time), read on a CPU whatever the policy (None: a GPU's)."""
         return None if self.quota_reading is None else round(self.held_s * 1e3, 3)
 
     def end_epoch(self, epoch: int) -> None:

@@ -170,8 +170,9 @@ class BSPTrainer:
             idx = self.sampler.local_indices(step, batch, self.rank)
             self.sample_sum = int(idx.sum())  # a checksum of the samples: a resumed run's data order shows
             ctl = self.controller
-            reading = self.quota_reading = self.quota.read() if ctl.times_quota else None
-            cpus = self.quota.cpus(reading) if self.env.device.type == "cpu" else None  # a GPU's steps: wall time
+            # read on every CPU step: the record's held_ms (what the quota held it back) whatever the policy
+            reading = self.quota_reading = self.quota.read() if self.env.device.type == "cpu" else None
+            cpus = self.quota.cpus(reading)  # a GPU's steps: wall time
             t0, c0 = time.perf_counter(), time.process_time()
             self.grads.zero()
             oom = False
@@ -185,7 +186,8 @@ class BSPTrainer:
                 torch.cuda.empty_cache()
             self._sync_cuda()
             t1, c1 = time.perf_counter(), time.process_time()
-            compute_s = quota_seconds(t1 - t0, c1 - c0, cpus)
+            compute_q = quota_seconds(t1 - t0, c1 - c0, cpus)
+            compute_s = compute_q if ctl.times_quota else t1 - t0
             extra = self.grads.extra
             extra[LOSS], extra[CORRECT], extra[OOM] = loss_sum, correct, float(oom)
             extra[STOP] = float(lifecycle.stop_requested())
@@ -210,8 +212,9 @@ class BSPTrainer:
             self.optimizer.step()
             self._sync_cuda()
             t3 = time.perf_counter()
-            update_s = quota_seconds(t3 - t2, time.process_time() - c2, cpus)
-            self.held_s = (compute_s - (t1 - t0)) + (update_s - (t3 - t2))
+            update_q = quota_seconds(t3 - t2, time.process_time() - c2, cpus)
+            update_s = update_q if ctl.times_quota else t3 - t2
+            self.held_s = (compute_q - (t1 - t0)) + (update_q - (t3 - t2))
             if not self.update_one_off:
                 self.update_s = update_s
             self.update_one_off = False
@@ -219,7 +222,7 @@ class BSPTrainer:
 
     def held_ms(self) -> float | None:
         """The last step's wait for its CPU beyond its wall time (its compute's and update's CPU at the
-        quota's rate, less their wall time), where the controller times the quota (None: not read)."""
+        quota's rate, less their wall time), read on a CPU whatever the policy (None: a GPU's)."""
         return None if self.quota_reading is None else round(self.held_s * 1e3, 3)
 
     def _sync_cuda(self) -> None:
