@@ -1,10 +1,11 @@
-"""A bare DistributedDataParallel loop, written apart from omnilearn, on the demo job's workload: the
-yardstick for what ``omnilearn run`` adds around a BSP step.
+"""A bare DistributedDataParallel loop, written apart from omnilearn, on the workload of ``omnilearn run``'s
+default job: the yardstick for what ``omnilearn run`` adds around a BSP step.
 
-The demo's model and data (a torchvision ResNet-18 with a 3x3 stride-1 stem, scikit-learn's digits at
-24x24 in three channels, a global batch of 256 split equally, SGD at 0.1 with momentum 0.9 and weight
-decay 5e-4), one ``DistributedDataParallel`` step a batch and nothing else: no evaluation, no records but
-one line of figures. Run it under the demo's quotas (the same cgroups, CFS period and threads) with
+The default job's model and data (a torchvision ResNet-18 with a 3x3 stride-1 stem, scikit-learn's
+digits at 32x32 in three channels; ``--image-size 24`` for ``configs/demo.yaml``), a global batch of 256
+split equally, SGD at 0.1 with momentum 0.9 and weight decay 5e-4, one ``DistributedDataParallel`` step a
+batch and nothing else: no evaluation, no records but one line of figures. Run it under the same
+quotas (the same cgroups and CFS period) with
 
     omnilearn emulate --hl HL8 --workers 4 --out DIR -- \\
         torchrun --nproc-per-node 4 scripts/bare_ddp.py --epochs 3
@@ -47,7 +48,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--global-batch", type=int, default=256)
-    p.add_argument("--image-size", type=int, default=24)
+    p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--warm", type=int, default=3, help="steps left out at the start")
     args = p.parse_args()
     dist.init_process_group("gloo")

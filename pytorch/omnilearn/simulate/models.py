@@ -99,11 +99,17 @@ def _steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return of_kind(records, STEP)
 
 
+def busy_steps(per_rank: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """Every rank's step records with ``compute_ms`` its busy time: its compute and the wait for its CPU
+    quota beyond it (``held_ms``), which lands in the all-reduce but is the rank's own: a step waits for it."""
+    return [[{**r, "compute_ms": r["compute_ms"] + (r.get("held_ms") or 0.0)} for r in steps] for steps in per_rank]
+
+
 def fit_compute(per_rank: list[list[dict[str, Any]]]) -> dict[tuple[int, str], ComputeModel]:
     """``(rank, level) -> ComputeModel`` from every rank's step records: the run's per-worker models
-    (:func:`~omnilearn.report.worker_models.fit_worker_models`, ``t = c (b + k)`` with one ``k``) as
-    lines ``a + c b`` with ``a = c k``."""
-    models = fit_worker_models([per_rank], ["replayed run"])
+    (:func:`~omnilearn.report.worker_models.fit_worker_models`, ``t = c (b + k)`` with one ``k``) on the
+    ranks' busy times (:func:`busy_steps`), as lines ``a + c b`` with ``a = c k``."""
+    models = fit_worker_models([busy_steps(per_rank)], ["replayed run"])
     return {key: ComputeModel(c * models.k, c, models.sigma[key], models.steps[key]) for key, c in models.c.items()}
 
 

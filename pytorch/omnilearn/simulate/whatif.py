@@ -47,6 +47,7 @@ from omnilearn.metrics import read_rank
 from omnilearn.records import END, STEP, of_kind
 from omnilearn.report.ideal import balanced_time
 from omnilearn.report.worker_models import WorkerModels, fit_worker_models
+from omnilearn.simulate.models import busy_steps
 
 WHATIF_FILE = "whatif.json"
 FIGURE_FILE = "whatif.png"
@@ -124,8 +125,7 @@ def whatif(run: Path | str, out: Path | str | None = None, figure: bool = True) 
     ``out`` (default: the run folder); returns what ``whatif.json`` holds."""
     run = Path(run)
     job, steps, end = read_steps(run)
-    busy = [[{**r, "compute_ms": r["compute_ms"] + (r.get("held_ms") or 0.0)} for r in s] for s in steps]
-    models = fit_worker_models([busy], [run.name])  # on the ranks' busy times: their quota's waits are theirs
+    models = fit_worker_models([busy_steps(steps)], [run.name])  # the quota's waits are the ranks' own
     held = _table(steps, "held_ms")  # the quota's wait: the rank's own, though it lands in the all-reduce
     work, wait = _table(steps, "compute_ms") + held, np.maximum(_table(steps, "sync_ms") - held, 0.0)
     duration, exchange = step_times(work, wait)
