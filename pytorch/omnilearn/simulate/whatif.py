@@ -32,7 +32,6 @@ The time outside the steps (``train_time_s`` less the steps' sum) is added to ev
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -157,18 +156,13 @@ def whatif(run: Path | str, out: Path | str | None = None, figure: bool = True) 
     dest.mkdir(parents=True, exist_ok=True)
     write_atomic(dest / WHATIF_FILE, json.dumps(result, indent=2))
     if figure:
-        plot(result, balanced_per_rank(models, steps, lo, hi), dest / FIGURE_FILE)
+        plot(result, float(np.median(balanced)), dest / FIGURE_FILE)
     return result
 
 
-def balanced_per_rank(models: WorkerModels, steps: Sequence[Sequence[dict[str, Any]]], lo: float, hi: float
-                      ) -> list[float]:
-    """Every rank's predicted work a step at the balanced split (median over the steps)."""
-    return [statistics.median(balanced_steps(models, steps, lo, hi).tolist())] * len(steps)
-
-
-def plot(result: dict[str, Any], predicted: Sequence[float], path: Path) -> None:
-    """Per rank, its recorded work and wait a step beside its predicted work at the balanced split."""
+def plot(result: dict[str, Any], balanced_s: float, path: Path) -> None:
+    """Per rank, its recorded work and wait a step beside the work a step at the balanced split
+    (``balanced_s``, the median over the steps: every rank's, balanced)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,7 +174,7 @@ def plot(result: dict[str, Any], predicted: Sequence[float], path: Path) -> None
     ax.bar(x - 0.2, [r["work_s"] * 1e3 for r in ranks], 0.4, label="recorded work")
     ax.bar(x - 0.2, [r["wait_s"] * 1e3 for r in ranks], 0.4, bottom=[r["work_s"] * 1e3 for r in ranks],
            label="recorded wait", alpha=0.5)
-    ax.bar(x + 0.2, [p * 1e3 for p in predicted], 0.4, label="work, balanced (predicted)")
+    ax.bar(x + 0.2, [balanced_s * 1e3] * len(ranks), 0.4, label="work, balanced (predicted)")
     ax.set_xticks(x, [f"rank {r['rank']}" for r in ranks])
     ax.set_ylabel("ms a step")
     job = result["job"]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import copy
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -39,8 +38,9 @@ from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.emulator.spec.plan import build_plan, worker_target
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JOB_FILE, OUT_ENV, T0_ENV, JobSpec, new_job_id
-from omnilearn.metrics import MetricsWriter, metrics_path
+from omnilearn.metrics import MetricsWriter, metrics_path, read_rank
 from omnilearn.observe.tensorboard import LiveTensorBoard
+from omnilearn.records import END, of_kind
 from omnilearn.report.stragglers import WINDOW_STEPS, StragglerScores
 from omnilearn.report.summary import summarize
 from omnilearn.train.distributed import all_gather_floats
@@ -49,22 +49,6 @@ from omnilearn.train.sampler import GlobalBatchSampler
 
 STOP_WAIT_S = 30.0
 """How long rank 0 waits for the other ranks' ``end`` records when a loop stops inside a pass."""
-
-
-def _last_end(path: Path) -> dict[str, Any] | None:
-    """The last record of a rank's metrics file, if it is an ``end`` record (None: none, or not yet)."""
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(f.tell() - 65536, 0))
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    try:
-        last = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        return None
-    return last if isinstance(last, dict) and last.get("kind") == "end" else None
 
 
 def _shared_text(value: str) -> str:
@@ -521,11 +505,11 @@ class StepSession:
             self.board.update()
 
     def _ends_written(self, steps: int) -> bool:
-        """Whether every rank's metrics end with an ``end`` record of ``steps`` steps (waiting for them)."""
+        """Whether every rank's last ``end`` record covers ``steps`` steps (waiting for them)."""
         deadline = time.monotonic() + STOP_WAIT_S
         while True:
-            last = [_last_end(metrics_path(self.job.out_dir, r)) for r in range(self.world)]
-            if all(e is not None and e.get("steps") == steps for e in last):
+            last = [(of_kind(read_rank(self.job.out_dir, r), END) or [{}])[-1] for r in range(self.world)]
+            if all(e.get("steps") == steps for e in last):
                 return True
             if time.monotonic() > deadline:
                 return False
