@@ -15,6 +15,7 @@ from omnilearn.control import loop as loop_module
 from omnilearn.control.priors import PRIORS
 from omnilearn.torch import session as session_module
 from omnilearn.torch.session import StepSession
+from omnilearn.train import step as step_module
 
 COMPUTE_S = 0.05  # each step's forward and backward
 AFTER_S = 0.2  # what each step spends after its all-reduce (an optimizer step, the loop's own work)
@@ -23,7 +24,9 @@ AFTER_S = 0.2  # what each step spends after its all-reduce (an optimizer step, 
 def test_the_first_steps_one_off_costs_do_not_ride_into_the_second_steps_time(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=clock, time=clock, process_time=clock))
+    fake_time = types.SimpleNamespace(perf_counter=clock, time=clock, process_time=clock)
+    monkeypatch.setattr(session_module, "time", fake_time)
+    monkeypatch.setattr(step_module, "time", fake_time)
     monkeypatch.setattr(session_module, "dist", types.SimpleNamespace(
         broadcast_object_list=lambda box, src: None, barrier=lambda: None, get_backend=lambda: "gloo"))
     session = StepSession(1, 0, policy="dynamic", out=str(tmp_path / "run"))
@@ -36,7 +39,7 @@ def test_the_first_steps_one_off_costs_do_not_ride_into_the_second_steps_time(tm
         clock.advance(COMPUTE_S)
         extra = torch.zeros(session.extra_slots)
         session.fill_slots(extra)
-        shared.append(float(extra[1]))  # this rank's time of the step, as every rank reads it
+        shared.append(float(extra[session.slots.time(0)]))  # this rank's time of the step, as every rank reads it
         session.read_slots(extra)
         clock.advance(AFTER_S)
     session.end_epoch(0)
@@ -52,7 +55,9 @@ def test_what_a_loop_does_between_closing_a_step_and_opening_the_next_rides_with
     with its share. That time rides with the next step's, as the update after the all-reduce does;
     the first step's (one-off costs) and an epoch's end (evaluation) do not."""
     clock = FakeClock()
-    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=clock, time=clock, process_time=clock))
+    fake_time = types.SimpleNamespace(perf_counter=clock, time=clock, process_time=clock)
+    monkeypatch.setattr(session_module, "time", fake_time)
+    monkeypatch.setattr(step_module, "time", fake_time)
     monkeypatch.setattr(session_module, "dist", types.SimpleNamespace(
         broadcast_object_list=lambda box, src: None, barrier=lambda: None, get_backend=lambda: "gloo"))
     monkeypatch.setattr(session_module, "summarize", lambda out: None)
@@ -67,7 +72,7 @@ def test_what_a_loop_does_between_closing_a_step_and_opening_the_next_rides_with
             clock.advance(COMPUTE_S)
             extra = torch.zeros(session.extra_slots)
             session.fill_slots(extra)
-            shared.append(float(extra[1]))
+            shared.append(float(extra[session.slots.time(0)]))
             session.read_slots(extra)
             clock.advance(AFTER_S)
             if step == sampler.steps_per_epoch - 1:
@@ -85,7 +90,9 @@ def test_what_a_loop_does_between_closing_a_step_and_opening_the_next_rides_with
 def test_a_framework_loops_start_up_probe_splits_before_step_one_and_leaves_its_first_step_out(
         quota: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     wall, cpu = FakeClock(), FakeClock(0.0)
-    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=wall, time=wall, process_time=cpu))
+    fake_time = types.SimpleNamespace(perf_counter=wall, time=wall, process_time=cpu)
+    monkeypatch.setattr(session_module, "time", fake_time)
+    monkeypatch.setattr(step_module, "time", fake_time)
     monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
     monkeypatch.setattr(session_module, "dist", types.SimpleNamespace(
         broadcast_object_list=lambda box, src: None, barrier=lambda: None, get_backend=lambda: "gloo"))
@@ -143,7 +150,9 @@ def test_under_a_cpu_quota_a_steps_time_is_its_cpu_at_the_quotas_rate(tmp_path: 
     8 ms (the wait for its CPU lands in the all-reduce), recorded as 6 ms held; a 400-ms compute that
     used 100 ms of CPU shows the quota in its wall time already, and nothing is held."""
     wall, cpu = FakeClock(), FakeClock(0.0)
-    monkeypatch.setattr(session_module, "time", types.SimpleNamespace(perf_counter=wall, time=wall, process_time=cpu))
+    fake_time = types.SimpleNamespace(perf_counter=wall, time=wall, process_time=cpu)
+    monkeypatch.setattr(session_module, "time", fake_time)
+    monkeypatch.setattr(step_module, "time", fake_time)
     monkeypatch.setattr(session_module, "dist", types.SimpleNamespace(
         broadcast_object_list=lambda box, src: None, barrier=lambda: None, get_backend=lambda: "gloo"))
     monkeypatch.setattr(session_module, "summarize", lambda out: None)
@@ -158,7 +167,7 @@ def test_under_a_cpu_quota_a_steps_time_is_its_cpu_at_the_quotas_rate(tmp_path: 
         cpu.advance(cpu_s)
         extra = torch.zeros(session.extra_slots)
         session.fill_slots(extra)
-        shared.append(float(extra[1]))
+        shared.append(float(extra[session.slots.time(0)]))
         session.read_slots(extra)
     session.end_epoch(0)
     assert shared == pytest.approx([0.008, 0.400])

@@ -44,8 +44,9 @@ from omnilearn.records import END, of_kind
 from omnilearn.report.stragglers import WINDOW_STEPS, StragglerScores
 from omnilearn.report.summary import summarize
 from omnilearn.train.distributed import all_gather_floats
-from omnilearn.train.quota_clock import QuotaClock, quota_seconds
+from omnilearn.train.quota_clock import QuotaClock
 from omnilearn.train.sampler import GlobalBatchSampler
+from omnilearn.train.step import Slots, StepClock
 
 STOP_WAIT_S = 30.0
 """How long rank 0 waits for the other ranks' ``end`` records when a loop stops inside a pass."""
@@ -210,13 +211,15 @@ class StepSession:
 
     Per step: :meth:`begin_step` (the sizes of the step; it closes the previous one), the caller's
     backward, :meth:`fill_slots` at its end (this rank's compute time and rank 0's clock go in the
-    ``extra_slots`` floats of the step's one sum all-reduce), the all-reduce, :meth:`read_slots`.
+    ``extra_slots`` floats of the step's one sum all-reduce: :class:`~omnilearn.train.step.Slots`),
+    the all-reduce, :meth:`read_slots`. The step is timed as ``omnilearn run``'s workers time theirs,
+    by the same :class:`~omnilearn.train.step.StepClock`.
     The sum gives every rank every rank's time, so every rank's controller (the one ``omnilearn run``
     uses, from the same ``control`` settings, driven by the same
     :class:`~omnilearn.control.loop.ControlLoop`) takes the same decisions: the next step's shares
     always sum to the global batch. A step's compute time runs from :meth:`begin_step` to
     :meth:`fill_slots`, plus what the previous step spent after its all-reduce (the optimizer step
-    and the loop's own work, one step late). Records go to ``metrics/rank-<r>.jsonl``; after each
+    and the loop's own work, one step late, where the controller times the update). Records go to ``metrics/rank-<r>.jsonl``; after each
     epoch rank 0 writes ``summary.json``.
 
     A step counts only once its all-reduce ran (:meth:`read_slots`): a batch drawn and never trained
@@ -236,9 +239,10 @@ class StepSession:
         self.board: LiveTensorBoard | None = None
         self.settings = {"control.policy": policy, **{f"control.{k}": v for k, v in (control or {}).items()}}
         self.out, self.library, self.params, self.device, self.model_name = out, library, params, device, model_name
-        # rank 0's clock, every rank's compute time, every rank's controller cost, a stop asked by any
-        # rank, every rank's threads
-        self.extra_slots = 2 + 3 * world
+        self.slots = Slots(world)
+        self.extra_slots = self.slots.size
+        self.timer: StepClock | None = None  # built with the controller, whose capabilities it follows
+        self.quota = QuotaClock()  # the timer's
         self.asks_stop: Callable[[], bool] = lambda: False
         """Whether this rank asks every rank to stop (the loop's own signal, e.g. a SIGTERM it caught),
         read at the end of each backward: the answer rides that step's all-reduce."""
@@ -249,13 +253,8 @@ class StepSession:
         self.pending: dict[str, Any] | None = None
         self.steps_done = self.samples = 0
         self.epochs: int | None = None  # the loop's epochs, when it knows them (the horizon of a split)
-        self.sync_s = self.clock = self.after_s = self.held_s = 0.0
-        self.after_cpu_s = 0.0  # the CPU seconds of after_s (the process's, every thread's)
-        self.quota = QuotaClock()
-        self.quota_reading: tuple[Path, float] | None = None  # the quota clock's reading of the last step
-        self.filled_at: float | None = None
-        self.reduced_at: float | None = None  # when the last all-reduce ended (perf_counter)
-        self.reduced_cpu_s = 0.0  # and the process's CPU seconds then
+        self.clock = 0.0  # rank 0's clock as of the last step
+        self.filled = False  # the open step's slots are written
         self.values: list[float] | None = None
         self.between_s = 0.0  # time between an epoch's end and the next step (evaluation): not training time
         self.epoch_ended_at: float | None = None
@@ -285,13 +284,16 @@ class StepSession:
             self.controller = build_controller(self.job.config.control, global_batch, self.world, min_batch=min_batch)
         except UserError as e:
             raise UserError(f"{self.library}: {e}") from None
-        c = self.controller.bounds
+        c, ctl = self.controller.bounds, self.controller
+        self.timer = StepClock(self.slots, self.rank, on_cpu=torch.device(self.device).type == "cpu",
+                               times_update=ctl.times_update, times_quota=ctl.times_quota, quota=self.quota)
         self.levels = Levels(self.job, self.rank, emulated, set_threads=self.per_level_threads)
         self.sampler = GlobalBatchSampler(dataset_size, global_batch, seed, drop_last=drop_last,
                                           min_local=c.min_batch)
         self.metrics = MetricsWriter(metrics_path(self.job.out_dir, self.rank))
+        timer = self.timer
         self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0,
-                                rate=lambda: self.quota.rate(self.quota_reading))
+                                rate=lambda: timer.quota.rate(timer.reading))
         if self.tensorboard and self.rank == 0 and not emulated:
             self.board = LiveTensorBoard(self.job, stragglers=StragglerScores(self.world, WINDOW_STEPS)).__enter__()
         self.metrics.write("start", rank=self.rank, world=self.world, target=self.levels.target,
@@ -337,7 +339,8 @@ class StepSession:
         data = {b: batch(b) for b in sizes}
         device = torch.device(self.device)
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-        rounds = ProbeRounds(quota=device.type == "cpu" and self.quota.limited(), sync=sync,
+        assert self.timer is not None
+        rounds = ProbeRounds(quota=device.type == "cpu" and self.timer.quota.limited(), sync=sync,
                              threads=torch.get_num_threads())
         rounds.run(lambda size: local_step(data[size]), sizes, self.job.config.control.probe_steps)
         every = all_gather_floats(rounds.own(*sizes), device)
@@ -353,6 +356,7 @@ class StepSession:
         (from :attr:`batch_sizes` at that time, the same on every rank); by default the controller's now.
         """
         self.finish_step()
+        assert self.timer is not None
         if self.epoch_ended_at is not None:
             self.between_s += time.time() - self.epoch_ended_at
             self.epoch_ended_at = None
@@ -360,8 +364,7 @@ class StepSession:
             # What the loop did between closing the last step and opening this one (a framework's
             # bookkeeping after its step-end hook, drawing and collating this batch) is this rank's work
             # as much as its forward: it rides with this step's time, as the update after the all-reduce does.
-            self.after_s += time.perf_counter() - self.closed_at
-            self.after_cpu_s += time.process_time() - self.closed_cpu_s
+            self.timer.carry(time.perf_counter() - self.closed_at, time.process_time() - self.closed_cpu_s)
         self.closed_at = None
         position = epoch + step / steps
         self._follow(position)
@@ -371,9 +374,8 @@ class StepSession:
         assert self.sampler is not None
         self.sizes = list(sizes) if sizes is not None else self.sampler.step_sizes(step, self.controller.batch)
         assert sum(self.sizes) == self.sampler.step_size(step) and len(self.sizes) == self.world, self.sizes
-        self.sync_s = 0.0
-        self.pending = {"epoch": epoch, "step": step, "last": step == steps - 1, "t0": time.perf_counter(),
-                        "c0": time.process_time()}
+        self.pending = {"epoch": epoch, "step": step, "last": step == steps - 1}
+        self.timer.open()
         return self.sizes
 
     @property
@@ -384,34 +386,18 @@ class StepSession:
 
     def fill_slots(self, extra: torch.Tensor) -> None:
         """At the end of the step's backward, just before its all-reduce: rank 0's clock, this rank's time
-        (its compute; the update after the last all-reduce rides one step late, as in the trainer; under
-        a CPU quota, where the controller times it, each at the quota's rate where that is longer:
-        :func:`~omnilearn.train.quota_clock.quota_seconds`)."""
-        assert self.pending is not None, "fill_slots outside a step"
-        self.filled_at, cpu_s = time.perf_counter(), time.process_time()
-        on_cpu = torch.device(self.device).type == "cpu"
-        # read on every CPU step: the record's held_ms (what the quota held it back) whatever the policy
-        reading = self.quota_reading = self.quota.read() if on_cpu else None
-        cpus = self.quota.cpus(reading)  # a GPU's steps: wall time
-        wall = self.filled_at - self.pending["t0"]
-        compute_q = quota_seconds(wall, cpu_s - self.pending["c0"], cpus)
-        late_q = quota_seconds(self.after_s, self.after_cpu_s, cpus)
-        self.held_s = (compute_q - wall) + (late_q - self.after_s)
-        timed = self.controller.times_quota
-        extra.zero_()
-        extra[0] = self.levels.clock() if self.rank == 0 else 0.0
-        extra[1 + self.rank] = (compute_q + late_q) if timed else (wall + self.after_s)
-        extra[1 + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
-        extra[1 + 2 * self.world] = 1.0 if self.asks_stop() else 0.0
-        extra[2 + 2 * self.world + self.rank] = torch.get_num_threads()
+        (:meth:`~omnilearn.train.step.StepClock.fill`: its compute, and the update after the last
+        all-reduce one step late, as in ``omnilearn run``'s workers), its controller's cost, its threads,
+        whether it asks every rank to stop."""
+        assert self.pending is not None and self.timer is not None, "fill_slots outside a step"
+        self.timer.fill(extra, clock=self.levels.clock(), stop=self.asks_stop(), cost_s=self.loop.cost_s)
+        self.filled = True
 
     def read_slots(self, extra: torch.Tensor) -> None:
         """Just after the all-reduce (a sum over ranks): every rank's time, and the time spent in it."""
-        assert self.filled_at is not None, "read_slots before fill_slots"
-        self.values = extra.tolist()
-        self.stop_seen = self.values[1 + 2 * self.world] > 0
-        self.reduced_at, self.reduced_cpu_s = time.perf_counter(), time.process_time()
-        self.sync_s += self.reduced_at - self.filled_at
+        assert self.filled and self.timer is not None, "read_slots before fill_slots"
+        self.values = self.timer.read(extra)
+        self.stop_seen = self.values[Slots.STOP] > 0
 
     def finish_step(self) -> None:
         """Measure the step just done, record it, and let the controller decide (every rank alike)."""
@@ -419,42 +405,31 @@ class StepSession:
             return
         p, self.pending = self.pending, None
         if self.values is None:  # no all-reduce: the batch was drawn, never trained on
-            self.filled_at = None
+            self.filled = False
             return
-        now = time.perf_counter()
-        compute_s = max(now - p["t0"] - self.sync_s, 0.0)
-        assert self.reduced_at is not None  # read_slots set it with the values
-        self.after_s, self.after_cpu_s = now - self.reduced_at, time.process_time() - self.reduced_cpu_s
-        values, self.values, self.filled_at = self.values, None, None
-        self.clock = values[0]  # rank 0's: every rank labels and decides at the same step
+        timer = self.timer
+        assert timer is not None
+        timer.close()  # what the step did after its all-reduce rides in the next one's time
+        values, self.values, self.filled = self.values, None, False
+        self.clock = values[Slots.CLOCK]  # rank 0's: every rank labels and decides at the same step
         self.steps_done += 1
         self.samples += sum(self.sizes)
         ctl, t = self.controller, self.sampler
         assert t is not None
         self.metrics.write("step", step=self.steps_done, epoch=p["epoch"], batch=self.sizes[self.rank],
-                           global_batch=sum(self.sizes), compute_ms=round(compute_s * 1e3, 3),
-                           sync_ms=round(self.sync_s * 1e3, 3), held_ms=self._held_ms(), loss=None,
+                           global_batch=sum(self.sizes), compute_ms=round(timer.compute_s * 1e3, 3),
+                           sync_ms=round(timer.sync_s * 1e3, 3), held_ms=timer.held_ms, loss=None,
                            train_acc=None, level=self.levels.level,
                            cpus=self.levels.cpus, threads=self.levels.threads or torch.get_num_threads())
-        if self.steps_done == 1:
-            # What a step spent after its all-reduce rides with the next
-            # step's time; the run's first step keeps its own: its optimizer step and the loop's first
-            # pass carry one-off costs (the optimizer's state allocated, hooks set up) that say nothing
-            # of speeds, as the step itself (the controller leaves it out).
-            self.after_s = self.after_cpu_s = 0.0
-        full = sum(self.sizes) == t.global_batch
-        times = values[1:1 + self.world] if full and ctl.measures else None
+        # the run's first step's update (the optimizer's state allocated, hooks set up: one-off costs)
+        # rides with no step's time: the clock's first close is a stand-in of nothing
+        full, slots = sum(self.sizes) == t.global_batch, self.slots
+        times = slots.times(values) if full and ctl.measures else None
         steps_left = t.steps_per_epoch * self.epochs - self.steps_done if self.epochs else None
         self.loop.step(times, ctl.due(self.steps_done, p["last"]), steps_left, self.levels.shares,
-                       max(values[1 + self.world:1 + 2 * self.world]), values[2 + 2 * self.world:2 + 3 * self.world],
-                       step=self.steps_done)
+                       max(slots.costs(values)), slots.kinds(values), step=self.steps_done)
         self.closed_at = time.perf_counter() if self.steps_done > 1 else None  # the first's gap: one-off too
         self.closed_cpu_s = time.process_time()
-
-    def _held_ms(self) -> float | None:
-        """The last step's wait for its CPU beyond its wall time (its compute's and the update's before it,
-        at the quota's rate, less their wall time), read on a CPU whatever the policy (None: a GPU's)."""
-        return None if self.quota_reading is None else round(self.held_s * 1e3, 3)
 
     def end_epoch(self, epoch: int) -> None:
         """After an epoch: its last step closed, an end record (the latest counts), ``summary.json``.

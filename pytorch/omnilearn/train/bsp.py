@@ -1,16 +1,19 @@
 """The BSP worker: synchronous data-parallel training with per-worker batch sizes.
 
-One step on worker i: take its ``b_i`` samples of the step's global batch, compute
-``sum(loss) / B`` and its gradient (so the gradient is already weighted by ``b_i / B``), sum the
-gradients of all workers with one all-reduce of a flat buffer, update. The sum equals the gradient
-of the whole global batch, whatever the split. Compute time (forward, backward, update) is timed
-apart from the all-reduce, which also holds the wait for slower workers: the controller equalises
-compute times.
+One step on worker i is the synchronous step every BSP path runs (:mod:`omnilearn.train.step`,
+timed by its :class:`~omnilearn.train.step.StepClock` as ``omnilearn.torch`` times a user's): take
+its ``b_i`` samples of the step's global batch, compute ``sum(loss) / B`` and its gradient (so the
+gradient is already weighted by ``b_i / B``), sum the gradients of all workers with one all-reduce
+of a flat buffer, update. The sum equals the gradient of the whole global batch, whatever the split.
+Compute time (forward, backward, and the update riding one step late) is timed apart from the
+all-reduce, which also holds the wait for slower workers: the controller equalises compute times.
 
 What the controller is given follows its policy: every worker's compute time of each step, carried
-in spare slots of the same all-reduce as the gradients (each rank writes its own slot; the sum gives
-every rank every time, so every rank's controller takes the same decisions and a step has one
-collective under every policy), and the allocations only for the policies named for them. A level
+in spare slots of the same all-reduce as the gradients (:class:`~omnilearn.train.step.Slots`; the
+sum gives every rank every time, so every rank's controller takes the same decisions and a step has
+one collective under every policy), and the allocations only for the policies named for them.
+This file keeps what the CLI job adds around the step: schedule events, memory bounds and the
+out-of-memory retry, evaluation, checkpoints, survivors. A level
 change is the emulator's event: it moves batches only for those policies; the others notice the
 change in the times they measure. ``dynamic`` also times a few steps at two batch sizes on every
 worker before step 1 (:meth:`BSPTrainer.probe`). The controller is driven by the one control loop
@@ -23,7 +26,6 @@ import copy
 import logging
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -39,16 +41,14 @@ from omnilearn.train.checkpoint import BSPCheckpoint
 from omnilearn.train.distributed import GradBuffer
 from omnilearn.train.evaluate import evaluate
 from omnilearn.train.models import count_parameters
-from omnilearn.train.quota_clock import QuotaClock, quota_seconds
+from omnilearn.train.quota_clock import quota_seconds
 from omnilearn.train.sampler import GlobalBatchSampler
+from omnilearn.train.step import Slots, StepClock
 from omnilearn.train.workload import Workload, gather, load_workload, make_optimizer, perplexity
 
 log = logging.getLogger("omnilearn.worker")
 
-# Slots after the gradients in the all-reduced buffer: statistics that ride along for free; from TIMES
-# on, one slot per rank for its compute time of the step, then one each for its controller's cost and
-# its threads.
-LOSS, CORRECT, CLOCK, OOM, STOP, TIMES = 0, 1, 2, 3, 4, 5
+LOSS, CORRECT = 0, 1  # the statistics a CLI step rides along in its slots (Slots.stat)
 
 
 def local_backward(work: Workload, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, global_size: int
@@ -84,21 +84,17 @@ class BSPTrainer:
         for p in self.model.parameters():  # belt and braces: identical start even if seeding diverged
             dist.broadcast(p.data, src=0)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        # every rank's time and its controller's cost
-        self.grads = GradBuffer(params, extra=TIMES + 3 * self.world)
+        self.layout = Slots(self.world, stats=2)  # the step's loss and metric sums ride along
+        self.grads = GradBuffer(params, extra=self.layout.size)
         self.optimizer = make_optimizer(cfg, params)
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=t.milestones, gamma=t.gamma)
         self.sampler = GlobalBatchSampler(len(self.work.train), t.global_batch, t.seed, drop_last=t.drop_last,
                                           min_local=c.min_batch)
         self.configured_bounds = configured_bounds(cfg.control, t.global_batch, self.world)
-        self.controller = build_controller(cfg.control, t.global_batch, self.world)
-        self.update_s = 0.0  # this rank's last optimizer step: it rides in the next step's buffer
-        # the next update allocates the optimizer's state the start-up pass's restore emptied: a one-off
-        # no split changes, so the pass's update (already in update_s) rides in its place
-        self.update_one_off = False
-        self.quota = QuotaClock()
-        self.held_s = 0.0  # the last step's wait for its CPU beyond its wall time, under a quota (its record's)
-        self.quota_reading: tuple[Path, float] | None = None  # the quota clock's last reading
+        self.controller = ctl = build_controller(cfg.control, t.global_batch, self.world)
+        self.timer = StepClock(self.layout, self.rank, on_cpu=self.env.device.type == "cpu",
+                               times_update=ctl.times_update, times_quota=ctl.times_quota)
+        self.quota = self.timer.quota
         self.targets = [job.plan.targets[s] for s in self.slots]
         self.client = AllocationClient(job.plan, job.log_dir, self.slot, self.targets[self.rank],
                                        cfg.emulation.ack_timeout)
@@ -106,7 +102,7 @@ class BSPTrainer:
         self.ckpt = BSPCheckpoint(self)  # a resumed run cuts its metrics back to the checkpoint first
         self.metrics = MetricsWriter(metrics_path(job.out_dir, self.slot))
         self.loop = ControlLoop(self.controller, self.metrics.write, inputs=self.rank == 0,
-                                rate=lambda: self.quota.rate(self.quota_reading))
+                                rate=lambda: self.quota.rate(self.timer.reading))
         self.memory: memory.MemoryModel | None = None
         self.oom_cap: int | None = None  # this rank's bound after an out-of-memory error (GPU)
         self.oom_seen = False  # any rank ran out of memory: bounds are enforced whatever the policy
@@ -158,22 +154,19 @@ class BSPTrainer:
         self.update_bounds(step)
 
     # ------------------------------------------------------------------------------------- steps
-    def train_step(self, step: int, clock_start: float) -> tuple[list[int], float, float, float, list[float]]:
-        """One synchronous step; returns (sizes, compute s, forward+backward s, sync s, all-reduced extras).
+    def train_step(self, step: int, clock_start: float) -> tuple[list[int], list[float]]:
+        """One synchronous step; returns (sizes, the all-reduced slots); its times are :attr:`timer`'s.
 
         If any rank ran out of (GPU) memory, every rank learns it from the same all-reduce, drops
         the step's gradient, and the step is tried again with lower bounds, on the same samples.
         """
+        timer = self.timer
+        timer.open()
         while True:
             batch = list(self.controller.batch)
             sizes = self.sampler.step_sizes(step, batch)
             idx = self.sampler.local_indices(step, batch, self.rank)
             self.sample_sum = int(idx.sum())  # a checksum of the samples: a resumed run's data order shows
-            ctl = self.controller
-            # read on every CPU step: the record's held_ms (what the quota held it back) whatever the policy
-            reading = self.quota_reading = self.quota.read() if self.env.device.type == "cpu" else None
-            cpus = self.quota.cpus(reading)  # a GPU's steps: wall time
-            t0, c0 = time.perf_counter(), time.process_time()
             self.grads.zero()
             oom = False
             try:
@@ -185,45 +178,24 @@ class BSPTrainer:
                 self.grads.zero()
                 torch.cuda.empty_cache()
             self._sync_cuda()
-            t1, c1 = time.perf_counter(), time.process_time()
-            compute_q = quota_seconds(t1 - t0, c1 - c0, cpus)
-            compute_s = compute_q if ctl.times_quota else t1 - t0
-            extra = self.grads.extra
-            extra[LOSS], extra[CORRECT], extra[OOM] = loss_sum, correct, float(oom)
-            extra[STOP] = float(lifecycle.stop_requested())
-            extra[CLOCK] = time.time() - clock_start if self.rank == 0 else 0.0
-            # forward+backward now (under a quota, its CPU at the quota's rate where that is longer:
-            # the wait for that CPU may land in the all-reduce); the update one step late: it comes after
-            extra[TIMES + self.rank] = compute_s + (self.update_s if ctl.times_update else 0.0)
-            extra[TIMES + self.world + self.rank] = self.loop.cost_s  # the controller's cost rides too
-            extra[TIMES + 2 * self.world + self.rank] = torch.get_num_threads()  # and its kind of worker
+            timer.fill(self.grads.extra, clock=time.time() - clock_start, stop=lifecycle.stop_requested(),
+                       cost_s=self.loop.cost_s, oom=oom, stats=(loss_sum, correct))
             self.grads.all_reduce()
             self._sync_cuda()
-            t2, c2 = time.perf_counter(), time.process_time()
-            values = self.grads.extra.tolist()
-            if values[OOM] > 0:
+            values = timer.read(self.grads.extra)
+            if values[Slots.OOM] > 0:
                 self.oom_seen = True
                 if oom:
                     self.oom_cap = max(self.configured_bounds.min_batch, int(sizes[self.rank] * 0.8))
                     log.warning("rank %d: out of memory at batch %d; bound lowered to %d", self.rank,
                                 sizes[self.rank], self.oom_cap)
                 self.update_bounds(step)
+                timer.retry()
                 continue
             self.optimizer.step()
             self._sync_cuda()
-            t3 = time.perf_counter()
-            update_q = quota_seconds(t3 - t2, time.process_time() - c2, cpus)
-            update_s = update_q if ctl.times_quota else t3 - t2
-            self.held_s = (compute_q - (t1 - t0)) + (update_q - (t3 - t2))
-            if not self.update_one_off:
-                self.update_s = update_s
-            self.update_one_off = False
-            return sizes, (t1 - t0) + (t3 - t2), t1 - t0, t2 - t1, values
-
-    def held_ms(self) -> float | None:
-        """The last step's wait for its CPU beyond its wall time (its compute's and update's CPU at the
-        quota's rate, less their wall time), read on a CPU whatever the policy (None: a GPU's)."""
-        return None if self.quota_reading is None else round(self.held_s * 1e3, 3)
+            timer.close()
+            return sizes, values
 
     def _sync_cuda(self) -> None:
         if self.env.device.type == "cuda":
@@ -233,11 +205,11 @@ class BSPTrainer:
         """The step's compute times (every rank's, from the all-reduced buffer) to the control loop; a
         decision at the controller's decision points. A partial last step of an epoch is not measured:
         it does not describe the steady state. Every rank decides alike from the same numbers."""
-        times = values[TIMES:TIMES + self.world] if full and self.controller.measures else None
-        w = self.world
+        slots = self.layout
+        times = slots.times(values) if full and self.controller.measures else None
         self.loop.step(times, self.controller.due(step, end_of_epoch), steps_left,
-                       lambda: self.shares(self.client.level), max(values[TIMES + w:TIMES + 2 * w]),
-                       values[TIMES + 2 * w:TIMES + 3 * w], step=step)
+                       lambda: self.shares(self.client.level), max(slots.costs(values)), slots.kinds(values),
+                       step=step)
 
     def start_up(self, step: int, resumed: bool) -> None:
         """The start-up pass, once the first allocation is in force and before the training clock
@@ -292,7 +264,7 @@ class BSPTrainer:
         # rate would read lower than its rounds ran at
         own = rounds.own(*sizes) if probe else []
         if updates:  # step 1's time carries an update as every probe round's did; the first's one-off stays out
-            self.update_s, self.update_one_off = statistics.median(updates[len(updates) // 2:]), True
+            self.timer.stand_in(statistics.median(updates[len(updates) // 2:]))
         self.model.load_state_dict(saved[0])
         self.optimizer.load_state_dict(saved[1])
         self.grads.zero()
@@ -333,19 +305,20 @@ class BSPTrainer:
                     self.change_level(level, position, steps_done)
                 self.change_level(schedule.level_at(clock if schedule.unit == "seconds" else position), position,
                                   steps_done)
-                sizes, compute_s, forward_backward_s, sync_s, extra = self.train_step(step, t_start)
+                sizes, extra = self.train_step(step, t_start)
                 steps_done += 1
                 samples += sum(sizes)
-                clock = extra[CLOCK]
+                clock = extra[Slots.CLOCK]
+                loss, correct = extra[self.layout.stat(LOSS)], extra[self.layout.stat(CORRECT)]
                 metrics.write("step", step=steps_done, epoch=epoch, sample_sum=self.sample_sum, batch=sizes[self.rank],
-                              global_batch=sum(sizes), compute_ms=round(compute_s * 1e3, 3),
-                              sync_ms=round(sync_s * 1e3, 3), held_ms=self.held_ms(), loss=extra[LOSS] / sum(sizes),
-                              train_acc=extra[CORRECT] / sum(sizes), level=self.client.level,
+                              global_batch=sum(sizes), compute_ms=round(self.timer.compute_s * 1e3, 3),
+                              sync_ms=round(self.timer.sync_s * 1e3, 3), held_ms=self.timer.held_ms,
+                              loss=loss / sum(sizes), train_acc=correct / sum(sizes), level=self.client.level,
                               cpus=self.client.allocation.share, threads=self.client.threads,
                               lr=self.optimizer.param_groups[0]["lr"])
                 self.control(steps_done, extra, sum(sizes) == t.global_batch, step == steps - 1,
                              t.epochs * steps - steps_done)
-                if extra[STOP] > 0:  # a rank was asked to stop (SIGTERM): every rank stops after this step
+                if extra[Slots.STOP] > 0:  # a rank was asked to stop (SIGTERM): every rank stops after this step
                     self.stopped = True
                     break
                 if self.out_of_time(clock):  # the same clock on every rank: all stop after this step

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from omnilearn.jobfile import JobSpec
 from omnilearn.train import lifecycle
-from omnilearn.train.bsp import CLOCK, CORRECT, LOSS, STOP, BSPTrainer
+from omnilearn.train.bsp import BSPTrainer
 from omnilearn.train.workload import Workload, gather
 
 
@@ -57,26 +57,26 @@ class DDPTrainer(BSPTrainer):
         device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
 
-    def train_step(self, step: int, clock_start: float) -> tuple[list[int], float, float, float, list[float]]:
+    def train_step(self, step: int, clock_start: float) -> tuple[list[int], list[float]]:
         batch = list(self.controller.batch)
         sizes = self.sampler.step_sizes(step, batch)
         idx = self.sampler.local_indices(step, batch, self.rank)
         self.sample_sum = int(idx.sum())  # the step record's checksum of the samples, as BSP's
-        t0 = time.perf_counter()
+        timer = self.timer
+        timer.open()
         self.grads.zero()
         x, y = gather(self.work.train, idx, augment=self.cfg.data.augment, generator=self.augment_rng)
         loss_sum, correct = ddp_backward(self.work, self.ddp, x.to(self.env.device), y.to(self.env.device))
         self.optimizer.step()
         self._sync_cuda()
-        t1 = time.perf_counter()
-        extra = self.grads.extra
-        extra[LOSS], extra[CORRECT] = loss_sum, correct
-        extra[CLOCK] = time.time() - clock_start if self.rank == 0 else 0.0
-        extra[STOP] = float(lifecycle.stop_requested())
-        dist.all_reduce(extra)
+        # DDP's backward holds its all-reduce: what follows is the small one of the step's statistics
+        timer.fill(self.grads.extra, clock=time.time() - clock_start, stop=lifecycle.stop_requested(), cost_s=0.0,
+                   stats=(loss_sum, correct))
+        dist.all_reduce(self.grads.extra)
         self._sync_cuda()
-        t2 = time.perf_counter()
-        return sizes, t1 - t0, t1 - t0, t2 - t1, extra.tolist()  # DDP's backward holds its all-reduce
+        values = timer.read(self.grads.extra)
+        timer.close()
+        return sizes, values
 
 
 def run(job: JobSpec) -> None:
