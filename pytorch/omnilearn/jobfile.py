@@ -24,6 +24,9 @@ OUT_ENV = "OMNILEARN_OUT"
 :mod:`omnilearn.torch` writes its metrics to."""
 T0_ENV = "OMNILEARN_EMULATE_T0"
 """Set by ``omnilearn emulate``: the wall time (``time.time()``) its schedule's second 0 fell on."""
+HOOK_ENV = "OMNILEARN_HOOK"
+"""Set (to ``1``) by ``omnilearn record`` and ``omnilearn emulate``: every rank of an unmodified DDP script
+loads the timing module (:mod:`omnilearn.torch.hook_timing`), which writes its step records."""
 
 
 def new_job_id() -> str:

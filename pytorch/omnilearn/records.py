@@ -70,12 +70,13 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(STEP, "every worker, every step",
          ("step", "epoch", "batch", "compute_ms"),
          ("sync_ms", "held_ms", "cpus", "threads", "level", "loss", "train_acc", "global_batch", "lr", "sample_sum",
-          "seq", "version", "staleness", "pull_ms", "push_ms"),
+          "seq", "version", "staleness", "pull_ms", "push_ms", "source"),
          "`step`, `epoch`, `batch`, `global_batch`, `compute_ms`, `sync_ms`, `held_ms` (BSP on a CPU, whatever "
          "the policy: the wait for the CPU of this worker's compute and update beyond their wall time under a "
          "CPU quota, their CPU at the quota's rate less their wall time; 0 without a quota, null on a GPU), "
          "`cpus`, `threads`, "
-         "`level`, `loss`, `lr`, `train_acc`, `sample_sum` (a checksum of the step's samples); ASP: `seq`, "
+         "`level`, `loss`, `lr`, `train_acc`, `sample_sum` (a checksum of the step's samples), `source` "
+         "(`hook`: an unmodified DDP script's step, timed by the module `omnilearn record` loads); ASP: `seq`, "
          "`version`, `staleness`, `pull_ms`, `push_ms`"),
     Kind(BATCH_CHANGE, "the controller's rank",
          ("batch", "reason"),

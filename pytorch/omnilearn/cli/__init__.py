@@ -9,6 +9,7 @@
     omnilearn calibrate --out DIR                              measure this host; a calibrated level table
     omnilearn emulate --hl HL8 -- torchrun ... train.py        any command's ranks under emulated heterogeneity
     omnilearn emulate --hl HL8 --containers c1,c2 -- CMD       containers started with docker run, rank i the i-th
+    omnilearn record [--out DIR] -- torchrun ... train.py      an unmodified DDP job's step times, nothing emulated
     omnilearn simulate --replay RUN --out DIR [--workers N]    predict a BSP job from a finished run's measurements
     omnilearn simulate --scenarios [FILE] --out DIR            the controllers against the oracle on known models
     omnilearn simulate --asp-scenarios [FILE] --out DIR        ASP's policies against a delay-free reference
@@ -58,7 +59,22 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if containers is None:
         check_local_prerequisites()
     out = Path(args.out) if args.out else Path("runs") / time.strftime("emulate-%Y%m%d-%H%M%S")
-    return emulate(command, args.hl, args.schedule, args.workers, out, containers, args.tensorboard)
+    status = emulate(command, args.hl, args.schedule, args.workers, out, containers, args.tensorboard)
+    if containers is None:  # the timing module runs in the command's own processes, not in containers
+        from omnilearn.launch.record import steps_line
+
+        print(steps_line(out, "emulate"), file=sys.stderr)
+    return status
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from omnilearn.launch.record import record, steps_line
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("record-%Y%m%d-%H%M%S")
+    status = record(command, out)
+    print(steps_line(out, "record"), file=sys.stderr)
+    return status
 
 
 class Shipped(tuple):
@@ -160,6 +176,14 @@ def _add_emulate(sub: Any) -> None:
     em.set_defaults(func=cmd_emulate)
 
 
+def _add_record(sub: Any) -> None:
+    rc = sub.add_parser("record", help="run an unmodified DDP command (torchrun ...) with every rank's step "
+                                       "times recorded, nothing emulated: for omnilearn whatif")
+    rc.add_argument("--out", help="run folder (default: a new folder under runs/)")
+    rc.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    rc.set_defaults(func=cmd_record)
+
+
 def _add_simulate(sub: Any) -> None:
     from omnilearn.control.policies import POLICIES
 
@@ -259,7 +283,7 @@ def _add_whatif(sub: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omnilearn", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_add_run, _add_bench, _add_worker, _add_levels, _add_report, _add_cleanup, _add_calibrate, _add_emulate, _add_simulate, _add_whatif, _add_cluster, _add_toggle, _add_image):
+    for add in (_add_run, _add_bench, _add_worker, _add_levels, _add_report, _add_cleanup, _add_calibrate, _add_emulate, _add_record, _add_simulate, _add_whatif, _add_cluster, _add_toggle, _add_image):
         add(sub)
     return p
 

@@ -39,7 +39,7 @@ from omnilearn.emulator.spec.levels import Allocation
 from omnilearn.emulator.spec.plan import EmulationPlan, build_plan
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
-from omnilearn.jobfile import OUT_ENV, T0_ENV, JobSpec, new_job_id
+from omnilearn.jobfile import HOOK_ENV, OUT_ENV, T0_ENV, JobSpec, new_job_id
 from omnilearn.launch.interrupts import Interrupts
 from omnilearn.report.stragglers import WINDOW_SCANS, WINDOW_STEPS, StragglerScores
 
@@ -47,6 +47,17 @@ log = logging.getLogger("omnilearn.emulate")
 
 SCAN_S = 0.2
 TICK = os.sysconf("SC_CLK_TCK")
+BOOTSTRAP = Path(__file__).resolve().parents[1] / "torch" / "bootstrap"
+"""The folder whose ``sitecustomize`` loads the timing module into a command's ranks (:mod:`omnilearn.torch.bootstrap`)."""
+
+
+def command_env(job: JobSpec, t0: float) -> dict[str, str]:
+    """The command's environment: the run folder, the schedule's start, and the timing module loaded
+    into every rank of an unmodified DDP script (its step records: :mod:`omnilearn.torch.hook_timing`;
+    ``OMNILEARN_HOOK=0`` in emulate's own environment leaves it out)."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, OUT_ENV: str(job.out_dir), T0_ENV: repr(t0), HOOK_ENV: os.environ.get(HOOK_ENV, "1"),
+            "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP), *([path] if path else [])])}
 
 
 def _children() -> dict[int, list[int]]:
@@ -176,7 +187,7 @@ def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int 
             interrupts.check()
             pending = list(zip(sched.starts[1:], sched.levels[1:], strict=True)) if sched.unit == "seconds" else []
             t0 = time.time()
-            env = {**os.environ, OUT_ENV: str(job.out_dir), T0_ENV: repr(t0)}
+            env = command_env(job, t0)
             try:
                 proc = subprocess.Popen(argv, env=env)
             except OSError as e:

@@ -176,4 +176,5 @@ def load_run(run: Path, calibration: Path | None = None) -> RunModels:
     return RunModels(job=job, records=records, compute=fit_compute([_steps(s) for s in records]),
                      allreduce=allreduce, overhead_s=step_overhead(records[0]),
                      eval_s=(end["wall_time_s"] - end["train_time_s"]) / len(evals) if evals else 0.0,
-                     train_samples=int(start["train_samples"]))
+                     # an unmodified DDP script's start knows no dataset: the samples its steps trained on
+                     train_samples=int(start["train_samples"]) or int(end["samples"]))
