@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from omnilearn.torch.hook_timing import Recording, StepTimes, first_batch_size, recording
+from omnilearn.torch.hook_timing import BY_OMNILEARN, Recording, StepTimes, first_batch_size, recording
 
 MODULE = "torch.nn.parallel.distributed"
 PATCHED = "_omnilearn_timed"
@@ -92,7 +92,10 @@ def patch(module: ModuleType) -> None:
                 model._omnilearn_hooked = True
                 register(model, Timed(allreduce_hook, model.process_group, rec.times), timed_hook)
             rec.begin()
-            rec.times.forward(first_batch_size(args, kwargs), model.training and torch.is_grad_enabled())
+            # a training forward: with gradients, and the model in training mode (a framework may set it
+            # on the module it wraps only, not on the wrapper)
+            training = torch.is_grad_enabled() and (model.training or model.module.training)
+            rec.times.forward(first_batch_size(args, kwargs), training)
 
         self.register_forward_pre_hook(counted, with_kwargs=True)
 
@@ -102,7 +105,7 @@ def patch(module: ModuleType) -> None:
         if rec is None or rec.off is not None:
             return register(self, state, hook)
         if getattr(hook, "__module__", "").startswith("omnilearn.torch"):
-            rec.off = "its model is wrapped with omnilearn's own hook: omnilearn.torch records its steps"
+            rec.off = f"{BY_OMNILEARN}: omnilearn.torch records its steps"
             return register(self, state, hook)
         self._omnilearn_hooked = True
         return register(self, Timed(hook, state, rec.times), timed_hook)

@@ -58,6 +58,8 @@ from omnilearn.train.step import Slots, StepClock
 log = logging.getLogger("omnilearn.hook")
 
 SOURCE = "hook"
+BY_OMNILEARN = "its model is wrapped with omnilearn's own hook"
+"""Why a rank whose steps :mod:`omnilearn.torch` records itself records none here (said nowhere)."""
 
 
 def first_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -65,8 +67,8 @@ def first_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     for value in [*args, *kwargs.values()]:
         if isinstance(value, torch.Tensor) and value.dim() > 0:
             return int(value.shape[0])
-        if isinstance(value, dict):
-            inner = first_batch_size((), value)
+        if isinstance(value, dict | list | tuple):  # a batch as (inputs, targets), or a dict of tensors
+            inner = first_batch_size((), value) if isinstance(value, dict) else first_batch_size(tuple(value), {})
             if inner:
                 return inner
     return 0
@@ -191,7 +193,7 @@ class Recording:
     def close(self) -> None:
         """At the process's exit: the end record; rank 0 writes what the script ran into the job file."""
         t = self.times
-        if self.off is not None and t.steps == 0:
+        if self.off is not None and t.steps == 0 and not self.off.startswith(BY_OMNILEARN):
             log.warning("omnilearn: rank %d recorded no steps: %s", self.rank, self.off)
         if self.metrics is None:
             return
@@ -201,13 +203,17 @@ class Recording:
                            level=self.level(), epochs=1.0, out_of_time=False)
         self.metrics.close()
         if self.rank == 0 and t.steps:
-            ran_as(self.job, self.world, t.usual_batch() * self.world).save()
+            try:
+                ran_as(self.job, self.world, t.usual_batch() * self.world).save()
+            except UserError as e:
+                log.warning("omnilearn: the job file keeps the command's defaults: %s", e)
 
 
 def ran_as(job: JobSpec, world: int, global_batch: int) -> JobSpec:
     """The job file of what a DDP script ran: its ranks, its global batch, one epoch, DDP's equal split."""
     data = job.config.to_dict()
     for key, value in (("workers", world), ("train.global_batch", max(global_batch, world)), ("train.epochs", 1),
+                       ("control.min_batch", 1),
                        ("control.policy", "uniform"), ("model.name", "ddp-script"), ("data.name", "ddp-script")):
         config.set_key(data, key, value)
     cfg = config.from_dict(data, "the DDP script's job").validate()
