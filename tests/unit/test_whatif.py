@@ -47,6 +47,9 @@ def test_the_what_if_of_known_lines(run: Path, tmp_path: Path) -> None:
     assert job["no_straggler_s"] == pytest.approx(sum(sum(t) / 2 + SYNC_S for t in steps), rel=1e-6)
     assert job["balanced_s"] < job["no_straggler_s"] < job["recorded_s"]
     assert 0 < job["dynamic_s"] < job["recorded_s"]  # the simulator's dynamic moves towards the fast worker
+    # static's replay, scaled by the same ratio: the run's own policy's replay is the recorded time
+    assert job["static_s"] == pytest.approx(job["recorded_s"] * w["replayed"]["static_s"] / w["replayed"]["own_policy_s"],
+                                            rel=1e-3)
 
 
 def test_the_command_prints_and_writes(run: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -54,7 +57,7 @@ def test_the_command_prints_and_writes(run: Path, capfd: pytest.CaptureFixture[s
     out = capfd.readouterr().out
     assert "rank 1:" in out and "balanced" in out and (run / "whatif.json").is_file()
     assert set(json.loads((run / "whatif.json").read_text())["job"]) == {"recorded_s", "no_straggler_s", "balanced_s",
-                                                                          "dynamic_s"}
+                                                                          "dynamic_s", "static_s"}
 
 
 def _no_steps_for(run: Path, rank: int) -> None:

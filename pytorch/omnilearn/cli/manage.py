@@ -197,7 +197,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         print(f"  rank {r['rank']}: work {r['work_s'] * 1e3:.1f} ms, wait {r['wait_s'] * 1e3:.1f} ms, "
               f"cost to the others {r['cost_to_others_s'] * 1e3:.1f} ms a step")
     print(f"training time: recorded {job['recorded_s']:.2f} s · no straggler {job['no_straggler_s']:.2f} s · "
-          f"balanced {job['balanced_s']:.2f} s · dynamic {job['dynamic_s']:.2f} s")
+          f"balanced {job['balanced_s']:.2f} s · dynamic {job['dynamic_s']:.2f} s · static {job['static_s']:.2f} s")
     print(f"results: {out / WHATIF_FILE}, {out / FIGURE_FILE}")
     return 0
 

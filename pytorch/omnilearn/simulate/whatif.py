@@ -24,7 +24,8 @@ For the job, its training seconds (``train_time_s`` of its end record):
   :func:`~omnilearn.report.ideal.balanced_time` at its level, plus ``C_j``);
 - ``dynamic_s``: the real ``dynamic`` controller replayed through the simulator on the fitted models
   with the recorded noise (:func:`~omnilearn.simulate.simulate`), as a ratio to the simulator's replay
-  of the run's own policy, times ``recorded_s``: what the simulator gets wrong of both cancels.
+  of the run's own policy, times ``recorded_s``: what the simulator gets wrong of both cancels;
+- ``static_s``: the same for ``static`` (the split of the allocations the run's plan gives each level).
 
 The time outside the steps (``train_time_s`` less the steps' sum) is added to every prediction.
 """
@@ -108,15 +109,20 @@ def balanced_steps(models: WorkerModels, steps: Sequence[Sequence[dict[str, Any]
     return out
 
 
-def replayed_ratio(run: Path) -> tuple[float, float, float]:
-    """``dynamic``'s training time over the run's own policy's, both replayed by the simulator on the
-    run's fitted models with its recorded noise; and the two times."""
+REPLAYED = ("dynamic", "static")
+"""The policies the what-if replays beside the run's own."""
+
+
+def replayed(run: Path) -> dict[str, float]:
+    """The training seconds of the run's own policy (``own``) and of each of :data:`REPLAYED`, replayed by
+    the simulator on the run's fitted models with its recorded noise."""
     from omnilearn.simulate import simulate
 
     with tempfile.TemporaryDirectory(prefix="omnilearn-whatif-") as tmp:
-        own = simulate(run, Path(tmp) / "own", figures=False)["train_time_s"]
-        dyn = simulate(run, Path(tmp) / "dynamic", policy="dynamic", figures=False)["train_time_s"]
-    return dyn / own, own, dyn
+        out = {"own": simulate(run, Path(tmp) / "own", figures=False)["train_time_s"]}
+        for policy in REPLAYED:
+            out[policy] = simulate(run, Path(tmp) / policy, policy=policy, figures=False)["train_time_s"]
+    return out
 
 
 def whatif(run: Path | str, out: Path | str | None = None, figure: bool = True) -> dict[str, Any]:
@@ -133,7 +139,7 @@ def whatif(run: Path | str, out: Path | str | None = None, figure: bool = True) 
     c = job.config.control
     lo, hi = float(c.min_batch), float(c.max_batch or job.config.train.global_batch)
     balanced = balanced_steps(models, steps, lo, hi)
-    ratio, own_s, dyn_s = replayed_ratio(run)
+    times = replayed(run)
     k_source = ("fitted from the run's batch changes" if models.k_status == "fitted" else
                 f"assumed {models.k:g} ({models.k_status}: every rank ran one batch size, so time is taken "
                 f"as proportional to the batch)" if models.k_status == "not identified" else
@@ -144,8 +150,8 @@ def whatif(run: Path | str, out: Path | str | None = None, figure: bool = True) 
         "job": {"recorded_s": round(recorded, 4),
                 "no_straggler_s": round(float((np.median(work, axis=1) + exchange).sum()) + outside, 4),
                 "balanced_s": round(float((balanced + exchange).sum()) + outside, 4),
-                "dynamic_s": round(recorded * ratio, 4)},
-        "replayed": {"own_policy_s": round(own_s, 4), "dynamic_s": round(dyn_s, 4)},
+                **{f"{p}_s": round(recorded * times[p] / times["own"], 4) for p in REPLAYED}},
+        "replayed": {"own_policy_s": round(times["own"], 4), **{f"{p}_s": round(times[p], 4) for p in REPLAYED}},
         "models": {"k": round(models.k, 3), "k_status": models.k_status, "k_source": k_source,
                    "k_se": None if models.k_se is None else round(models.k_se, 3),
                    "c_ms_per_sample": {f"rank{r}@{lv}": round(v * 1e3, 5) for (r, lv), v in sorted(models.c.items())}},
