@@ -528,7 +528,7 @@ def test_without_the_probe_the_first_step_is_left_out_and_the_first_move_waits_f
     ctl.observe_step(_times(speed, k, ctl.batch, rng, 0.02))
     assert ctl.decide(steps_left=100) is None and ctl.holds == {"unmeasured": 2}
     ctl.observe_step(_times(speed, k, ctl.batch, rng, 0.02))
-    assert ctl.model.noise_count.min() == 1  # one pair behind the noise
+    assert ctl.model.noise.count.min() == 1  # one pair behind the noise
     assert ctl.decide(steps_left=100) is not None
     assert abs(ctl.batch[0] - ctl.batch[1]) <= 4  # the first step's 10x on rank 1 did not reach the split
     t = (np.asarray(ctl.batch) + k) / speed

@@ -1,6 +1,7 @@
 """Tests of a change of speed: a shift too small for one step over a window of a worker's innovations
-(:func:`window_shifts`), and a change of the whole cluster read from a step's common factor
-(:class:`ClusterEvents`).
+(:func:`window_shifts`, kept and weighed by :class:`ShiftTest`), and a change of the whole cluster read
+from a step's common factor (:class:`ClusterEvents`): the change-test half of
+:class:`~omnilearn.control.model.SpeedModel` (its others: the speeds, and the noise, :mod:`~.noise`).
 
 A level change, a reallocation or a neighbour's job moves several workers' speeds at the same step,
 and every worker's time with them: the step's common factor (BSP: the robust mean of the workers'
@@ -14,6 +15,7 @@ than at its second (a worker's noise can leave one step of it ambiguous).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,3 +111,70 @@ class ClusterEvents:
     def load_state_dict(self, d: dict[str, Any] | None) -> None:
         d = d or {}  # a state without it: no step before
         self.last, self.changes = d.get("last"), [float(x) for x in d.get("changes", [])]
+
+
+class ShiftTest:
+    """Each worker's last ``Priors.shift_steps`` innovations and the test of a shift over them.
+
+    A change too small to show in one step shows in several: for each worker and each window of
+        its last m innovations (m = 1..``Priors.shift_steps``), the shift that best explains them and its
+        log-likelihood ratio against none, under the Student-t noise (:func:`~.changes.window_shifts`). The ratio
+        becomes a Bayes factor as the jump test weighs a jump: the shift's prior is the jump's (normal,
+        sd ``Priors.jump``), integrated over by Laplace's approximation (the window's shift variance against
+        the prior's, the fitted shift's prior density), and a change at that step has prior odds
+        ``hazard``. Where the posterior odds of a change favour it on a window of two steps or more, the
+        worker's speed has moved: its estimate takes the shift of the window whose odds peak (the last
+        step alone included: a change at the last step is its innovation, not a part of it averaged
+        with the steps before), with that window's variance. Heavy tails bound what one outlier adds to
+        a window's ratio: a single odd step is the jump test's to judge, never a shift. An innovation's
+        variance is the estimate's then (``estimate``: its share of it) and the measurement noise as
+        known now (``share`` of it left once the common factor is removed): a noise learned since an
+        innovation was kept widens it, and a shift is never believed more precise than the noise allows.
+        Returns the workers shifted.
+    """
+
+    def __init__(self, workers: int) -> None:
+        n = self.workers = workers
+        self.nu = np.zeros((PRIORS.shift_steps, n))  # each worker's recent innovations (oldest first)
+        self.est = np.zeros((PRIORS.shift_steps, n))  # the estimate's share of each innovation's variance
+        self.share = np.ones((PRIORS.shift_steps, n))  # the part of the noise left in each innovation
+        self.count = np.zeros(n, int)  # how many of them are since the worker's last change
+
+    def restart(self, workers: np.ndarray) -> None:
+        """A change taken for ``workers`` (a mask): their windows start again."""
+        self.count[workers] = 0
+
+    def test(self, nu: np.ndarray, estimate: np.ndarray, share: float, live: np.ndarray, noise2: np.ndarray,
+             dof: np.ndarray, hazard: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This step's innovations kept (``estimate``: the estimate's share of their variance; ``share``: the
+        noise's part left in them; ``noise2``, ``dof``: the noise as known now); returns the workers shifted,
+        each one's shift and its variance (of the window whose odds peak), its window started again."""
+        h_nu, h_est, h_share, count = self.nu, self.est, self.share, self.count
+        for h, new in ((h_nu, nu), (h_est, estimate), (h_share, share)):
+            h[:-1, live] = h[1:, live]
+            h[-1, live] = np.broadcast_to(new, live.shape)[live]
+        count[live] = np.minimum(count[live] + 1, PRIORS.shift_steps)
+        h_s = h_est + noise2[None, :] * h_share
+        delta, lr, var = window_shifts(h_nu[::-1], h_s[::-1], dof.astype(float))  # rows: m = 1..
+        m = np.arange(1, PRIORS.shift_steps + 1)[:, None]
+        odds = (lr + math.log(hazard) + 0.5 * np.log(var / PRIORS.jump ** 2) - 0.5 * delta ** 2 / PRIORS.jump ** 2)
+        odds = np.where(live & (count >= m), odds, -np.inf)
+        shifted = (odds[1:].max(axis=0) > 0) & live
+        best, cols = odds.argmax(axis=0), np.arange(self.workers)
+        count[shifted] = 0
+        return shifted, delta[best, cols], var[best, cols]
+
+    def keep(self, idx: Sequence[int]) -> None:
+        """Only the workers ``idx`` remain, in this order."""
+        self.nu, self.est, self.share = self.nu[:, idx], self.est[:, idx], self.share[:, idx]
+        self.count = self.count[idx]
+        self.workers = len(idx)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"hist_nu": self.nu.tolist(), "hist_est": self.est.tolist(), "hist_share": self.share.tolist(),
+                "hist_count": self.count.tolist()}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.nu, self.est = np.asarray(d["hist_nu"], float), np.asarray(d["hist_est"], float)
+        self.share, self.count = np.asarray(d["hist_share"], float), np.asarray(d["hist_count"], int)
+        self.workers = self.count.size

@@ -46,8 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from omnilearn.control.changes import ClusterEvents, jump_probability, window_shifts
+from omnilearn.control.changes import ClusterEvents, ShiftTest, jump_probability
 from omnilearn.control.fixed_cost import FixedCost, distinct, kind_key, t_logpdf
+from omnilearn.control.noise import NoiseScale
 from omnilearn.control.priors import PRIORS
 
 
@@ -66,7 +67,6 @@ class SpeedModel:
     count: np.ndarray = field(default=None)  # type: ignore[assignment]
     """Each speed's evidence, in steps of its own noise: its variance is ``noise2 / count``, so it
     scales with the noise measured later, and an early guess of the noise never leaves it overconfident."""
-    noise2: np.ndarray = field(default=None)  # type: ignore[assignment]
     group: np.ndarray = field(default=None)  # type: ignore[assignment]
     """Each worker's kind of worker: its row of k's posterior (:class:`~omnilearn.control.fixed_cost.FixedCost`)."""
     lo: np.ndarray = field(default=None)  # type: ignore[assignment]
@@ -78,9 +78,10 @@ class SpeedModel:
 
     def __post_init__(self) -> None:
         n = self.workers
+        self.noise = NoiseScale(n)  # each worker's noise, learned from its steps
+        self.shift_test = ShiftTest(n)  # the test of a shift over each worker's last few steps
         if self.u is None:
             self.u = np.zeros(n)
-            self.noise2 = np.full(n, PRIORS.noise ** 2)
             self.var = np.full(n, PRIORS.start_var)
             self.lo = np.zeros(n)
             self.hi = np.zeros(n)
@@ -89,18 +90,6 @@ class SpeedModel:
             self.group = np.zeros(n, int)
         if not self.regimes:
             self.regimes = [0] * n
-        # Each worker's recent innovations and their variances (oldest first), and how many are its own.
-        self.hist_nu = np.zeros((PRIORS.shift_steps, n))
-        self.hist_est = np.zeros((PRIORS.shift_steps, n))  # the estimate's share of each innovation's variance
-        self.hist_share = np.ones((PRIORS.shift_steps, n))  # the part of the noise left in each innovation
-        self.hist_count = np.zeros(n, int)
-        self.noise_abs = np.zeros((PRIORS.noise_memory, n))  # each worker's recent |innovation| (oldest first)
-        self.noise_count = np.zeros(n, int)
-        self.last_nu = np.full(n, np.nan)  # each worker's innovation at its last steady step
-        self.last_b = np.zeros(n)  # and the batch it was at
-        self.prev_nu = np.full(n, np.nan)  # and at the one before
-        self.prev_b = np.zeros(n)
-        self.last_changed = np.zeros(n, bool)  # the model took a change of speed at the last step
         # The hypothesis the last step did not take (no jump where it jumped), until the next step judges:
         # its speed, evidence (in steps of the noise, as ``count``) and posterior probability (0: none kept).
         self.alt_u = np.zeros(n)
@@ -108,6 +97,15 @@ class SpeedModel:
         self.alt_p = np.zeros(n)
         self.taken_back = np.zeros(n, bool)  # the workers whose last step took back the change before it
         self.events = ClusterEvents(PRIORS.noise, PRIORS.noise_weight, PRIORS.noise_memory, PRIORS.jump)  # BSP: the step's common factor, step to step
+
+    @property
+    def noise2(self) -> np.ndarray:
+        """Each worker's measurement noise (a log-time variance: :class:`~.noise.NoiseScale`)."""
+        return self.noise.noise2
+
+    @noise2.setter
+    def noise2(self, value: np.ndarray) -> None:
+        self.noise.noise2 = value
 
     # ------------------------------------------------------------------ k's posterior
 
@@ -322,7 +320,7 @@ class SpeedModel:
         e2 = nu * nu / s
         # Student-t tails: the measurement noise's (PRIORS.dof), heavier while the noise scale itself rests on
         # few steps (its own estimate's degrees of freedom).
-        dof = np.minimum(PRIORS.dof, self.noise_count + PRIORS.noise_dof)
+        dof = self.noise.dof()
         w = (dof + 1) / (dof + e2)  # the Student-t's weight of this residual
         p_jump = jump_probability(nu, s, dof, hazard, PRIORS.jump)
         gain0 = prior / (prior + self.noise2 / w)
@@ -339,13 +337,13 @@ class SpeedModel:
         self.alt_u = np.where(stall, u0, self.alt_u)
         self.alt_count = np.where(stall, self.noise2 / np.maximum(v0, 1e-12), self.alt_count)
         self.alt_p = np.where(live, np.where(stall, 1.0 - p_jump, 0.0), self.alt_p)
-        self.hist_count[jump] = 0
+        self.shift_test.restart(jump)
         shifted = self._shifts(nu, prior * share, share, live & ~jump)
         jump = jump | shifted | taken_back
         # Every step after a worker's first tells the noise, a jump taken back at the next step included:
         # one odd step is one outlier to a median, but a worker that "jumps" step after step (waits of
         # whole CFS periods on steps shorter than one) is noisy, and then no longer chased.
-        self._learn_noise(kept_nu / math.sqrt(share), (self.u - before) / math.sqrt(share), live, batch, jump)
+        self.noise.learn(kept_nu / math.sqrt(share), (self.u - before) / math.sqrt(share), live, batch, jump)
         changed = [int(i) for i in np.flatnonzero(jump)]
         for i in changed:
             self.regimes[i] += 1
@@ -362,7 +360,7 @@ class SpeedModel:
         self.taken_back = np.zeros(self.workers, bool)
         if not judged.any():
             return judged
-        dof = np.minimum(PRIORS.dof, self.noise_count + PRIORS.noise_dof)
+        dof = self.noise.dof()
 
         def loglik(e: np.ndarray, var: np.ndarray) -> np.ndarray:
             s = (var + steps * self.drift ** 2 + self.noise2) * share
@@ -377,96 +375,14 @@ class SpeedModel:
         self.taken_back = back
         return back
 
-    def _learn_noise(self, nu: np.ndarray, moved: np.ndarray, live: np.ndarray, batch: np.ndarray,
-                     changed: np.ndarray) -> None:
-        """Each worker's measurement noise from how its innovation (``nu``, scaled back to one worker's,
-        before this step's update) changes from step to step at one batch: a bias of the estimate (a
-        speed that moved a little, a k slightly off) is the same in each and drops out, the noise does
-        not. A step's sample is taken a step late, as the lesser of its changes to the step before and
-        the step after: an odd step differs from both and reads as one outlier (not two, the change into
-        it and the change out of it), a change of speed differs from one side only and reads as none,
-        so the step that brings a level change never widens the noise the next step's test of it
-        needs. Where the model takes a change of speed on a step (``changed``: a jump at it, or a
-        shift over the last few), the change lies before it: the step before gives no sample (its
-        change to this one crosses it), nor does the step itself while the change holds: a level
-        change taken at once and followed by a move (the step after it at another batch) would
-        otherwise be judged by its one side, the change itself. An odd step taken for a change is
-        taken back at the next step, and that return is its one sample, full-size (a worker that
-        seems to jump step after step is noisy, and then no longer chased). A step's innovations
-        kept for later samples have every update since taken out (``moved``: how far each estimate
-        moved on this step, scaled alike): a jump taken in full leaves the next step's innovation near
-        zero. A worker's first two steps at a batch give one sample (the change between them, as a
-        lesser of two), every step after one more; a step followed by a move is judged by the step
-        before it alone. The median of the last ``Priors.noise_memory`` samples, as a normal sd
-        (``Priors.pair_scale``: robust to the heavy tails it is the scale of), shrunk towards the pool of
-        every worker's (a worker with few steps borrows the others' scale; ``Priors.noise_weight`` steps of
-        ``Priors.noise`` before any)."""
-        b = np.asarray(batch, float)
-        kept = live & ~np.isnan(self.last_nu)
-        returned = kept & self.last_changed & changed  # a change taken and taken back: an odd step
-        has_after = kept & (b == self.last_b) | returned  # the last step has this one after it at its batch
-        has_before = kept & ~np.isnan(self.prev_nu) & (self.prev_b == self.last_b) & ~returned  # and one before
-        pair = (has_after | has_before) & ~changed & ~self.last_changed | returned
-        after = np.abs(self.last_nu - np.where(has_after, nu, 0.0))
-        before = np.abs(self.last_nu - np.where(has_before, self.prev_nu, 0.0))
-        one = np.where(has_after, after, before) * 1.4826 / PRIORS.pair_scale
-        sample = np.where(has_after & has_before, np.minimum(after, before), one) / math.sqrt(2)
-        self.noise_abs[:-1, pair] = self.noise_abs[1:, pair]
-        self.noise_abs[-1, pair] = sample[pair]
-        self.noise_count[pair] = np.minimum(self.noise_count[pair] + 1, PRIORS.noise_memory)
-        self.prev_nu = np.where(live, self.last_nu - moved, self.prev_nu)
-        self.prev_b = np.where(live, self.last_b, self.prev_b)
-        self.last_nu = np.where(live, nu - moved, self.last_nu)
-        self.last_b = np.where(live, b, self.last_b)
-        self.last_changed = np.where(live, changed, self.last_changed)
-        n = self.noise_count
-        own = np.full(self.workers, PRIORS.noise ** 2)
-        some = n > 0
-        if some.any():  # each worker's median over its own last n changes, all at once
-            c = n[some]
-            recent = np.arange(PRIORS.noise_memory)[:, None] >= PRIORS.noise_memory - c[None, :]
-            ordered = np.sort(np.where(recent, self.noise_abs[:, some], np.inf), axis=0)  # the unused last
-            cols = np.arange(c.size)
-            med = 0.5 * (ordered[(c - 1) // 2, cols] + ordered[c // 2, cols])
-            own[some] = np.maximum((PRIORS.pair_scale * med) ** 2, PRIORS.noise_floor ** 2)
-        pool_n = float(n.sum())
-        pool = float(np.median(own[n > 0])) if pool_n else PRIORS.noise ** 2
-        pool = (pool * pool_n + PRIORS.noise ** 2 * PRIORS.noise_weight) / (pool_n + PRIORS.noise_weight)
-        self.noise2 = np.maximum((own * n + pool * PRIORS.noise_weight) / (n + PRIORS.noise_weight), PRIORS.noise_floor ** 2)
-
     def _shifts(self, nu: np.ndarray, estimate: np.ndarray, share: float, live: np.ndarray) -> np.ndarray:
-        """A change too small to show in one step shows in several: for each worker and each window of
-        its last m innovations (m = 1..``Priors.shift_steps``), the shift that best explains them and its
-        log-likelihood ratio against none, under the Student-t noise (:func:`~.changes.window_shifts`). The ratio
-        becomes a Bayes factor as the jump test weighs a jump: the shift's prior is the jump's (normal,
-        sd ``Priors.jump``), integrated over by Laplace's approximation (the window's shift variance against
-        the prior's, the fitted shift's prior density), and a change at that step has prior odds
-        ``hazard``. Where the posterior odds of a change favour it on a window of two steps or more, the
-        worker's speed has moved: its estimate takes the shift of the window whose odds peak (the last
-        step alone included: a change at the last step is its innovation, not a part of it averaged
-        with the steps before), with that window's variance. Heavy tails bound what one outlier adds to
-        a window's ratio: a single odd step is the jump test's to judge, never a shift. An innovation's
-        variance is the estimate's then (``estimate``: its share of it) and the measurement noise as
-        known now (``share`` of it left once the common factor is removed): a noise learned since an
-        innovation was kept widens it, and a shift is never believed more precise than the noise allows.
-        Returns the workers shifted."""
-        h_nu, h_est, h_share, count = self.hist_nu, self.hist_est, self.hist_share, self.hist_count
-        for h, new in ((h_nu, nu), (h_est, estimate), (h_share, share)):
-            h[:-1, live] = h[1:, live]
-            h[-1, live] = np.broadcast_to(new, live.shape)[live]
-        count[live] = np.minimum(count[live] + 1, PRIORS.shift_steps)
-        dof = np.minimum(PRIORS.dof, self.noise_count + PRIORS.noise_dof).astype(float)
-        h_s = h_est + self.noise2[None, :] * h_share
-        delta, lr, var = window_shifts(h_nu[::-1], h_s[::-1], dof)  # rows: m = 1..
-        m = np.arange(1, PRIORS.shift_steps + 1)[:, None]
-        odds = (lr + math.log(self.hazard) + 0.5 * np.log(var / PRIORS.jump ** 2) - 0.5 * delta ** 2 / PRIORS.jump ** 2)
-        odds = np.where(live & (count >= m), odds, -np.inf)
-        shifted = (odds[1:].max(axis=0) > 0) & live
+        """A change too small for one step, over the last few (:class:`~.changes.ShiftTest`): a worker
+        shifted takes the shift and its variance. Returns the workers shifted."""
+        shifted, delta, var = self.shift_test.test(nu, estimate, share, live, self.noise2, self.noise.dof(),
+                                                   self.hazard)
         if shifted.any():
-            best, cols = odds.argmax(axis=0), np.arange(self.workers)
-            self.u = np.where(shifted, self.u + delta[best, cols], self.u)
-            self.var = np.where(shifted, var[best, cols] + self.drift ** 2, self.var)
-            count[shifted] = 0
+            self.u = np.where(shifted, self.u + delta, self.u)
+            self.var = np.where(shifted, var + self.drift ** 2, self.var)
         return shifted
 
     # ------------------------------------------------------------------ samples and state
@@ -474,7 +390,7 @@ class SpeedModel:
     def measured_at(self) -> np.ndarray:
         """The batch each worker's speed was last measured at: its last step's, or before any step the
         probe's larger size (0 where never measured)."""
-        return np.where(self.last_b > 0, self.last_b, self.hi)
+        return np.where(self.noise.last_b > 0, self.noise.last_b, self.hi)
 
     def samples(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``count`` draws of (u, k) from the posterior: u and each worker's k, of shape (count, n).
@@ -486,7 +402,7 @@ class SpeedModel:
         equal share is itself an extrapolation from the probe's sizes)."""
         # The noise scale is itself estimated: with m steps behind it, a speed's posterior is Student-t with
         # m + PRIORS.noise_dof degrees of freedom (normal-inverse-gamma), wide until the noise is measured.
-        dof = (self.noise_count + PRIORS.noise_dof)[None, :]
+        dof = (self.noise.count + PRIORS.noise_dof)[None, :]
         u = self.u[None, :] + np.sqrt(self.var)[None, :] * rng.standard_t(dof, (count, self.workers))
         k = self.fixed.draws(count, rng)[:, self.group]
         if (self.alt_p > 0).any():  # a hypothesis kept from the last step: a draw is of it with its probability
@@ -501,14 +417,10 @@ class SpeedModel:
         """Only ``workers`` remain (the survivors of a lost one), in this order."""
         idx = np.asarray(workers, int)
         self.workers = len(idx)
-        self.u, self.count, self.noise2 = self.u[idx], self.count[idx], self.noise2[idx]
+        self.u, self.count = self.u[idx], self.count[idx]
+        self.noise.keep(idx)
+        self.shift_test.keep(idx)
         self.lo, self.hi = self.lo[idx], self.hi[idx]
-        self.hist_nu, self.hist_est, self.hist_count = self.hist_nu[:, idx], self.hist_est[:, idx], self.hist_count[idx]
-        self.hist_share = self.hist_share[:, idx]
-        self.noise_abs, self.noise_count = self.noise_abs[:, idx], self.noise_count[idx]
-        self.last_nu, self.last_b = self.last_nu[idx], self.last_b[idx]
-        self.prev_nu, self.prev_b = self.prev_nu[idx], self.prev_b[idx]
-        self.last_changed = self.last_changed[idx]
         self.alt_u, self.alt_count, self.alt_p = self.alt_u[idx], self.alt_count[idx], self.alt_p[idx]
         self.taken_back = self.taken_back[idx]
         self.regimes = [self.regimes[i] for i in workers]
@@ -520,28 +432,18 @@ class SpeedModel:
             self.alt_u -= shift
 
     def state_dict(self) -> dict[str, Any]:
-        return {"u": self.u.tolist(), "count": self.count.tolist(), "noise2": self.noise2.tolist(),
-                "k": self.fixed.state_dict(), "group": self.group.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(), "scale": self.scale,
-                "measured": self.measured, "regimes": list(self.regimes), "hist_nu": self.hist_nu.tolist(),
-                "hist_est": self.hist_est.tolist(), "hist_share": self.hist_share.tolist(),
-                "hist_count": self.hist_count.tolist(),
-                "noise_abs": self.noise_abs.tolist(), "noise_count": self.noise_count.tolist(),
-                "last_nu": [None if math.isnan(x) else x for x in self.last_nu], "last_b": self.last_b.tolist(),
-                "prev_nu": [None if math.isnan(x) else x for x in self.prev_nu], "prev_b": self.prev_b.tolist(),
-                "last_changed": [bool(x) for x in self.last_changed], "alt_u": self.alt_u.tolist(),
+        return {"u": self.u.tolist(), "count": self.count.tolist(), **self.noise.state_dict(),
+                "k": self.fixed.state_dict(), "group": self.group.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(),
+                "scale": self.scale, "measured": self.measured, "regimes": list(self.regimes),
+                **self.shift_test.state_dict(), "alt_u": self.alt_u.tolist(),
                 "alt_count": self.alt_count.tolist(), "alt_p": self.alt_p.tolist(), "events": self.events.state_dict()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        for key in ("u", "count", "noise2", "lo", "hi", "hist_nu", "hist_est", "hist_share", "noise_abs"):
+        self.noise.load_state_dict(d)  # before count: a speed's evidence is in steps of its noise
+        for key in ("u", "count", "lo", "hi"):
             setattr(self, key, np.asarray(d[key], float))
-        self.hist_count = np.asarray(d["hist_count"], int)
-        self.noise_count = np.asarray(d["noise_count"], int)
-        self.last_nu = np.asarray([np.nan if x is None else x for x in d["last_nu"]], float)
-        self.last_b = np.asarray(d["last_b"], float)
-        n = len(self.last_b)  # a state without the innovations before the last: none kept
-        self.prev_nu = np.asarray([np.nan if x is None else x for x in d.get("prev_nu", [None] * n)], float)
-        self.prev_b = np.asarray(d.get("prev_b", [0.0] * n), float)
-        self.last_changed = np.asarray(d.get("last_changed", [False] * n), bool)
+        self.shift_test.load_state_dict(d)
+        n = len(self.u)
         self.alt_u = np.asarray(d.get("alt_u", [0.0] * n), float)  # a state without a kept hypothesis: none
         self.alt_count = np.asarray(d.get("alt_count", [1.0] * n), float)
         self.alt_p = np.asarray(d.get("alt_p", [0.0] * n), float)

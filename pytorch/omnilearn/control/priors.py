@@ -41,7 +41,7 @@ class Priors:
     noise_memory: int = 32
     """Steps of each worker's innovations behind its measurement noise."""
     pair_scale: float = 2.5813
-    """A normal noise's sd over the median of its :meth:`SpeedModel._learn_noise` samples (the lesser of a
+    """A normal noise's sd over the median of its :meth:`~omnilearn.control.noise.NoiseScale.learn` samples (the lesser of a
     step's two differences, over sqrt 2)."""
     noise_weight: float = 4.0
     """The prior noise counts as this many steps of evidence."""
