@@ -36,7 +36,7 @@ def test_every_rank_of_a_ddp_loop_records_its_steps_once_each_and_whatif_reads_t
     proc, out = _record(tmp_path, "--steps", "5", "--micro", "8", "--accumulate", str(accumulate), "--amp",
                         "--own-hook")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "step records of rank(s) 0, 1" in proc.stderr
+    assert "step records (hook) of rank(s) 0, 1" in proc.stderr
     assert json.loads((tmp_path / "rec.json").read_text())["hook_calls"] >= 5  # its hook ran, on every bucket
     for rank in (0, 1):
         steps = _steps(out, rank)

@@ -54,19 +54,25 @@ def record(argv: list[str], out: Path) -> int:
             end_process(proc)
 
 
-def recorded_ranks(out: Path) -> list[int]:
-    """The ranks whose step records the timing module wrote into the run folder ``out``."""
-    ranks = sorted(int(p.stem.split("-", 1)[1]) for p in (out / "metrics").glob("rank-*.jsonl")
-                   if p.stem.split("-", 1)[1].isdigit())
-    return [r for r in ranks if any(s.get("source") == "hook" for s in of_kind(read_rank(out, r), STEP))]
+def recorded_ranks(out: Path) -> dict[int, str]:
+    """The ranks with step records in the run folder ``out``, and what wrote them (``hook``: the timing
+    module; ``omnilearn.torch``: the script's own use of it)."""
+    found = {}
+    for path in sorted((out / "metrics").glob("rank-*.jsonl")):
+        name = path.stem.split("-", 1)[1]
+        steps = of_kind(read_rank(out, name), STEP) if name.isdigit() else []
+        if steps:
+            found[int(name)] = "hook" if steps[0].get("source") == "hook" else "omnilearn.torch"
+    return dict(sorted(found.items()))
 
 
 def steps_line(out: Path, command: str) -> str:
     """One line on what the run folder holds of the command's steps (``command``: record or emulate)."""
     ranks = recorded_ranks(out)
     if ranks:
-        return (f"omnilearn {command}: step records of rank(s) {', '.join(map(str, ranks))} in {out / 'metrics'}; "
-                f"what balancing would give: omnilearn whatif {out}")
+        sources = " and ".join(sorted(set(ranks.values())))
+        return (f"omnilearn {command}: step records ({sources}) of rank(s) {', '.join(map(str, ranks))} in "
+                f"{out / 'metrics'}; what balancing would give: omnilearn whatif {out}")
     why = ("the command wrapped no DistributedDataParallel model (or registered a hook the timing module "
            "cannot wrap)")
     extra = ": its ranks' CPU and busy seconds are in summary.json" if command == "emulate" else ""
