@@ -12,12 +12,10 @@ import pytest
 
 from fakes import FakeClock
 from omnilearn.config import ControlConfig
-from omnilearn.control import loop as loop_module
 from omnilearn.control.controller import build_controller
 from omnilearn.control.dynamic import DynamicController
 from omnilearn.control.loop import (
     ControlLoop,
-    ProbeRounds,
     pass_done,
     probe_time,
     probe_times,
@@ -26,6 +24,8 @@ from omnilearn.control.loop import (
 from omnilearn.control.model import SpeedModel
 from omnilearn.control.policies import Bounds
 from omnilearn.control.priors import PRIORS, Priors
+from omnilearn.train import step as step_module
+from omnilearn.train.step import ProbeRounds
 
 B, N = 256, 4
 
@@ -90,7 +90,7 @@ def test_a_pass_of_short_steps_lasts_long_enough_that_one_preemption_does_not_se
     10 ms: control.probe_steps' two rounds a size would read a rate of about a third (probe times three
     times too long); the pass runs on until PRIORS.min_pass_s, and the rate reads within 20%."""
     wall, cpu = FakeClock(), FakeClock(0.0)
-    monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
+    monkeypatch.setattr(step_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
     rounds = ProbeRounds(quota=True)
     ran: list[int] = []
 
@@ -150,7 +150,7 @@ def test_a_pass_without_a_quota_keeps_its_rounds_and_reads_wall_times(monkeypatc
     short, and its probe times are wall times, the least of each pair (a preempted round left out); its
     CPU seconds (a third of the wall: a core shared three ways) do not enter."""
     wall, cpu = FakeClock(), FakeClock(0.0)
-    monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
+    monkeypatch.setattr(step_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
     rounds = ProbeRounds(quota=False)
     ran: list[int] = []
 

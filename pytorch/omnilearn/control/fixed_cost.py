@@ -5,7 +5,7 @@ of worker it is the same for every worker, but it is not the same across kinds. 
 uses small batches less well than one thread does: the demo's ResNet18 step reads k = 3.5 samples on
 one thread and 13 on two, alone on the host, and 7-10 against 27.5 in the job's steps under CPU quotas
 (``results/2026-11-28_2cpu_k-by-threads.md``). A kind is what a worker reports of itself: its threads
-and its kind of core (:func:`~omnilearn.control.loop.core_kind`), as the start-up probe pools them.
+and its kind of core (:func:`~omnilearn.train.step.core_kind`), as the start-up probe pools them.
 
 Each kind's posterior is a log-density on one grid over ``[0, PRIORS.k_max_factor * B / n]`` (prior:
 ``Priors.k_prior``); evidence is a log-likelihood over the grid, added to one kind's row. A kind seen for

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from omnilearn import config
 from omnilearn.control.controller import build_controller
-from omnilearn.control.loop import ControlLoop, ProbeRounds
+from omnilearn.control.loop import ControlLoop
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.emulator.spec.plan import build_plan, worker_target
 from omnilearn.errors import UserError
@@ -46,7 +46,7 @@ from omnilearn.report.summary import summarize
 from omnilearn.train.distributed import all_gather_floats
 from omnilearn.train.quota_clock import QuotaClock
 from omnilearn.train.sampler import GlobalBatchSampler
-from omnilearn.train.step import Slots, StepClock
+from omnilearn.train.step import ProbeRounds, Slots, StepClock
 
 STOP_WAIT_S = 30.0
 """How long rank 0 waits for the other ranks' ``end`` records when a loop stops inside a pass."""
@@ -323,7 +323,7 @@ class StepSession:
         backward and optimizer step on ``b`` samples of this rank's, with no collective) timed at the
         two sizes of the controller's probe, ``control.probe_steps`` times each (more under a CPU quota
         where steps are short, see :attr:`~omnilearn.control.priors.Priors.min_pass_s`), as ``omnilearn run``'s workers do
-        (:class:`~omnilearn.control.loop.ProbeRounds`); one gather gives every rank every
+        (:class:`~omnilearn.train.step.ProbeRounds`); one gather gives every rank every
         time and the controller its first split. ``batch(b)`` (the samples collated and on the device)
         runs before the clock, once a size: a step's time starts with its batch in hand. The caller
         restores what the steps changed (weights, optimizer state, random state). A policy without a

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from omnilearn.control import policies
 from omnilearn.control.controller import build_controller, configured_bounds
-from omnilearn.control.loop import ControlLoop, ProbeRounds
+from omnilearn.control.loop import ControlLoop
 from omnilearn.emulator.protocol.client import AllocationClient
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
@@ -43,7 +43,7 @@ from omnilearn.train.evaluate import evaluate
 from omnilearn.train.models import count_parameters
 from omnilearn.train.quota_clock import quota_seconds
 from omnilearn.train.sampler import GlobalBatchSampler
-from omnilearn.train.step import Slots, StepClock
+from omnilearn.train.step import ProbeRounds, Slots, StepClock
 from omnilearn.train.workload import Workload, gather, load_workload, make_optimizer, perplexity
 
 log = logging.getLogger("omnilearn.worker")

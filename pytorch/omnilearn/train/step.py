@@ -18,19 +18,25 @@ them (:class:`Slots`), the update. :class:`StepClock` times it the one way all o
   allocated, hooks set up) that says nothing of speeds: a stand-in rides in its place
   (:meth:`StepClock.stand_in`: the start-up pass's median update; without one, nothing).
 
+The start-up pass's rounds (a worker's local steps at the probe's two sizes, before step 1) are timed by
+:class:`ProbeRounds`, in the trainers' and ``omnilearn.torch``'s passes alike.
+
 Each rank writes its own slots; the sum gives every rank every rank's numbers, so every rank's
 controller takes the same decisions from the same times, and a step has one collective.
 """
 
 from __future__ import annotations
 
+import platform
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from omnilearn.control.loop import pass_done, probe_time
 from omnilearn.train.quota_clock import QuotaClock, quota_seconds
 
 
@@ -171,3 +177,61 @@ class StepClock:
         """The last step's wait for its CPU beyond its wall time (its compute's and the update riding with
         it, at the quota's rate, less their wall time), read on a CPU whatever the policy (None: a GPU's)."""
         return None if self.reading is None else round(self.held_s * 1e3, 3)
+
+
+def core_kind() -> int:
+    """This machine's kind of core, as a number every rank can gather: a checksum of the processor's
+    model name (``/proc/cpuinfo``; elsewhere the machine's architecture)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    names = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")]
+    return zlib.crc32((names[0] if names else platform.machine()).encode())
+
+
+@dataclass
+class ProbeRounds:
+    """The rounds of one worker's start-up pass, timed: each round's wall seconds and, on a CPU under
+    a CFS quota (``quota``), its CPU seconds, from which :meth:`own` gives the worker's reading (see
+    :func:`~omnilearn.control.loop.probe_times`). ``sync``: what makes a round's work done before its clock stops (a GPU's
+    synchronize; nothing on a CPU); ``threads``: the threads a round runs on. The trainer's pass and a
+    framework's (``omnilearn.torch``'s session) time their rounds through it, so both measure alike."""
+
+    quota: bool
+    sync: Callable[[], None] = lambda: None
+    threads: int = 1
+    wall: dict[int, list[float]] = field(default_factory=dict)
+    cpu_s: dict[int, list[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._t0, self._c0 = time.perf_counter(), time.process_time()
+
+    def time(self, run: Callable[[int], None], batch: int) -> None:
+        """One round: ``run(batch)`` (a local step on ``batch`` samples), timed."""
+        t0, c0 = time.perf_counter(), time.process_time()
+        run(batch)
+        self.sync()
+        self.wall.setdefault(batch, []).append(time.perf_counter() - t0)
+        self.cpu_s.setdefault(batch, []).append(time.process_time() - c0)
+
+    def run(self, step: Callable[[int], None], sizes: Sequence[int], at_least: int) -> None:
+        """Rounds of ``step`` at ``sizes`` in turn, timed, until :func:`~omnilearn.control.loop.pass_done` (rounds already
+        timed, the memory probe's, count)."""
+        while not pass_done(min(len(self.wall.get(b, [])) for b in sizes), time.perf_counter() - self._t0, at_least,
+                             self.quota):
+            for b in sizes:
+                self.time(step, b)
+
+    def own(self, small: int, large: int) -> list[float]:
+        """This worker's reading of its pass, the floats every rank gathers (:func:`~omnilearn.control.loop.probe_times` reads
+        them): its rounds at ``small`` and ``large`` (:func:`~omnilearn.control.loop.probe_time`: CPU seconds under a quota, else
+        wall seconds), the pass's own seconds so far, the CPU rate the whole pass got (0: wall seconds),
+        its threads and its kind of core (:func:`core_kind`)."""
+        elapsed = time.perf_counter() - self._t0
+        if self.quota:  # CPU seconds, and the rate the whole pass got them at
+            ran = (time.process_time() - self._c0) / max(elapsed, 1e-9)
+            return [probe_time(self.cpu_s[small]), probe_time(self.cpu_s[large]), elapsed, ran, float(self.threads),
+                    float(core_kind())]
+        return [probe_time(self.wall[small]), probe_time(self.wall[large]), elapsed, 0.0, float(self.threads),
+                float(core_kind())]
