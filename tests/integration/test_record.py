@@ -93,3 +93,25 @@ def test_record_into_a_folder_in_use_is_a_user_error(tmp_path: Path) -> None:
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--out" in proc.stderr and "not an empty folder" in proc.stderr
     assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
+
+
+def test_the_timing_module_waits_for_the_scripts_own_import_of_torch_and_keeps_the_sitecustomize_it_shadows(
+        tmp_path: Path) -> None:
+    """A script may set its threads before it imports torch: nothing is imported at start-up; DDP is
+    patched once the script's ``import torch`` has run; the environment's own sitecustomize still runs."""
+    from omnilearn.launch.emulate import BOOTSTRAP
+
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import builtins\nbuiltins.OWN_SITECUSTOMIZE = True\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP), str(own), str(ROOT / "pytorch")]),
+           "OMNILEARN_HOOK": "1", "RANK": "0"}
+    probe = ("import builtins, sys; before = 'torch' in sys.modules; import torch; "
+             "from torch.nn.parallel import DistributedDataParallel as D; "
+             "print(before, getattr(D, '_omnilearn_timed', False), getattr(builtins, 'OWN_SITECUSTOMIZE', False))")
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "True", "True"]
+    proc = subprocess.run([sys.executable, "-c", probe], env={**env, "OMNILEARN_HOOK": "0"}, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.stdout.split() == ["False", "False", "True"]  # left out on request
