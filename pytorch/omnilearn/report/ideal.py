@@ -197,7 +197,9 @@ def group_ideal(runs: dict[str, Path], reference: str = "uniform") -> dict[str, 
 
 
 def describe_source(source: dict[str, Any]) -> str:
-    """``per-worker models fitted over runs uniform, static, dynamic (412 steps; k = 3.1 ± 0.4 samples)``."""
+    """``per-worker models fitted over runs uniform, static, dynamic (412 steps; one k for the job's
+    workers: k = 3.1 ± 0.4 samples)``: the report's k model (the controller's is one k per kind of
+    worker, :mod:`omnilearn.control.fixed_cost`)."""
     k = source["k"]
     if source["k_status"] == "fitted":
         kt = f"k = {k:.3g}" + (f" ± {source['k_se']:.2g}" if source.get("k_se") is not None else "") + " samples"
@@ -208,4 +210,4 @@ def describe_source(source: dict[str, Any]) -> str:
     else:
         kt = "k = 0 (at its bound: time grows at least in proportion to batch)"
     names = ", ".join(r["run"] for r in source["runs"])
-    return f"per-worker models fitted over runs {names} ({source['steps']} steps; {kt})"
+    return f"per-worker models fitted over runs {names} ({source['steps']} steps; one k for the job's workers: {kt})"
