@@ -2,6 +2,7 @@
 
     --accumulate K   K micro-batches a step, the first K-1 under no_sync
     --own-hook       the script's own communication hook (a sum, then a mean, counting its calls)
+    --late-hook      the same, registered after the first step
     --amp            bfloat16 autocast and a GradScaler
     --no-ddp         no DistributedDataParallel at all (a plain all-reduce of the loss)
     --exit N         exit with status N at the end
@@ -32,6 +33,7 @@ def main() -> int:
     p.add_argument("--micro", type=int, default=8)
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--own-hook", action="store_true")
+    p.add_argument("--late-hook", action="store_true")
     p.add_argument("--amp", action="store_true")
     p.add_argument("--no-ddp", action="store_true")
     p.add_argument("--exit", type=int, default=0)
@@ -45,7 +47,9 @@ def main() -> int:
         model.register_comm_hook(None, own_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", enabled=args.amp)
-    for _ in range(args.steps):
+    for i in range(args.steps):
+        if args.late_hook and i == 1:
+            model.register_comm_hook(None, own_hook)
         for j in range(args.accumulate):
             x, y = torch.randn(args.micro, 16), torch.randint(0, 4, (args.micro,))
             sync = args.no_ddp or j == args.accumulate - 1

@@ -12,7 +12,8 @@ torch). Once ``import torch`` has run (the script's), :func:`install` has :func:
   at the model's first forward, where the script registered no communication hook, DDP's own
   (``allreduce_hook``: the sum over ranks, divided by the world size) is registered, wrapped;
 - ``register_comm_hook``: the script's own hook is kept, wrapped (omnilearn's weighting hook is left
-  alone: :mod:`omnilearn.torch` records those steps itself);
+  alone: :mod:`omnilearn.torch` records those steps itself); one registered after the first forward
+  takes the place of DDP's own inside the wrapped hook already registered;
 - ``_register_builtin_comm_hook``: a C++ hook runs no Python, so it cannot be wrapped: that rank then
   records no steps and says why.
 
@@ -81,16 +82,16 @@ def patch(module: ModuleType) -> None:
         if rec is None:
             return
         self._omnilearn_recording = rec
-        self._omnilearn_hooked = False
+        self._omnilearn_hook: Timed | None = None  # the wrapped hook registered with DDP, once
 
         def counted(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # noqa: ANN401
             if rec.off is not None:
                 return
-            if not model._omnilearn_hooked:  # the script registered none: DDP's own, wrapped
+            if model._omnilearn_hook is None:  # the script registered none: DDP's own, wrapped
                 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-                model._omnilearn_hooked = True
-                register(model, Timed(allreduce_hook, model.process_group, rec.times), timed_hook)
+                model._omnilearn_hook = Timed(allreduce_hook, model.process_group, rec.times)
+                register(model, model._omnilearn_hook, timed_hook)
             rec.begin()
             # a training forward: with gradients, and the model in training mode (a framework may set it
             # on the module it wraps only, not on the wrapper)
@@ -107,8 +108,11 @@ def patch(module: ModuleType) -> None:
         if getattr(hook, "__module__", "").startswith("omnilearn.torch"):
             rec.off = f"{BY_OMNILEARN}: omnilearn.torch records its steps"
             return register(self, state, hook)
-        self._omnilearn_hooked = True
-        return register(self, Timed(hook, state, rec.times), timed_hook)
+        if self._omnilearn_hook is not None:  # registered after the first forward: it takes DDP's own's place
+            self._omnilearn_hook.hook, self._omnilearn_hook.state = hook, state
+            return None
+        self._omnilearn_hook = Timed(hook, state, rec.times)
+        return register(self, self._omnilearn_hook, timed_hook)
 
     @functools.wraps(builtin)
     def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:  # noqa: ANN401

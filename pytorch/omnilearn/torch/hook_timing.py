@@ -17,10 +17,9 @@ that reduces, which is counted once; its ``batch`` is the samples of every train
 last all-reduce (the first tensor argument's first dimension). Forwards in eval mode or without
 gradients (evaluation) are not a step's: the work of the step after them starts at its first training
 forward, and the time between is left out of ``train_time_s``. AMP changes nothing here (its scaler
-runs inside the work). A script's own communication hook is kept and wrapped; one registered after
-the model's first forward cannot be (DDP takes one hook, registered at the first forward where the
-script has none), nor a built-in C++ hook (``_register_builtin_comm_hook``): that rank then records no
-steps and says why. A model wrapped with omnilearn's own weighting hook (the framework integrations)
+runs inside the work). A script's own communication hook is kept and wrapped, whenever it is
+registered; a built-in C++ hook (``_register_builtin_comm_hook``) runs no Python and cannot be: that
+rank then records no steps and says why. A model wrapped with omnilearn's own weighting hook (the framework integrations)
 is recorded by :mod:`omnilearn.torch` instead.
 
 Records go to ``OUT/metrics/rank-<r>.jsonl`` (``OUT``: ``OMNILEARN_OUT``): a ``start`` record, a ``step``
