@@ -29,7 +29,8 @@ def _times(monkeypatch: pytest.MonkeyPatch, world: int = 4) -> tuple[StepTimes, 
     monkeypatch.setattr(step_module, "time", fake)
     monkeypatch.setattr(hook_timing, "time", fake)
     records: list[dict[str, Any]] = []
-    times = StepTimes(1, world, lambda kind, **f: records.append({"kind": kind, **f}), lambda: "HL8")
+    times = StepTimes(1, world, lambda kind, **f: records.append({"kind": kind, **f}), lambda: "HL8",
+                      cpus=lambda level: {"HL8": 0.25}[level])
     times.clock.quota = NoQuota()  # type: ignore[assignment]
     return times, clock, records
 
@@ -58,7 +59,8 @@ def test_a_steps_work_runs_from_the_last_all_reduce_to_its_last_bucket_and_its_w
     assert [r["compute_ms"] for r in steps] == pytest.approx([200.0, 250.0, 250.0])
     assert [r["sync_ms"] for r in steps] == pytest.approx([500.0, 100.0, 300.0])
     assert [r["batch"] for r in steps] == [32, 32, 32]
-    assert all(r["global_batch"] == 128 and r["source"] == "hook" and r["level"] == "HL8" for r in steps)
+    assert all(r["global_batch"] == 128 and r["source"] == "hook" and r["level"] == "HL8" and r["cpus"] == 0.25
+               for r in steps)
     assert times.train_time_s() == pytest.approx(0.7 + 0.35 + 0.55)
 
 

@@ -76,12 +76,13 @@ def first_batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
 class StepTimes:
     """One rank's steps as a DDP hook sees them (see the module): forwards, the last bucket, the reduce.
 
-    ``write(kind, **fields)``: where records go; ``level()``: the level in force now (a label).
+    ``write(kind, **fields)``: where records go; ``level()``: the level in force now (a label);
+    ``cpus(level)``: this rank's allocated CPUs at a level (None: nothing emulated).
     """
 
     def __init__(self, rank: int, world: int, write: Callable[..., None], level: Callable[[], str],
-                 on_cpu: bool = True) -> None:
-        self.rank, self.world, self.write, self.level = rank, world, write, level
+                 on_cpu: bool = True, cpus: Callable[[str], float | None] = lambda level: None) -> None:
+        self.rank, self.world, self.write, self.level, self.cpus = rank, world, write, level, cpus
         self.clock = StepClock(Slots(world), rank, on_cpu=on_cpu, times_update=True, times_quota=True)
         self._scratch = torch.zeros(self.clock.slots.size)
         self.samples = 0  # the open step's training samples
@@ -135,8 +136,9 @@ class StepTimes:
         b, self.samples = self.samples, 0
         self.total_samples += b * self.world
         self.batches[b] += 1
+        level = self.level()
         self.write(STEP, step=self.steps, epoch=0, batch=b, global_batch=b * self.world, compute_ms=work_ms,
-                   sync_ms=wait_ms, held_ms=held_ms, loss=None, train_acc=None, level=self.level(),
+                   sync_ms=wait_ms, held_ms=held_ms, loss=None, train_acc=None, level=level, cpus=self.cpus(level),
                    threads=torch.get_num_threads(), source=SOURCE)
 
     def usual_batch(self) -> int:
@@ -166,7 +168,7 @@ class Recording:
 
     def __post_init__(self) -> None:
         on_cpu = next(self.model.parameters()).device.type == "cpu"
-        self.times = StepTimes(self.rank, self.world, self._write, self.level, on_cpu=on_cpu)
+        self.times = StepTimes(self.rank, self.world, self._write, self.level, on_cpu=on_cpu, cpus=self.cpus)
 
     def _write(self, kind: str, **fields: Any) -> None:  # noqa: ANN401
         assert self.metrics is not None, "a record before the first forward"
@@ -177,6 +179,12 @@ class Recording:
         if schedule.unit == "seconds":
             return str(schedule.level_at(time.time() - self.t0))
         return str(schedule.levels[0])
+
+    def cpus(self, level: str) -> float | None:
+        """This rank's allocated CPUs at ``level`` under ``omnilearn emulate`` (None under ``record``)."""
+        if self.job.backend in ("", "none") or self.rank >= len(self.job.plan.targets):
+            return None
+        return self.job.plan.allocation(level, self.job.plan.targets[self.rank]).share
 
     def begin(self) -> None:
         """At the model's first forward (its hook decided): the records opened, the start record."""
