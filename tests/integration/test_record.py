@@ -108,7 +108,9 @@ def test_the_timing_module_waits_for_the_scripts_own_import_of_torch_and_keeps_t
     (own / "sitecustomize.py").write_text("import builtins\nbuiltins.OWN_SITECUSTOMIZE = True\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP), str(own), str(ROOT / "pytorch")]),
            "OMNILEARN_HOOK": "1", "RANK": "0"}
-    probe = ("import builtins, sys; before = 'torch' in sys.modules; import torch; "
+    # a library may look for torch before it imports it (transformers does): the import still patches DDP
+    probe = ("import builtins, importlib.util, sys; before = 'torch' in sys.modules; importlib.util.find_spec('torch'); "
+             "import torch; "
              "from torch.nn.parallel import DistributedDataParallel as D; "
              "print(before, getattr(D, '_omnilearn_timed', False), getattr(builtins, 'OWN_SITECUSTOMIZE', False))")
     proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)

@@ -24,6 +24,7 @@ class _AfterTorch(importlib.abc.Loader):
 
     def exec_module(self, module):
         self.inner.exec_module(module)
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _WatchTorch)]
         try:
             from omnilearn.torch.autoload import install
         except ImportError as e:  # omnilearn is not importable by this interpreter
@@ -36,12 +37,13 @@ class _AfterTorch(importlib.abc.Loader):
 
 
 class _WatchTorch(importlib.abc.MetaPathFinder):
-    """Finds ``torch`` as the path finder does, with :class:`_AfterTorch` as its loader (once)."""
+    """Finds ``torch`` as the path finder does, with :class:`_AfterTorch` as its loader. It stays on the
+    path until torch is imported: a library may only look for torch first (``importlib.util.find_spec``,
+    as ``transformers`` does), and the import that follows must find it again."""
 
     def find_spec(self, name, path, target=None):
         if name != "torch":
             return None
-        sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
             spec.loader = _AfterTorch(spec.loader)
