@@ -27,6 +27,7 @@ from omnilearn.files import load_yaml
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
 from omnilearn.records import END, EVAL, START, STEP, of_kind
+from omnilearn.report.summary import busy_ms
 from omnilearn.report.worker_models import fit_worker_models
 
 
@@ -102,7 +103,7 @@ def _steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def busy_steps(per_rank: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
     """Every rank's step records with ``compute_ms`` its busy time: its compute and the wait for its CPU
     quota beyond it (``held_ms``), which lands in the all-reduce but is the rank's own: a step waits for it."""
-    return [[{**r, "compute_ms": r["compute_ms"] + (r.get("held_ms") or 0.0)} for r in steps] for steps in per_rank]
+    return [[{**r, "compute_ms": busy_ms(r)} for r in steps] for steps in per_rank]
 
 
 def fit_compute(per_rank: list[list[dict[str, Any]]]) -> dict[tuple[int, str], ComputeModel]:

@@ -84,7 +84,6 @@ class StepTimes:
                  on_cpu: bool = True, cpus: Callable[[str], float | None] = lambda level: None) -> None:
         self.rank, self.world, self.write, self.level, self.cpus = rank, world, write, level, cpus
         self.clock = StepClock(Slots(world), rank, on_cpu=on_cpu, times_update=True, times_quota=True)
-        self._scratch = torch.zeros(self.clock.slots.size)
         self.samples = 0  # the open step's training samples
         self.open = False  # a training forward opened a step
         self.waiting = False  # its last bucket is in the all-reduce
@@ -118,7 +117,7 @@ class StepTimes:
         """The backward produced every gradient: the rank's work is done, its wait begins."""
         if not self.open:  # a backward with no training forward of the model's (a forward hook left out)
             self.forward(0, True)
-        self.clock.fill(self._scratch, clock=0.0, stop=False, cost_s=0.0)
+        self.clock.work_done()
         self.waiting = True
 
     def reduced(self) -> None:
@@ -126,7 +125,7 @@ class StepTimes:
         if not self.waiting:
             return
         clock = self.clock
-        clock.read(self._scratch)
+        clock.reduced()
         clock.close()
         work_ms, wait_ms, held_ms = round(clock.compute_wall * 1e3, 3), round(clock.sync_s * 1e3, 3), clock.held_ms
         self.reduced_at = time.perf_counter()

@@ -118,9 +118,9 @@ class StepClock:
         self.after_s += wall_s
         self.after_cpu_s += cpu_s
 
-    def fill(self, extra: torch.Tensor, *, clock: float, stop: bool, cost_s: float, oom: bool = False,
-             stats: Sequence[float] = ()) -> None:
-        """The step's backward is done: this rank's slots written into ``extra`` (zeroed first)."""
+    def work_done(self) -> float:
+        """The step's backward is done: its times measured; returns this rank's time of the step (its
+        compute, and the update riding from the step before where the controller times it)."""
         self.filled_at, self.filled_cpu = time.perf_counter(), time.process_time()
         self.reading = self.quota.read() if self.on_cpu else None
         cpus = self.quota.cpus(self.reading)  # a GPU's steps: wall time
@@ -129,21 +129,32 @@ class StepClock:
         after_q = quota_seconds(self.after_s, self.after_cpu_s, cpus)
         self.held_s = (compute_q - wall) + (after_q - self.after_s)
         compute, after = (compute_q, after_q) if self.times_quota else (wall, self.after_s)
+        return compute + (after if self.times_update else 0.0)
+
+    def fill(self, extra: torch.Tensor, *, clock: float, stop: bool, cost_s: float, oom: bool = False,
+             stats: Sequence[float] = ()) -> None:
+        """The step's backward is done (:meth:`work_done`): this rank's slots written into ``extra``
+        (zeroed first)."""
+        mine = self.work_done()
         s, r = self.slots, self.rank
         extra.zero_()
         extra[s.CLOCK] = clock if r == 0 else 0.0
         extra[s.STOP] = 1.0 if stop else 0.0
         extra[s.OOM] = 1.0 if oom else 0.0
-        extra[s.time(r)] = compute + (after if self.times_update else 0.0)
+        extra[s.time(r)] = mine
         extra[s.cost(r)] = cost_s  # the controller's cost rides too
         extra[s.threads(r)] = torch.get_num_threads()  # and its kind of worker
         for j, v in enumerate(stats):
             extra[s.stat(j)] = v
 
-    def read(self, extra: torch.Tensor) -> list[float]:
-        """Just after the all-reduce (a sum over ranks): every rank's numbers; the time spent in it."""
+    def reduced(self) -> None:
+        """The all-reduce ended: the time spent in it."""
         self.reduced_at, self.reduced_cpu = time.perf_counter(), time.process_time()
         self.sync_s += self.reduced_at - self.filled_at
+
+    def read(self, extra: torch.Tensor) -> list[float]:
+        """Just after the all-reduce (a sum over ranks, :meth:`reduced`): every rank's numbers."""
+        self.reduced()
         return extra.tolist()
 
     def retry(self) -> None:
