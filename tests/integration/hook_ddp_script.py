@@ -7,11 +7,16 @@
     --no-ddp         no DistributedDataParallel at all (a plain all-reduce of the loss)
     --exit N         exit with status N at the end
 
-Rank 0 writes what the loop saw to OUT/script.json (``--report OUT``).
+Rank 0 writes what the loop saw to OUT/script.json (``--report OUT``): its hook's calls, and whether its
+model was freed once the script dropped it (nothing else holding it, and through DDP's reducer its
+process group, into the interpreter's teardown).
 """
 
 import argparse
+import gc
 import json
+import os
+import weakref
 from pathlib import Path
 
 import torch
@@ -65,9 +70,12 @@ def main() -> int:
     with torch.no_grad():  # an evaluation: no step's
         model.eval()
         model(torch.randn(32, 16))
-    if dist.get_rank() == 0:
-        Path(args.report).write_text(json.dumps({"hook_calls": CALLS[0]}))
     dist.destroy_process_group()
+    kept = weakref.ref(model)
+    del model, net, opt, loss
+    gc.collect()
+    if int(os.environ["RANK"]) == 0:
+        Path(args.report).write_text(json.dumps({"hook_calls": CALLS[0], "model_freed": kept() is None}))
     return args.exit
 
 

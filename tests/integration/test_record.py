@@ -38,8 +38,9 @@ def test_every_rank_of_a_ddp_loop_records_its_steps_once_each_and_whatif_reads_t
     proc, out = _record(tmp_path, "--steps", "5", "--micro", "8", "--accumulate", str(accumulate), "--amp", hook)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step records (hook) of rank(s) 0, 1" in proc.stderr
-    calls = json.loads((tmp_path / "rec.json").read_text())["hook_calls"]
-    assert calls >= (5 if hook == "--own-hook" else 4)  # its hook ran on every bucket of its steps
+    seen = json.loads((tmp_path / "rec.json").read_text())
+    assert seen["hook_calls"] >= (5 if hook == "--own-hook" else 4)  # its hook ran on every bucket of its steps
+    assert seen["model_freed"]  # the timing module keeps no reference to the script's model
     for rank in (0, 1):
         steps = _steps(out, rank)
         assert len(steps) == 5  # accumulation steps counted once; the evaluation is no step

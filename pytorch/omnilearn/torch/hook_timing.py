@@ -153,20 +153,26 @@ class StepTimes:
 
 @dataclasses.dataclass
 class Recording:
-    """One rank's recording: its run folder, job, records and the timed model."""
+    """One rank's recording: its run folder, job, records, and the timed model's size and device.
+
+    It keeps no reference to the model: the script's model (and through DDP's reducer, its process
+    group) is freed when the script drops it, not at the interpreter's teardown, where gloo's threads
+    would still be running.
+    """
 
     out: Path
     rank: int
     world: int
     job: JobSpec
     t0: float
-    model: Any = None  # the DistributedDataParallel timed  # noqa: ANN401
+    params: int  # the timed model's trainable parameters
+    device: str  # where its parameters are
     off: str | None = None  # why this rank records no steps
     metrics: MetricsWriter | None = None  # opened at the model's first forward
     times: StepTimes = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        on_cpu = next(self.model.parameters()).device.type == "cpu"
+        on_cpu = torch.device(self.device).type == "cpu"
         self.times = StepTimes(self.rank, self.world, self._write, self.level, on_cpu=on_cpu, cpus=self.cpus)
 
     def _write(self, kind: str, **fields: Any) -> None:  # noqa: ANN401
@@ -190,10 +196,8 @@ class Recording:
         if self.metrics is not None or self.off is not None:
             return
         self.metrics = MetricsWriter(metrics_path(self.out, self.rank))
-        model = self.model
         self.metrics.write("start", rank=self.rank, world=self.world, target=worker_target("bsp", self.rank),
-                           params=sum(p.numel() for p in model.parameters() if p.requires_grad), train_samples=0,
-                           policy="uniform", device=str(next(model.parameters()).device),
+                           params=self.params, train_samples=0, policy="uniform", device=self.device,
                            dist_backend=dist.get_backend(), library=SOURCE)
 
     def close(self) -> None:
@@ -249,7 +253,8 @@ def recording(model: torch.nn.Module) -> Recording | None:
                     "runs %d ranks: give emulate --workers %d", len(job.plan.targets), world, world)
         return None
     rec = Recording(out=out, rank=rank, world=world, job=job, t0=float(os.environ.get(T0_ENV) or time.time()),
-                    model=model)
+                    params=sum(p.numel() for p in model.parameters() if p.requires_grad),
+                    device=str(next(model.parameters()).device))
     _RECORDING.append(rec)
     atexit.register(rec.close)
     return rec
