@@ -10,7 +10,10 @@ import pytest
 import torch
 from test_asp import make_server, push
 
-from omnilearn.train.asp_update import Hyper, SampleTime, staleness_factor
+from omnilearn import config
+from omnilearn.errors import UserError
+from omnilearn.train.asp_update import Hyper, SampleTime, build_rule, staleness_factor
+from omnilearn.train.workload import make_optimizer
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
@@ -27,6 +30,25 @@ def test_one_unit_without_delay_is_torchs_own_step(optimizer: str) -> None:
         torch_opt.step()
         rule.apply(theta, grad, 1.0, 0.0, 0.01)
     assert torch.allclose(param.detach(), theta, atol=1e-6)
+
+
+def test_train_momentum_is_adams_beta1_on_the_server_as_in_torchs_optimizer() -> None:
+    cfg = config.from_dict({"mode": "asp", "train": {"optimizer": "adamw", "lr": 0.01, "momentum": 0.5,
+                                                     "weight_decay": 0.01}}, "test").validate()
+    torch.manual_seed(0)
+    param = torch.nn.Parameter(torch.randn(40))
+    theta = param.detach().clone()
+    torch_opt = make_optimizer(cfg, [param])
+    assert torch_opt.param_groups[0]["betas"] == (0.5, 0.999)
+    rule = build_rule(cfg, theta, None, torch.zeros(40))
+    for _ in range(25):
+        grad = torch.randn(40)
+        param.grad = grad.clone()
+        torch_opt.step()
+        rule.apply(theta, grad, 1.0, 0.0, 0.01)
+    assert torch.allclose(param.detach(), theta, atol=1e-6)
+    with pytest.raises(UserError, match="train.momentum"):
+        config.from_dict({"train": {"momentum": 1.0}}, "test").validate()
 
 
 def test_two_workers_adamw_by_hand() -> None:

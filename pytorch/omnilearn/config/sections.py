@@ -112,7 +112,7 @@ class TrainConfig:
     lr: float = 0.1
     """Learning rate."""
     momentum: float = 0.9
-    """SGD momentum."""
+    """SGD's momentum; AdamW's beta1 (the decay of its first moment; beta2 stays 0.999)."""
     weight_decay: float = 5e-4
     """Weight decay of the optimizer."""
     milestones: list[int] = field(default_factory=list)
@@ -143,6 +143,8 @@ class TrainConfig:
             raise bad("eval_every", f"must be at least 1, not {self.eval_every}")
         if self.optimizer not in ("sgd", "adamw"):
             raise bad("optimizer", f"must be sgd or adamw, not {self.optimizer!r}")
+        if not 0 <= self.momentum < 1:
+            raise bad("momentum", f"must be in [0, 1), not {self.momentum}")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise bad("time_budget_s", f"must be positive (or null), not {self.time_budget_s}")
         if self.dist_backend not in ("auto", "gloo", "nccl"):

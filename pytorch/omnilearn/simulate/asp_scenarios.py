@@ -99,14 +99,14 @@ def rule_maker(sc: AspScenario):  # noqa: ANN201 - a MakeRule
     """The update rule of ``sc`` for a tensor of parameters (its rows the seeds); under parameter
     pushes, the workers' own (no staleness, no cap: :func:`~omnilearn.train.asp_update.local_rule`)."""
     tolerance = math.inf if sc.push == "parameters" else sc.delay_tolerance
-    hyper = Hyper(sc.optimizer, sc.momentum, 0.0, delay_tolerance=tolerance)
+    hyper = Hyper(sc.optimizer, sc.momentum, 0.0, betas=(sc.momentum, 0.999), delay_tolerance=tolerance)
 
     def make(theta: torch.Tensor) -> UpdateRule:
         if sc.update == "sample-time":
             return SampleTime(hyper, tuple(theta.shape), theta.dtype)
         param = torch.nn.Parameter(theta)  # the same storage: the optimiser moves theta
         param.grad = torch.zeros_like(theta)
-        opt = (torch.optim.AdamW([param], lr=sc.lr, weight_decay=0.0) if sc.optimizer == "adamw"
+        opt = (torch.optim.AdamW([param], lr=sc.lr, betas=hyper.betas, weight_decay=0.0) if sc.optimizer == "adamw"
                else torch.optim.SGD([param], lr=sc.lr, momentum=sc.momentum))
         return ScaledGradient(opt, param.grad, 1.0, False)
 

@@ -223,7 +223,8 @@ def build_rule(cfg: Any, theta: torch.Tensor, make_optimizer: Any, grads: torch.
     t, asp = cfg.train, cfg.asp
     if asp.update == "scaled-gradient":
         return ScaledGradient(make_optimizer(), grads, LR_POWERS[asp.lr_scaling], asp.staleness_damping)
-    hyper = Hyper(t.optimizer, t.momentum, t.weight_decay, delay_tolerance=asp.delay_tolerance)
+    hyper = Hyper(t.optimizer, t.momentum, t.weight_decay, betas=(t.momentum, 0.999),
+                  delay_tolerance=asp.delay_tolerance)
     return SampleTime(hyper, tuple(theta.shape), theta.dtype)
 
 
@@ -232,7 +233,8 @@ def local_rule(cfg: Any, theta: torch.Tensor) -> SampleTime:
     its batch counted in the optimiser's time (``κ``), no staleness (its gradient is of the parameters
     it steps) and no cap."""
     t = cfg.train
-    return SampleTime(Hyper(t.optimizer, t.momentum, t.weight_decay), tuple(theta.shape), theta.dtype)
+    return SampleTime(Hyper(t.optimizer, t.momentum, t.weight_decay, betas=(t.momentum, 0.999)), tuple(theta.shape),
+                      theta.dtype)
 
 
 def scheduled_lr(train: Any, epoch: float) -> float:
