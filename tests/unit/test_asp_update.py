@@ -94,6 +94,26 @@ def test_the_staleness_factor_keeps_the_full_weight_up_to_the_tolerance() -> Non
     assert torch.allclose(column, torch.tensor([[1.0], [0.5]]))
 
 
+def test_a_late_gradient_is_corrected_to_the_current_parameters_by_hand() -> None:
+    # SGD without momentum, correction λ₀ = 0.5: a fresh push sets the mean square; a push computed
+    # on the parameters before it is carried forward by λ₀ g² (θ − θ_pulled) / rms(g).
+    lam, b2, eps, lr = 0.5, 0.999, 1e-8, 0.1
+    rule = SampleTime(Hyper("sgd", 0.0, 0.0, betas=(0.0, b2), correction=lam), (1,), torch.float64)
+    assert rule.corrects
+    start = torch.tensor([1.0], dtype=torch.float64)
+    theta = start.clone()
+    rule.apply(theta, torch.tensor([2.0], dtype=torch.float64), 1.0, 0.0, lr, pulled=start.clone())
+    assert float(theta) == pytest.approx(1.0 - lr * 2.0)  # fresh: θ − θ_pulled = 0, nothing to correct
+    v, p2 = (1 - b2) * 4.0, b2
+    g = -1.0
+    corrected = g + lam * g * g / (math.sqrt(v / (1 - p2)) + eps) * (float(theta) - 1.0)
+    expect = float(theta) - lr * corrected
+    rule.apply(theta, torch.tensor([g], dtype=torch.float64), 1.0, 1.0, lr, pulled=start.clone())
+    assert float(theta) == pytest.approx(expect, rel=1e-12)
+    plain = SampleTime(Hyper("sgd", 0.0, 0.0), (1,), torch.float64)
+    assert not plain.corrects and plain.v is None  # no correction: no second moment kept for SGD
+
+
 def test_rows_apply_each_their_own_time_and_delay() -> None:
     hyper = Hyper("adamw", 0.0, 0.01, delay_tolerance=1.0)
     rows = SampleTime(hyper, (2, 5))
@@ -153,3 +173,30 @@ def test_under_gradient_pushes_no_update_is_lost(tmp_path: Path) -> None:
         push(server, rank, seq, version, g, batch=8)
     # plain SGD at one unit a push, no cut: the parameters moved by every gradient, the stale one included
     assert torch.allclose(server.state[:n], start - 0.1 * sum(grads), atol=1e-6)
+
+
+def test_the_server_corrects_a_late_push_from_the_parameters_its_worker_pulled(tmp_path: Path) -> None:
+    sets = (("train.optimizer", "sgd"), ("asp.delay_tolerance", math.inf))
+    plain, corrected = make_server(tmp_path / "plain", *sets), make_server(tmp_path / "dc", *sets,
+                                                                        ("asp.delay_correction", 1.0))
+    n = plain.n_params
+    torch.manual_seed(1)
+    grads = [torch.randn(plain.state.numel()) for _ in range(3)]
+    for server in (plain, corrected):
+        for slot in (1, 2):
+            server.pull(slot)
+        push(server, 1, 1, 0, grads[0].clone(), batch=8)  # fresh
+        server.pull(1)
+        push(server, 1, 2, 1, grads[1].clone(), batch=8)  # fresh
+    before = corrected.state[:n].clone()
+    rule = corrected.rule
+    rms = torch.sqrt(rule.v / (1 - float(rule.p2))) + 1e-8  # the mean square before the late push
+    assert corrected.pulled_state[0] is not None and plain.pulled_state[0] is None  # kept only when correcting
+    start = corrected.pulled_state[1]  # slot 2's pull: version 0
+    assert start is not None
+    for server in (plain, corrected):
+        push(server, 2, 1, 0, grads[2].clone(), batch=8)  # two pushes late, on the parameters of version 0
+    late = grads[2][:n]
+    # plain SGD at one unit: the late gradient as pushed, or carried from version 0's parameters to the current
+    assert torch.allclose(before - corrected.state[:n], 0.1 * (late + late * late * (before - start) / rms), atol=1e-6)
+    assert not torch.allclose(plain.state[:n], corrected.state[:n])

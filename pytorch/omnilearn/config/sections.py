@@ -295,6 +295,10 @@ class AspConfig:
     to which a gradient keeps its full weight; beyond, its weight is rho / staleness. 1 suits a step
     tuned without delay; a step small enough for the delays of n workers tolerates about n (.inf: no
     cut). The ASP controller's model uses the same rho."""
+    delay_correction: float = 0.0
+    """sample-time: lambda0 of a late gradient's first-order correction to the current parameters
+    (DC-ASGD: g + lambda0 g*g*(theta - theta_pulled) / rms(g), the Hessian's diagonal taken as g*g); 0:
+    none. The server keeps each worker's pulled parameters for it (one copy of the model a worker)."""
     lr_reference_batch: int | None = None
     """b_ref: the batch a push counts one unit of the optimizer's time at (default: global_batch /
     workers, the mean batch)."""
@@ -320,6 +324,8 @@ class AspConfig:
             raise bad("update", f"must be one of {', '.join(ASP_UPDATES)}, not {self.update!r}")
         if self.push not in ASP_PUSHES:
             raise bad("push", f"must be one of {', '.join(ASP_PUSHES)}, not {self.push!r}")
+        if not self.delay_correction >= 0:
+            raise bad("delay_correction", f"must be at least 0 (0: none), not {self.delay_correction}")
         if not self.delay_tolerance > 0:
             raise bad("delay_tolerance", f"must be positive (.inf: no cut), not {self.delay_tolerance}")
         if self.eval_interval <= 0:

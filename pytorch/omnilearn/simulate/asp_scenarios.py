@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnilearn.config.sections import ASP_PUSHES
 from omnilearn.control.asp import AsyncController
 from omnilearn.control.policies import Bounds
 from omnilearn.errors import UserError
@@ -45,7 +46,6 @@ from omnilearn.train.asp_update import UPDATES, Hyper, SampleTime, ScaledGradien
 
 SUITE_FILE = CONFIG_DIR / "asp_scenarios.yaml"
 POLICIES = ("uniform", "dynamic", "static")
-PUSHES = ("gradients", "parameters")
 COLUMNS = ("scenario", "policy", "update", "push", "seed", "loss_at_equal_time", "reference_loss",
            "time_to_target_s", "reference_time_to_target_s")
 
@@ -66,6 +66,8 @@ class AspScenario(Scenario):
     """The server's update rule: sample-time | scaled-gradient."""
     push: str = "gradients"
     """gradients | parameters (each worker steps its own optimiser; the server keeps the last writer's)."""
+    delay_correction: float = 0.0
+    """λ₀ of a late gradient's first-order correction (``asp.delay_correction``; 0: none)."""
     delay_tolerance: float = 1.0
     """ρ of the staleness factor a(τ) = ρ / (ρ + τ) (.inf: none)."""
     server_ms: float = 0.0
@@ -77,10 +79,12 @@ class AspScenario(Scenario):
     def check(self, where: str) -> None:
         super().check(where)
         key = f"{where}.{self.name}"
-        choices = (("problem", PROBLEMS), ("optimizer", ("sgd", "adamw")), ("update", UPDATES), ("push", PUSHES))
+        choices = (("problem", PROBLEMS), ("optimizer", ("sgd", "adamw")), ("update", UPDATES), ("push", ASP_PUSHES))
         for attr, allowed in choices:
             if getattr(self, attr) not in allowed:
                 raise UserError(f"{key}.{attr}: must be one of {', '.join(allowed)}, not {getattr(self, attr)!r}")
+        if not self.delay_correction >= 0:
+            raise UserError(f"{key}.delay_correction: must be at least 0, not {self.delay_correction}")
         if not self.lr > 0 or not 0 <= self.momentum < 1 or not self.delay_tolerance > 0:
             raise UserError(f"{key}: needs lr > 0, 0 <= momentum < 1 and delay_tolerance > 0")
         if not 0 < self.target < 1 or self.server_ms < 0:
@@ -99,7 +103,8 @@ def rule_maker(sc: AspScenario):  # noqa: ANN201 - a MakeRule
     """The update rule of ``sc`` for a tensor of parameters (its rows the seeds); under parameter
     pushes, the workers' own (no staleness, no cap: :func:`~omnilearn.train.asp_update.local_rule`)."""
     tolerance = math.inf if sc.push == "parameters" else sc.delay_tolerance
-    hyper = Hyper(sc.optimizer, sc.momentum, 0.0, betas=(sc.momentum, 0.999), delay_tolerance=tolerance)
+    hyper = Hyper(sc.optimizer, sc.momentum, 0.0, betas=(sc.momentum, 0.999), delay_tolerance=tolerance,
+                  correction=sc.delay_correction)
 
     def make(theta: torch.Tensor) -> UpdateRule:
         if sc.update == "sample-time":

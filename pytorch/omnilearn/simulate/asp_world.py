@@ -164,7 +164,11 @@ class AsyncRun:
             full_grad, full_kappa = torch.zeros_like(self.theta), torch.zeros(rows, dtype=self.theta.dtype)
             full_tau = torch.zeros(rows, dtype=self.theta.dtype)
             full_grad[index], full_kappa[index], full_tau[index] = grad, kappa, torch.from_numpy(late)[:, None]
-            self.server_rule.apply(self.theta, full_grad, full_kappa, full_tau, self.lr)
+            pulled = None
+            if self.server_rule.corrects:  # the rows that push nothing: their own parameters, no correction
+                pulled = self.theta.clone()
+                pulled[index] = self.pulled[index, torch.from_numpy(w)]
+            self.server_rule.apply(self.theta, full_grad, full_kappa, full_tau, self.lr, pulled=pulled)
             return
         assert self.local_rule is not None
         local = self.pulled[index, torch.from_numpy(w)].clone()

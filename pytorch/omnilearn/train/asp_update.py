@@ -59,6 +59,7 @@ class Hyper:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     delay_tolerance: float = float("inf")  # ρ of a(τ) = min(1, ρ / τ); inf: staleness is not weighed
+    correction: float = 0.0  # asp.delay_correction: λ₀ of the late gradient's first-order correction (0: none)
 
 
 def staleness_factor(tau: Any, rho: float) -> Any:
@@ -73,9 +74,14 @@ def staleness_factor(tau: Any, rho: float) -> Any:
 class UpdateRule(Protocol):
     """What the server calls: one update, and the state a checkpoint keeps."""
 
-    def apply(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any) -> None:
+    corrects: bool
+    """Whether :meth:`apply` uses ``pulled`` (``asp.delay_correction``): the caller keeps it only then."""
+
+    def apply(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any,
+              pulled: torch.Tensor | None = None) -> None:
         """Move ``theta`` in place by one push: its gradient ``grad``, batch weight ``κ = b / b_ref``,
-        staleness ``τ`` and learning rate ``lr`` (floats, or columns broadcasting against the rows)."""
+        staleness ``τ`` and learning rate ``lr`` (floats, or columns broadcasting against the rows);
+        ``pulled``, the parameters the gradient was computed on."""
         ...
 
     def weight(self, kappa: float, tau: float) -> float:
@@ -93,8 +99,10 @@ class SampleTime:
     def __init__(self, hyper: Hyper, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype = torch.float32) -> None:
         assert hyper.optimizer in ("sgd", "adamw"), hyper.optimizer
         self.hyper = hyper
+        self.corrects = bool(hyper.correction)
         self.m = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype) if hyper.optimizer == "adamw" else None
+        # the second moment: Adam's, and the mean square the correction of a late gradient divides by
+        self.v = torch.zeros(shape, dtype=dtype) if hyper.optimizer == "adamw" or hyper.correction else None
         column = (*shape[:-1], 1)
         self.p1 = torch.ones(column, dtype=torch.float64)  # bias-correction products, per row
         self.p2 = torch.ones(column, dtype=torch.float64)
@@ -105,14 +113,31 @@ class SampleTime:
         return float(min(kappa, rho) * staleness_factor(tau, rho))
 
     def apply(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any,
-              rows: torch.Tensor | None = None) -> None:
+              rows: torch.Tensor | None = None, pulled: torch.Tensor | None = None) -> None:
         """One update (see :class:`UpdateRule`). ``rows``: the rows of the state that ``theta`` and
-        ``grad`` hold, when they are some rows only (the ASP benchmark's workers' own optimisers)."""
+        ``grad`` hold, when they are some rows only (the ASP benchmark's workers' own optimisers);
+        ``pulled``: the parameters the gradient was computed on (needed by ``asp.delay_correction``)."""
+        if self.hyper.correction and pulled is not None:
+            grad = self._corrected(theta, grad, pulled, rows)
         if rows is None and not any(isinstance(x, torch.Tensor) for x in (kappa, tau, lr)):
             self._apply_one(theta, grad, float(kappa), float(tau), float(lr))
         else:
             self._apply_rows(theta, grad, kappa, tau, lr, rows)
         self.updates += 1
+
+    def _corrected(self, theta: torch.Tensor, grad: torch.Tensor, pulled: torch.Tensor,
+                   rows: torch.Tensor | None) -> torch.Tensor:
+        """The late gradient carried to the current parameters to first order (DC-ASGD, Zheng et al.
+        2017): ``g + λ₀ g ⊙ g ⊙ (θ − θ_pulled) / √v̂``, the Hessian's diagonal taken as ``λ₀ g ⊙ g``
+        scaled by the gradient's mean square (their adaptive ``λ``). Before any second moment, none."""
+        assert self.v is not None
+        v = self.v if rows is None else self.v[rows]
+        p2 = self.p2 if rows is None else self.p2[rows]
+        c2 = (1 - p2).to(v.dtype)
+        if not bool(torch.any(c2 > 0)):
+            return grad
+        rms = torch.sqrt(v / torch.clamp(c2, min=1e-12)).add_(self.hyper.eps)
+        return grad + self.hyper.correction * grad * grad / rms * (theta - pulled)
 
     def _apply_one(self, theta: torch.Tensor, grad: torch.Tensor, kappa: float, tau: float, lr: float) -> None:
         """The server's update: one parameter vector, in place, no temporaries the size of the model
@@ -125,6 +150,10 @@ class SampleTime:
             if h.weight_decay:
                 self.m.add_(theta, alpha=h.weight_decay * (1 - keep))
             theta.add_(self.m, alpha=-lr * min(kappa, h.delay_tolerance) / (1 - h.momentum))
+            if self.v is not None:  # the mean square of the correction
+                k2 = h.betas[1] ** kappa
+                self.v.mul_(k2).addcmul_(grad, grad, value=1 - k2)
+                self.p2.mul_(k2)
             return
         assert self.v is not None
         b1, b2 = h.betas
@@ -153,6 +182,15 @@ class SampleTime:
                 entry = entry + h.weight_decay * theta
             m.mul_(keep).add_(entry * (1 - keep))
             theta.sub_(m * (lr * step / (1 - h.momentum)))
+            if self.v is not None:  # the mean square of the correction
+                k2 = h.betas[1] ** kappa
+                v = self.v if rows is None else self.v[rows]
+                v.mul_(k2).add_(grad * grad * (1 - k2))
+                p2 = (self.p2 if rows is None else self.p2[rows]) * k2
+                if rows is None:
+                    self.p2 = p2
+                else:
+                    self.v[rows], self.p2[rows] = v, p2
         else:
             assert self.v is not None
             v = self.v if rows is None else self.v[rows]
@@ -195,12 +233,14 @@ class ScaledGradient:
 
     def __init__(self, optimizer: torch.optim.Optimizer, grads: torch.Tensor, power: float, damping: bool) -> None:
         self.optimizer, self.grads, self.power, self.damping = optimizer, grads, power, damping
+        self.corrects = False
 
     def weight(self, kappa: Any, tau: Any) -> Any:
         scale = kappa ** self.power
         return scale / (1 + tau) if self.damping else scale
 
-    def apply(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any) -> None:
+    def apply(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any,
+              pulled: torch.Tensor | None = None) -> None:
         self.grads.copy_(grad).mul_(self.weight(kappa, tau))
         for group in self.optimizer.param_groups:
             group["lr"] = float(lr)
@@ -224,7 +264,7 @@ def build_rule(cfg: Any, theta: torch.Tensor, make_optimizer: Any, grads: torch.
     if asp.update == "scaled-gradient":
         return ScaledGradient(make_optimizer(), grads, LR_POWERS[asp.lr_scaling], asp.staleness_damping)
     hyper = Hyper(t.optimizer, t.momentum, t.weight_decay, betas=(t.momentum, 0.999),
-                  delay_tolerance=asp.delay_tolerance)
+                  delay_tolerance=asp.delay_tolerance, correction=asp.delay_correction)
     return SampleTime(hyper, tuple(theta.shape), theta.dtype)
 
 

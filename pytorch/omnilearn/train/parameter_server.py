@@ -140,6 +140,8 @@ class ParameterServer:
         self.parameters_pushed = cfg.asp.push == "parameters"
         self.kclock = 0.0  # the optimizer's time: b / b_ref of every push applied
         self.pulled: list[tuple[int, float]] = [(0, 0.0)] * len(self.slots)  # (version, kclock) at each pull
+        # the parameters each worker pulled, for asp.delay_correction (none kept without it)
+        self.pulled_state: list[torch.Tensor | None] = [None] * len(self.slots)
         self.train_size = train_size
         self.target_samples = t.epochs * train_size
         self.worker_targets = [job.plan.targets[s] for s in self.slots]
@@ -232,7 +234,10 @@ class ParameterServer:
             self.pulled[i] = (self.version, self.kclock)
             control = self._control(i)
             # A clone: the tensor is serialised after the handler returns, outside the lock.
-            return (None if self.stopping else self.state.clone()), control
+            state = None if self.stopping else self.state.clone()
+            if self.rule.corrects and state is not None:
+                self.pulled_state[i] = state[:self.n_params]
+            return state, control
 
     def push(self, slot: int, seq: int, version: int, flat: torch.Tensor, batch: int, stats: dict[str, Any]
              ) -> dict[str, Any]:
@@ -267,7 +272,8 @@ class ParameterServer:
                 # sample-time weighs the delay in the optimizer's time; scaled-gradient's damping counts updates
                 delay = staleness if self.cfg.asp.update == "scaled-gradient" else late
                 weight = self.rule.weight(kappa, delay)
-                self.rule.apply(self.state[:self.n_params], flat[:self.n_params], kappa, delay, base)
+                pulled = self.pulled_state[i] if pulled_version == version else None
+                self.rule.apply(self.state[:self.n_params], flat[:self.n_params], kappa, delay, base, pulled=pulled)
             self.state[self.n_params:].add_(flat[self.n_params:])  # running-statistics change
             for counter in self.counters:
                 counter += 1
