@@ -16,6 +16,17 @@ from omnilearn.train.asp_update import Hyper, SampleTime, build_rule, staleness_
 from omnilearn.train.workload import make_optimizer
 
 
+def _same_steps(torch_opt: torch.optim.Optimizer, param: torch.nn.Parameter, rule: SampleTime,
+                theta: torch.Tensor) -> None:
+    """25 fresh pushes of one unit through ``rule`` move ``theta`` as ``torch_opt`` moves ``param``."""
+    for _ in range(25):
+        grad = torch.randn(40)
+        param.grad = grad.clone()
+        torch_opt.step()
+        rule.apply(theta, grad, 1.0, 0.0, 0.01)
+    assert torch.allclose(param.detach(), theta, atol=1e-6)
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_one_unit_without_delay_is_torchs_own_step(optimizer: str) -> None:
     torch.manual_seed(0)
@@ -24,12 +35,7 @@ def test_one_unit_without_delay_is_torchs_own_step(optimizer: str) -> None:
     rule = SampleTime(Hyper(optimizer, 0.9, 0.01), theta.shape)
     torch_opt = (torch.optim.AdamW([param], lr=0.01, weight_decay=0.01) if optimizer == "adamw"
                  else torch.optim.SGD([param], lr=0.01, momentum=0.9, weight_decay=0.01))
-    for _ in range(25):
-        grad = torch.randn(40)
-        param.grad = grad.clone()
-        torch_opt.step()
-        rule.apply(theta, grad, 1.0, 0.0, 0.01)
-    assert torch.allclose(param.detach(), theta, atol=1e-6)
+    _same_steps(torch_opt, param, rule, theta)
 
 
 def test_train_momentum_is_adams_beta1_on_the_server_as_in_torchs_optimizer() -> None:
@@ -41,12 +47,7 @@ def test_train_momentum_is_adams_beta1_on_the_server_as_in_torchs_optimizer() ->
     torch_opt = make_optimizer(cfg, [param])
     assert torch_opt.param_groups[0]["betas"] == (0.5, 0.999)
     rule = build_rule(cfg, theta, None, torch.zeros(40))
-    for _ in range(25):
-        grad = torch.randn(40)
-        param.grad = grad.clone()
-        torch_opt.step()
-        rule.apply(theta, grad, 1.0, 0.0, 0.01)
-    assert torch.allclose(param.detach(), theta, atol=1e-6)
+    _same_steps(torch_opt, param, rule, theta)
     with pytest.raises(UserError, match="train.momentum"):
         config.from_dict({"train": {"momentum": 1.0}}, "test").validate()
 
