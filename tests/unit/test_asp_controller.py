@@ -75,6 +75,17 @@ def test_a_step_that_tolerates_one_unit_keeps_equal_batches() -> None:
     assert set(ctl.holds) == {"no-gain"}  # the fast worker's batch beyond one unit would not count
 
 
+def test_the_batch_cap_is_its_own_tolerance_where_it_is_set() -> None:
+    ctl = controller(rho=1.0, batch_tolerance=4.0)
+    c, o = np.asarray([0.004, 0.004, 0.004, 0.0008]), np.zeros(4)
+    one = controller(rho=1.0)
+    split = np.asarray([[8.0, 8.0, 8.0, 40.0]])  # the fast worker's push: 2.5 units
+    worth, _, _ = ctl.worth(split, c, o)
+    capped, _, _ = one.worth(split, c, o)
+    assert worth[0] > capped[0]  # the fast worker's 2.5 units count whole under a cap of 4, one under 1
+    assert feed(one, [0.004, 0.004, 0.006, 0.0008]) == []
+
+
 def test_a_split_the_server_cannot_serve_is_not_taken() -> None:
     ctl = controller(rho=4.0, server_s=0.02)  # 50 updates a second at most
     assert feed(ctl, [0.004, 0.004, 0.006, 0.0008], overhead=0.0) == []

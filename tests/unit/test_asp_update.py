@@ -115,6 +115,16 @@ def test_a_late_gradient_is_corrected_to_the_current_parameters_by_hand() -> Non
     assert not plain.corrects and plain.v is None  # no correction: no second moment kept for SGD
 
 
+def test_the_batch_cap_is_apart_from_the_delay_tolerance_where_it_is_set() -> None:
+    split = SampleTime(Hyper("adamw", 0.0, 0.0, delay_tolerance=0.5, batch_tolerance=2.0), (1,))
+    assert split.weight(3.0, 0.0) == pytest.approx(2.0)  # the batch capped at two units
+    assert split.weight(1.0, 2.0) == pytest.approx(0.25)  # the delay cut at half a unit: 1 x 0.5 / 2
+    one = SampleTime(Hyper("adamw", 0.0, 0.0, delay_tolerance=0.5), (1,))
+    assert one.weight(3.0, 0.0) == pytest.approx(0.5)  # by default one number for both
+    with pytest.raises(UserError, match="asp.batch_tolerance"):
+        config.from_dict({"mode": "asp", "asp": {"batch_tolerance": 0}}, "test").validate()
+
+
 def test_rows_apply_each_their_own_time_and_delay() -> None:
     hyper = Hyper("adamw", 0.0, 0.01, delay_tolerance=1.0)
     rows = SampleTime(hyper, (2, 5))

@@ -295,6 +295,11 @@ class AspConfig:
     to which a gradient keeps its full weight; beyond, its weight is rho / staleness. 1 suits a step
     tuned without delay; a step small enough for the delays of n workers tolerates about n (.inf: no
     cut). The ASP controller's model uses the same rho."""
+    batch_tolerance: float | None = None
+    """sample-time: the units of batch (b / b_ref) one push's step may take at once: a push of more
+    moves the model as far as one of this many. Default (null): delay_tolerance, one number for both.
+    A step tuned with momentum beta keeps about (1 + beta) / (1 - beta) times more batch than delay
+    (docs/design/asp.md)."""
     delay_correction: float = 0.0
     """sample-time: lambda0 of a late gradient's first-order correction to the current parameters
     (DC-ASGD: g + lambda0 g*g*(theta - theta_pulled) / rms(g), the Hessian's diagonal taken as g*g); 0:
@@ -324,6 +329,8 @@ class AspConfig:
             raise bad("update", f"must be one of {', '.join(ASP_UPDATES)}, not {self.update!r}")
         if self.push not in ASP_PUSHES:
             raise bad("push", f"must be one of {', '.join(ASP_PUSHES)}, not {self.push!r}")
+        if self.batch_tolerance is not None and not self.batch_tolerance > 0:
+            raise bad("batch_tolerance", f"must be positive (or null: delay_tolerance), not {self.batch_tolerance}")
         if not self.delay_correction >= 0:
             raise bad("delay_correction", f"must be at least 0 (0: none), not {self.delay_correction}")
         if not self.delay_tolerance > 0:

@@ -118,6 +118,8 @@ class AsyncController:
     """The last move: the effective samples a second before and after, and the staleness predicted."""
     server_s: float = 0.0
     """The server's seconds per update applied (measured by its owner)."""
+    batch_tolerance: float | None = None
+    """The rule's cap on one push's step, in units (``asp.batch_tolerance``; None: ``delay_tolerance``)."""
 
     def __post_init__(self) -> None:
         n = len(self.bounds.max_batch)
@@ -202,7 +204,8 @@ class AsyncController:
         var = (f * (1 - f) * kappa * kappa).sum(axis=2)
         rate = 1.0 / cycle
         a = expected_factor(lam.ravel(), var.ravel(), self.delay_tolerance).reshape(lam.shape)
-        moved = np.minimum(splits, self.delay_tolerance * self.global_batch / len(c))  # the step's cap
+        cap = self.delay_tolerance if self.batch_tolerance is None else self.batch_tolerance
+        moved = np.minimum(splits, cap * self.global_batch / len(c))  # the step's cap
         return (moved * rate * a).sum(axis=1), lam, rate.sum(axis=1) * self.server_s
 
     def candidates(self, c: np.ndarray, o: np.ndarray) -> list[list[int]]:

@@ -66,6 +66,8 @@ class AspScenario(Scenario):
     """The server's update rule: sample-time | scaled-gradient."""
     push: str = "gradients"
     """gradients | parameters (each worker steps its own optimiser; the server keeps the last writer's)."""
+    batch_tolerance: float | None = None
+    """The step's cap in units (``asp.batch_tolerance``; None: ``delay_tolerance``)."""
     delay_correction: float = 0.0
     """λ₀ of a late gradient's first-order correction (``asp.delay_correction``; 0: none)."""
     delay_tolerance: float = 1.0
@@ -83,6 +85,8 @@ class AspScenario(Scenario):
         for attr, allowed in choices:
             if getattr(self, attr) not in allowed:
                 raise UserError(f"{key}.{attr}: must be one of {', '.join(allowed)}, not {getattr(self, attr)!r}")
+        if self.batch_tolerance is not None and not self.batch_tolerance > 0:
+            raise UserError(f"{key}.batch_tolerance: must be positive (or null), not {self.batch_tolerance}")
         if not self.delay_correction >= 0:
             raise UserError(f"{key}.delay_correction: must be at least 0, not {self.delay_correction}")
         if not self.lr > 0 or not 0 <= self.momentum < 1 or not self.delay_tolerance > 0:
@@ -103,7 +107,9 @@ def rule_maker(sc: AspScenario):  # noqa: ANN201 - a MakeRule
     """The update rule of ``sc`` for a tensor of parameters (its rows the seeds); under parameter
     pushes, the workers' own (no staleness, no cap: :func:`~omnilearn.train.asp_update.local_rule`)."""
     tolerance = math.inf if sc.push == "parameters" else sc.delay_tolerance
+    batch = math.inf if sc.push == "parameters" else sc.batch_tolerance
     hyper = Hyper(sc.optimizer, sc.momentum, 0.0, betas=(sc.momentum, 0.999), delay_tolerance=tolerance,
+                  batch_tolerance=batch,
                   correction=sc.delay_correction)
 
     def make(theta: torch.Tensor) -> UpdateRule:
@@ -151,7 +157,7 @@ def run_scenario(sc: AspScenario, policies: Sequence[str]) -> tuple[list[dict[st
 
     def controller() -> AsyncController:
         return AsyncController(sc.global_batch, bounds, sc.delay_tolerance, server_s=sc.server_ms / 1e3,
-                               parameters=sc.push == "parameters")
+                               parameters=sc.push == "parameters", batch_tolerance=sc.batch_tolerance)
 
     traces = {p: run_async(world, seeds, problem, make, sc.lr, seed, p, sc.push, sc.server_ms,
                            controller if p == "dynamic" else None) for p in policies}

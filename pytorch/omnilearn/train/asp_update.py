@@ -16,6 +16,10 @@ batches, their count). :class:`SampleTime` (``asp.update: sample-time``) is the 
   delay keeps the step stable, beyond it a weight cut in proportion to the delay: the delay-adaptive
   rule under which asynchronous SGD converges whatever the largest delay), and the step is
   ``η min(κ, ρ)``: a batch of more than ``ρ`` units moves the model as far as one of ``ρ``.
+  ``asp.batch_tolerance`` sets that cap apart (``s = min(κ, ρ_b)``): with momentum a step keeps more
+  of its stability for a batch than for a delay (``docs/design/asp.md``).
+- **Correction.** ``asp.delay_correction`` carries a late gradient to the current parameters first
+  (:meth:`SampleTime._corrected`).
 
 With ``μ`` SGD's momentum (``β₁`` for Adam), ``λ`` the weight decay and ``m``, ``v`` zero at the start:
 
@@ -59,6 +63,7 @@ class Hyper:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     delay_tolerance: float = float("inf")  # ρ of a(τ) = min(1, ρ / τ); inf: staleness is not weighed
+    batch_tolerance: float | None = None  # the step's cap, min(κ, this) units (None: ρ)
     correction: float = 0.0  # asp.delay_correction: λ₀ of the late gradient's first-order correction (0: none)
 
 
@@ -69,6 +74,11 @@ def staleness_factor(tau: Any, rho: float) -> Any:
     if isinstance(tau, torch.Tensor):
         return torch.clamp(rho / torch.clamp(tau, min=1e-12), max=1.0)
     return min(1.0, rho / tau) if tau > 0 else 1.0
+
+
+def batch_cap(hyper: Hyper) -> float:
+    """The units of batch one push's step may take (``asp.batch_tolerance``, by default ``ρ``)."""
+    return hyper.delay_tolerance if hyper.batch_tolerance is None else hyper.batch_tolerance
 
 
 class UpdateRule(Protocol):
@@ -109,8 +119,7 @@ class SampleTime:
         self.updates = 0
 
     def weight(self, kappa: float, tau: float) -> float:
-        rho = self.hyper.delay_tolerance
-        return float(min(kappa, rho) * staleness_factor(tau, rho))
+        return float(min(kappa, batch_cap(self.hyper)) * staleness_factor(tau, self.hyper.delay_tolerance))
 
     def apply(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any,
               rows: torch.Tensor | None = None, pulled: torch.Tensor | None = None) -> None:
@@ -149,7 +158,7 @@ class SampleTime:
             self.m.mul_(keep).add_(grad, alpha=a * (1 - keep))
             if h.weight_decay:
                 self.m.add_(theta, alpha=h.weight_decay * (1 - keep))
-            theta.add_(self.m, alpha=-lr * min(kappa, h.delay_tolerance) / (1 - h.momentum))
+            theta.add_(self.m, alpha=-lr * min(kappa, batch_cap(h)) / (1 - h.momentum))
             if self.v is not None:  # the mean square of the correction
                 k2 = h.betas[1] ** kappa
                 self.v.mul_(k2).addcmul_(grad, grad, value=1 - k2)
@@ -166,7 +175,7 @@ class SampleTime:
         if h.weight_decay:
             theta.mul_(1 - lr * h.weight_decay * kappa)
         denom = torch.sqrt(self.v).div_(math.sqrt(c2)).add_(h.eps)
-        theta.addcdiv_(self.m, denom, value=-lr * min(kappa, h.delay_tolerance) / c1)
+        theta.addcdiv_(self.m, denom, value=-lr * min(kappa, batch_cap(h)) / c1)
 
     def _apply_rows(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any,
                     rows: torch.Tensor | None) -> None:
@@ -174,7 +183,8 @@ class SampleTime:
         h = self.hyper
         a = staleness_factor(tau, h.delay_tolerance)
         m = self.m if rows is None else self.m[rows]
-        step = torch.clamp(kappa, max=h.delay_tolerance) if isinstance(kappa, torch.Tensor) else min(kappa, h.delay_tolerance)
+        cap = batch_cap(h)
+        step = torch.clamp(kappa, max=cap) if isinstance(kappa, torch.Tensor) else min(kappa, cap)
         if h.optimizer == "sgd":
             keep = h.momentum ** kappa
             entry = grad * a
@@ -264,7 +274,8 @@ def build_rule(cfg: Any, theta: torch.Tensor, make_optimizer: Any, grads: torch.
     if asp.update == "scaled-gradient":
         return ScaledGradient(make_optimizer(), grads, LR_POWERS[asp.lr_scaling], asp.staleness_damping)
     hyper = Hyper(t.optimizer, t.momentum, t.weight_decay, betas=(t.momentum, 0.999),
-                  delay_tolerance=asp.delay_tolerance, correction=asp.delay_correction)
+                  delay_tolerance=asp.delay_tolerance, batch_tolerance=asp.batch_tolerance,
+                  correction=asp.delay_correction)
     return SampleTime(hyper, tuple(theta.shape), theta.dtype)
 
 

@@ -150,6 +150,7 @@ class ParameterServer:
         self.fault: UserError | None = None  # set by a handler, raised by the main loop
         self.controller: Any = build_controller(cfg.control, t.global_batch, self.workers, asynchronous=True,
                                                 delay_tolerance=cfg.asp.delay_tolerance,
+                                                batch_tolerance=cfg.asp.batch_tolerance,
                                                 parameters=self.parameters_pushed)
         if isinstance(self.controller, AsyncController):  # progress a second, from cycles (control/asp.py)
             self.loop: Any = AsyncLoop(self.controller, self.metrics.write)
