@@ -298,8 +298,9 @@ class AspConfig:
     batch_tolerance: float | None = None
     """sample-time: the units of batch (b / b_ref) one push's step may take at once: a push of more
     moves the model as far as one of this many. Default (null): delay_tolerance, one number for both.
-    A step tuned with momentum beta keeps about (1 + beta) / (1 - beta) times more batch than delay
-    (docs/design/asp.md)."""
+    With momentum beta a step stays stable for about (1 + beta) / (1 - beta) times more batch than
+    delay, but a large batch may be worth less than its units (docs/design/asp.md: on the ASP demo a
+    wider cap cost perplexity)."""
     delay_correction: float = 0.0
     """sample-time: lambda0 of a late gradient's first-order correction to the current parameters
     (DC-ASGD: g + lambda0 g*g*(theta - theta_pulled) / rms(g), the Hessian's diagonal taken as g*g); 0:
