@@ -99,6 +99,10 @@ class DataConfig:
             raise bad("image_size", f"must be at least 8, not {self.image_size}")
 
 
+ADAMW_BETA2 = 0.999
+"""AdamW's beta2 everywhere (its beta1 is ``train.momentum``)."""
+
+
 @dataclass
 class TrainConfig:
     """The training loop: length, global batch, optimizer and seed."""
@@ -130,6 +134,11 @@ class TrainConfig:
     time_budget_s: float | None = None
     """Stop after this many seconds of wall time since training started (evaluations included; epochs
     stay a cap): BSP at the end of the step that crosses it (rank 0's clock), ASP at the server."""
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        """AdamW's betas: ``momentum`` and :data:`ADAMW_BETA2`."""
+        return (self.momentum, ADAMW_BETA2)
 
     def check(self, bad: Bad) -> None:
         """This section's own checks (keys relative to it)."""

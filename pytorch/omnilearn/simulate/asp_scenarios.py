@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnilearn.config.sections import ASP_PUSHES
+from omnilearn.config.sections import ADAMW_BETA2, ASP_PUSHES
 from omnilearn.control.asp import AsyncController
 from omnilearn.control.policies import Bounds
 from omnilearn.errors import UserError
@@ -108,9 +108,8 @@ def rule_maker(sc: AspScenario):  # noqa: ANN201 - a MakeRule
     pushes, the workers' own (no staleness, no cap: :func:`~omnilearn.train.asp_update.local_rule`)."""
     tolerance = math.inf if sc.push == "parameters" else sc.delay_tolerance
     batch = math.inf if sc.push == "parameters" else sc.batch_tolerance
-    hyper = Hyper(sc.optimizer, sc.momentum, 0.0, betas=(sc.momentum, 0.999), delay_tolerance=tolerance,
-                  batch_tolerance=batch,
-                  correction=sc.delay_correction)
+    hyper = Hyper(sc.optimizer, sc.momentum, 0.0, betas=(sc.momentum, ADAMW_BETA2), delay_tolerance=tolerance,
+                  batch_tolerance=batch, correction=sc.delay_correction)
 
     def make(theta: torch.Tensor) -> UpdateRule:
         if sc.update == "sample-time":

@@ -48,6 +48,7 @@ from typing import Any, Protocol
 
 import torch
 
+from omnilearn.config.sections import ADAMW_BETA2
 from omnilearn.config.sections import ASP_UPDATES as UPDATES  # noqa: F401 - the rules' names, one home
 
 LR_POWERS = {"auto": 1.0, "linear": 1.0, "sqrt": 0.5, "none": 0.0}
@@ -60,7 +61,7 @@ class Hyper:
     optimizer: str  # "sgd" | "adamw"
     momentum: float  # SGD's μ
     weight_decay: float
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = (0.9, ADAMW_BETA2)
     eps: float = 1e-8
     delay_tolerance: float = float("inf")  # ρ of a(τ) = min(1, ρ / τ); inf: staleness is not weighed
     batch_tolerance: float | None = None  # the step's cap, min(κ, this) units (None: ρ)
@@ -126,7 +127,7 @@ class SampleTime:
         """One update (see :class:`UpdateRule`). ``rows``: the rows of the state that ``theta`` and
         ``grad`` hold, when they are some rows only (the ASP benchmark's workers' own optimisers);
         ``pulled``: the parameters the gradient was computed on (needed by ``asp.delay_correction``)."""
-        if self.hyper.correction and pulled is not None:
+        if self.corrects and pulled is not None:
             grad = self._corrected(theta, grad, pulled, rows)
         if rows is None and not any(isinstance(x, torch.Tensor) for x in (kappa, tau, lr)):
             self._apply_one(theta, grad, float(kappa), float(tau), float(lr))
@@ -138,14 +139,12 @@ class SampleTime:
                    rows: torch.Tensor | None) -> torch.Tensor:
         """The late gradient carried to the current parameters to first order (DC-ASGD, Zheng et al.
         2017): ``g + λ₀ g ⊙ g ⊙ (θ − θ_pulled) / √v̂``, the Hessian's diagonal taken as ``λ₀ g ⊙ g``
-        scaled by the gradient's mean square (their adaptive ``λ``). Before any second moment, none."""
+        scaled by the gradient's mean square (their adaptive ``λ``)."""
         assert self.v is not None
         v = self.v if rows is None else self.v[rows]
         p2 = self.p2 if rows is None else self.p2[rows]
-        c2 = (1 - p2).to(v.dtype)
-        if not bool(torch.any(c2 > 0)):
-            return grad
-        rms = torch.sqrt(v / torch.clamp(c2, min=1e-12)).add_(self.hyper.eps)
+        c2 = torch.clamp((1 - p2).to(v.dtype), min=1e-12)  # 0 only before any push, when θ is θ_pulled
+        rms = torch.sqrt(v / c2).add_(self.hyper.eps)
         return grad + self.hyper.correction * grad * grad / rms * (theta - pulled)
 
     def _apply_one(self, theta: torch.Tensor, grad: torch.Tensor, kappa: float, tau: float, lr: float) -> None:
@@ -273,7 +272,7 @@ def build_rule(cfg: Any, theta: torch.Tensor, make_optimizer: Any, grads: torch.
     t, asp = cfg.train, cfg.asp
     if asp.update == "scaled-gradient":
         return ScaledGradient(make_optimizer(), grads, LR_POWERS[asp.lr_scaling], asp.staleness_damping)
-    hyper = Hyper(t.optimizer, t.momentum, t.weight_decay, betas=(t.momentum, 0.999),
+    hyper = Hyper(t.optimizer, t.momentum, t.weight_decay, betas=t.betas,
                   delay_tolerance=asp.delay_tolerance, batch_tolerance=asp.batch_tolerance,
                   correction=asp.delay_correction)
     return SampleTime(hyper, tuple(theta.shape), theta.dtype)
@@ -284,8 +283,7 @@ def local_rule(cfg: Any, theta: torch.Tensor) -> SampleTime:
     its batch counted in the optimiser's time (``κ``), no staleness (its gradient is of the parameters
     it steps) and no cap."""
     t = cfg.train
-    return SampleTime(Hyper(t.optimizer, t.momentum, t.weight_decay, betas=(t.momentum, 0.999)), tuple(theta.shape),
-                      theta.dtype)
+    return SampleTime(Hyper(t.optimizer, t.momentum, t.weight_decay, betas=t.betas), tuple(theta.shape), theta.dtype)
 
 
 def scheduled_lr(train: Any, epoch: float) -> float:

@@ -123,7 +123,7 @@ def gather(dataset: Any, indices: Tensor, augment: bool = False, generator: torc
 def make_optimizer(cfg: JobConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     t = cfg.train
     if t.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=t.lr, betas=(t.momentum, 0.999), weight_decay=t.weight_decay)
+        return torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
     return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
 
 
