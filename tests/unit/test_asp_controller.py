@@ -44,6 +44,7 @@ def test_equal_workers_hold_and_the_decisions_thin_out() -> None:
 
 def test_equal_batches_wait_n_minus_one_units() -> None:
     ctl = controller()
+    ctl.k = 0.0  # time in proportion to the batch
     c, o = np.full(4, 0.004), np.zeros(4)
     _, lam, _ = ctl.worth(np.full((1, 4), 16.0), c, o)
     assert lam[0] == pytest.approx([3.0] * 4)
@@ -69,10 +70,39 @@ def test_a_tolerant_step_evens_the_update_rates() -> None:
     assert d is not None and d["worth_new"] > 1.05 * d["worth"]
 
 
-def test_a_step_that_tolerates_one_unit_keeps_equal_batches() -> None:
+def test_a_step_that_tolerates_one_unit_takes_smaller_fresher_pushes() -> None:
     ctl = controller(rho=1.0)
-    assert feed(ctl, [0.004, 0.004, 0.006, 0.0008]) == []
-    assert set(ctl.holds) == {"no-gain"}  # the fast worker's batch beyond one unit would not count
+    c = [0.004, 0.004, 0.006, 0.0008]
+    o = np.full(4, 0.005)
+    _, before, _ = ctl.worth(np.asarray([ctl.batch], float), np.asarray(c), o)
+    assert feed(ctl, c)
+    new = ctl.batch
+    # the slow workers' pushes shrink the most, the fast worker's stays within one unit, the sum falls
+    assert sum(new) < 64 and max(new) <= 16 and max(new[:3]) < new[3]
+    d = ctl.decision
+    assert d is not None and d["worth_new"] > 1.05 * d["worth"]
+    assert max(d["staleness_predicted"][:3]) < min(before[0][:3])
+
+
+def test_equal_workers_push_smaller_batches_under_a_harsh_cut() -> None:
+    ctl = controller(rho=1.0)
+    assert feed(ctl, [0.004] * 4)
+    assert len(set(ctl.batch)) == 1 and sum(ctl.batch) < 64  # every push fresher, no worker favoured
+    assert max(ctl.decision["staleness_predicted"]) < 3.0
+
+
+def test_pushes_stay_whole_where_a_cycle_costs_more_than_freshness_wins() -> None:
+    ctl = controller(rho=1.0)
+    assert feed(ctl, [0.004] * 4, overhead=1.0) == []  # a second of pull and push a cycle: small pushes lose
+    assert set(ctl.holds) == {"no-gain"} and ctl.batch == [16] * 4
+
+
+def test_the_unit_is_the_reference_batch_where_it_is_set() -> None:
+    c, o = np.full(4, 0.004), np.zeros(4)
+    ctl = controller(reference_batch=8.0)
+    assert ctl.k == pytest.approx(2.0)  # the prior's share of one unit, b_ref = 8
+    _, lam, _ = ctl.worth(np.full((1, 4), 16.0), c, o)
+    assert lam[0] == pytest.approx([6.0] * 4)  # three pushes of two units each
 
 
 def test_the_batch_cap_is_its_own_tolerance_where_it_is_set() -> None:
@@ -83,7 +113,8 @@ def test_the_batch_cap_is_its_own_tolerance_where_it_is_set() -> None:
     worth, _, _ = ctl.worth(split, c, o)
     capped, _, _ = one.worth(split, c, o)
     assert worth[0] > capped[0]  # the fast worker's 2.5 units count whole under a cap of 4, one under 1
-    assert feed(one, [0.004, 0.004, 0.006, 0.0008]) == []
+    feed(one, [0.004, 0.004, 0.006, 0.0008])
+    assert max(one.batch) <= 16  # under a cap of one unit no push grows beyond it
 
 
 def test_a_split_the_server_cannot_serve_is_not_taken() -> None:
@@ -95,7 +126,7 @@ def test_a_split_the_server_cannot_serve_is_not_taken() -> None:
 def test_parameter_pushes_even_the_cycles() -> None:
     ctl = controller(rho=1.0, parameters=True)
     assert feed(ctl, [0.004, 0.004, 0.004, 0.001], overhead=0.0)
-    cycles = [c * b for c, b in zip([0.004, 0.004, 0.004, 0.001], ctl.batch, strict=True)]
+    cycles = [c * (b + ctl.k) for c, b in zip([0.004, 0.004, 0.004, 0.001], ctl.batch, strict=True)]
     assert max(cycles) / min(cycles) < 1.3 and ctl.batch[3] > 16
 
 
@@ -121,5 +152,5 @@ def test_the_state_round_trips_and_keeps_the_survivors() -> None:
     state = ctl.state_dict()
     back = controller(n=3, rho=4.0)
     back.load_state_dict(state, keep=[0, 1, 3])
-    assert sum(back.batch) == 64 and len(back.workers) == 3
+    assert sum(back.batch) == sum(ctl.batch) and len(back.workers) == 3
     assert list(back.workers[2].times) == list(ctl.workers[3].times)

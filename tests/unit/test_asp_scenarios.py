@@ -1,5 +1,4 @@
-"""The ASP benchmark: its problems' optima, its files, its errors, and a controller that holds where
-nothing pays."""
+"""The ASP benchmark: its problems' optima, its files, its errors, and the controller's moves."""
 
 from __future__ import annotations
 
@@ -48,16 +47,13 @@ def test_the_suite_writes_its_csv_and_table(tmp_path: Path) -> None:
     assert {r["push"] for r in rows if r["scenario"] == "params"} == {"parameters"}
     table = (tmp_path / "out" / "asp_scenarios.md").read_text()
     assert "| skewed | dynamic |" in table and "## Scenarios" in table
-    equal = {(r["policy"], r["seed"]): r for r in rows if r["scenario"] == "equal"}
-    for seed in range(6):  # equal workers: the controller holds, so its run is uniform's, draw for draw
-        assert equal[("dynamic", str(seed))]["loss_at_equal_time"] == equal[("uniform", str(seed))]["loss_at_equal_time"]
     lines = {(ln["scenario"], ln["policy"]): ln for ln in result["lines"]}
-    assert lines[("equal", "dynamic")]["ratio"] == pytest.approx(1.0)
+    assert lines[("equal", "uniform")]["ratio"] == pytest.approx(1.0)
     for r in rows:
         assert float(r["reference_loss"]) >= 0 and (r["time_to_target_s"] == "" or float(r["time_to_target_s"]) > 0)
 
 
-def test_a_tolerant_step_lets_dynamic_move(tmp_path: Path) -> None:
+def test_dynamic_moves_where_its_model_says_a_split_pays(tmp_path: Path) -> None:
     suite = tmp_path / "suite.yaml"
     suite.write_text(SUITE)
     from omnilearn.simulate.asp_scenarios import run_scenario
@@ -66,7 +62,12 @@ def test_a_tolerant_step_lets_dynamic_move(tmp_path: Path) -> None:
     _, info = run_scenario(skewed, ["uniform", "dynamic"])
     assert info["runs"]["uniform"]["batch"] == [8, 8, 8, 8]
     moved = info["runs"]["dynamic"]["batch"]
-    assert sum(moved) == 32 and moved[3] > 8  # towards equal update rates: the 32-core worker takes more
+    assert sum(moved) <= 32 and moved[3] > 8  # towards equal update rates: the 32-core worker takes more
+    equal = next(sc for sc in load_suite(suite) if sc.name == "equal")
+    _, info = run_scenario(equal, ["uniform", "dynamic"])
+    fresher = info["runs"]["dynamic"]["batch"]
+    # equal workers under a step that tolerates one unit: smaller pushes, as fresh for every worker
+    assert len(set(fresher)) == 1 and sum(fresher) < 32
     assert not math.isnan(info["target"]) and info["target"] > 0
 
 

@@ -19,10 +19,16 @@ staleness, and so what they are worth (``docs/design/asp.md``). The model, every
 
 It maximises the effective samples a second
 
-    P(b) = Σ_i  min(b_i, ρ b_ref) / T_i(b_i) · E[a(τ_i(b))]        subject to  Σ_i b_i = B,  within the bounds,
+    P(b) = Σ_i  min(b_i, ρ b_ref) / T_i(b_i) · E[a(τ_i(b))]        subject to  Σ_i b_i ≤ B,  within the bounds,
 
 over a family of splits (:meth:`AsyncController.candidates`), and moves when ``P`` gains more than
-:data:`ASYNC_PRIORS`' ``min_gain``. Whatever the split, an update waits on average for ``n − 1`` updates
+:data:`ASYNC_PRIORS`' ``min_gain``. ASP has no step that the batches make together: ``B``
+(``train.global_batch``) sets ``b_ref = B / n`` (or ``asp.lr_reference_batch``) and the most samples the
+workers hold at once, and the split may sum to less. A smaller push is fresher: its staleness is the
+samples the others push while it computes, so pushes of a quarter of ``b_ref`` from four workers wait
+for three quarters of a unit, where pushes of ``b_ref`` wait for three units; what it costs is the
+throughput a step's fixed cost ``k`` and a cycle's overhead take from small batches, and the
+server's time per update. Whatever the split, an update waits on average for ``n − 1`` updates
 (one of each other worker); the split moves the spread, and how many samples those updates hold:
 a fast worker's push waits for few samples whatever its rate, a slow worker's for many. Where the
 cut is mild (``ρ`` near ``n``), evening the update rates keeps most samples at their full weight;
@@ -44,6 +50,7 @@ import numpy as np
 
 from omnilearn.control import policies
 from omnilearn.control.policies import Bounds
+from omnilearn.control.priors import PRIORS
 
 
 @dataclass(frozen=True)
@@ -63,12 +70,13 @@ class AsyncPriors:
     trust: float = 4.0
     """A decision moves each worker's batch at most this factor up or down: a fixed cost ``k`` not yet
     measured (at one batch size per worker it cannot be) shows in the times the move brings."""
-    k: float = 0.0
-    """The fixed cost per step, in samples, before two batch sizes of a worker have told it."""
     utilisation: float = 0.8
     """The most of its time the server may spend applying updates: a split that needs more is not taken."""
     gammas: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     """The powers of the speeds the candidate splits follow (0: equal batches; 1: equal compute times)."""
+    totals: tuple[float, ...] = (1.0, 0.75, 0.5, 0.375, 0.25)
+    """The fractions of the global batch the candidate splits sum to (a decision moves the sum at most
+    ``trust`` times, as every batch): smaller pushes are fresher, at the throughput small batches lose."""
 
 
 ASYNC_PRIORS = AsyncPriors()
@@ -120,6 +128,9 @@ class AsyncController:
     """The server's seconds per update applied (measured by its owner)."""
     batch_tolerance: float | None = None
     """The rule's cap on one push's step, in units (``asp.batch_tolerance``; None: ``delay_tolerance``)."""
+    reference_batch: float | None = None
+    """``b_ref``, the samples of one unit of the optimiser's time (``asp.lr_reference_batch``; None:
+    ``global_batch / workers``)."""
 
     def __post_init__(self) -> None:
         n = len(self.bounds.max_batch)
@@ -127,7 +138,8 @@ class AsyncController:
             self.batch = policies.uniform(n, self.global_batch, self.bounds)
         self.workers = [Worker(deque(maxlen=self.priors.window), deque(maxlen=self.priors.window))
                         for _ in range(n)]
-        self.k = self.priors.k
+        self.b_ref = float(self.reference_batch or self.global_batch / n)
+        self.k = self.k_prior
         """The fixed cost per step in samples, as last fitted (:meth:`_fit_k`)."""
         self._wait = self.priors.fresh  # measurements every worker needs before the next decision
 
@@ -165,6 +177,13 @@ class AsyncController:
         w.fresh += 1
 
     # ------------------------------------------------------------------ estimates
+    @property
+    def k_prior(self) -> float:
+        """``k`` before two batch sizes of a worker have told it: the BSP controller's prior mean
+        (:attr:`~omnilearn.control.priors.Priors.k_prior` of the equal share ``b_ref``). Taken as 0, a
+        smaller push would look free of the throughput a step's fixed cost takes from it."""
+        return PRIORS.k_prior * self.b_ref
+
     def _fit_k(self) -> float:
         """The fixed cost per step in samples: from the workers measured at two batch sizes (each
         one's ``k`` from the medians at its two latest sizes; their median), else the prior."""
@@ -179,7 +198,7 @@ class AsyncController:
             if t2 > t1:
                 found.append((b2 * t1 - b1 * t2) / (t2 - t1))
         if not found:
-            return self.priors.k
+            return self.k_prior
         return float(min(max(statistics.median(found), 0.0), self.global_batch / len(self.workers)))
 
     def estimates(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -198,47 +217,58 @@ class AsyncController:
         cycle = c * (splits + self.k) + o  # (C, n)
         x = cycle[:, :, None] / cycle[:, None, :]
         x[:, np.arange(x.shape[1]), np.arange(x.shape[1])] = 0.0
-        kappa = splits[:, None, :] * (len(c) / self.global_batch)  # each other worker's push, in b_ref units
+        kappa = splits[:, None, :] / self.b_ref  # each other worker's push, in b_ref units
         lam = (x * kappa).sum(axis=2)
         f = x - np.floor(x)
         var = (f * (1 - f) * kappa * kappa).sum(axis=2)
         rate = 1.0 / cycle
         a = expected_factor(lam.ravel(), var.ravel(), self.delay_tolerance).reshape(lam.shape)
         cap = self.delay_tolerance if self.batch_tolerance is None else self.batch_tolerance
-        moved = np.minimum(splits, cap * self.global_batch / len(c))  # the step's cap
+        moved = np.minimum(splits, cap * self.b_ref)  # the step's cap
         return (moved * rate * a).sum(axis=1), lam, rate.sum(axis=1) * self.server_s
 
     def candidates(self, c: np.ndarray, o: np.ndarray) -> list[list[int]]:
-        """The splits a decision weighs: the current one; equal cycles (every worker's pull, compute
-        and push as long as the others': equal update rates) and the ways a quarter, half and three
-        quarters to them; and ``b_i ∝ s_i^γ`` for each of the priors' powers (``s_i = 1 / c_i``, the
-        speeds): a faster worker never gets less than a slower one."""
+        """The splits a decision weighs: the current one; and for every sum of the priors' ``totals``
+        (within the bounds and the trust region), equal cycles (every worker's pull, compute and push as
+        long as the others': equal update rates) and the ways a quarter, half and three quarters to
+        them from the current split's shape, and ``b_i ∝ s_i^γ`` for each of the priors' powers (``s_i =
+        1 / c_i``, the speeds): a faster worker never gets less than a slower one."""
         speed = 1.0 / c
         now = np.asarray(self.batch, float)
         out = [list(self.batch)]
-        equal = self._equal_cycles(c, o)
-        for part in (0.25, 0.5, 0.75, 1.0):
-            out.append(self._fit(now + part * (equal - now)))
-        for g in self.priors.gammas:
-            out.append(self._fit(speed ** g))
+        for total in self._totals():
+            shape = now * (total / now.sum())
+            equal = self._equal_cycles(c, o, total)
+            for part in (0.25, 0.5, 0.75, 1.0):
+                out.append(self._fit(shape + part * (equal - shape), total))
+            for g in self.priors.gammas:
+                out.append(self._fit(speed ** g, total))
         return out
 
-    def _equal_cycles(self, c: np.ndarray, o: np.ndarray) -> np.ndarray:
-        """The (fractional) split whose cycles ``c_i (b_i + k) + o_i`` are all equal, ``Σ b_i = B``."""
+    def _totals(self) -> list[int]:
+        """The sums a decision's splits may have: the priors' fractions of ``B``, within the bounds and
+        a factor ``trust`` of the current sum."""
+        now, n = sum(self.batch), len(self.batch)
+        lo = max(n * self.bounds.min_batch, math.ceil(now / self.priors.trust))
+        hi = min(self.global_batch, sum(self.bounds.max_batch), math.floor(now * self.priors.trust))
+        return sorted({min(max(round(f * self.global_batch), lo), hi) for f in self.priors.totals}, reverse=True)
+
+    def _equal_cycles(self, c: np.ndarray, o: np.ndarray, total: int) -> np.ndarray:
+        """The (fractional) split whose cycles ``c_i (b_i + k) + o_i`` are all equal, ``Σ b_i = total``."""
         k = self.k
-        cycle = (self.global_batch + k * len(c) + float((o / c).sum())) / float((1.0 / c).sum())
+        cycle = (total + k * len(c) + float((o / c).sum())) / float((1.0 / c).sum())
         return np.maximum((cycle - o) / c - k, 0.0)
 
-    def _fit(self, weights: np.ndarray) -> list[int]:
-        """The split in proportion to ``weights`` within the bounds and the trust region, in whole samples."""
+    def _fit(self, weights: np.ndarray, total: int) -> list[int]:
+        """The split of ``total`` samples in proportion to ``weights`` within the bounds and the trust
+        region, in whole samples."""
         now = np.asarray(self.batch, float)
         lo = np.maximum(np.floor(now / self.priors.trust), self.bounds.min_batch)
         hi = np.minimum(np.ceil(now * self.priors.trust), np.asarray(self.bounds.max_batch, float))
-        if lo.sum() > self.global_batch or hi.sum() < self.global_batch:
+        if lo.sum() > total or hi.sum() < total:
             lo, hi = np.full(len(now), float(self.bounds.min_batch)), np.asarray(self.bounds.max_batch, float)
-        shares = policies.bounded_shares(list(weights), self.global_batch, list(lo), list(hi))
-        return policies.round_preserving_sum(shares, self.global_batch, self.bounds.min_batch,
-                                             [int(h) for h in hi])
+        shares = policies.bounded_shares(list(weights), total, list(lo), list(hi))
+        return policies.round_preserving_sum(shares, total, self.bounds.min_batch, [int(h) for h in hi])
 
     # ------------------------------------------------------------------ decisions
     def decide(self) -> list[int] | None:
@@ -269,7 +299,8 @@ class AsyncController:
         cycle = c * (np.asarray(self.batch, float) + self.k) + o
         if cycle.max() / cycle.min() <= 1 + self.priors.min_gain:
             return self._hold("no-gain")
-        new = self._fit(self._equal_cycles(c, o))
+        total = sum(self.batch)
+        new = self._fit(self._equal_cycles(c, o, total), total)
         if new == self.batch:
             return self._hold("no-gain")
         self.decision = {"spread": round(float(cycle.max() / cycle.min()), 4), "k": round(self.k, 3)}
@@ -289,7 +320,8 @@ class AsyncController:
     def set_bounds(self, bounds: Bounds) -> list[int] | None:
         """Adopt new bounds (memory); re-split if the current batch breaks them."""
         self.bounds = bounds
-        return None if bounds.admit(self.batch) else self._adopt(policies.split(self.batch, self.global_batch, bounds))
+        total = min(sum(self.batch), sum(bounds.max_batch))
+        return None if bounds.admit(self.batch) else self._adopt(policies.split(self.batch, total, bounds))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -301,13 +333,14 @@ class AsyncController:
 
     def load_state_dict(self, d: dict[str, Any], keep: list[int] | None = None) -> None:
         """Load ``d``; with ``keep`` (the saved workers that still run) only theirs, the split scaled
-        up to the global batch."""
+        up to the saved split's sum."""
         keep = keep if keep is not None else list(range(len(d["batch"])))
         bounds = d["bounds"]
         self.bounds = Bounds(bounds["min_batch"], tuple(bounds["max_batch"][i] for i in keep))
         self.holds, self.decision = dict(d["holds"]), d["decision"]
         self.server_s = float(d.get("server_s", 0.0))
-        self.batch = policies.split([float(d["batch"][i]) for i in keep], self.global_batch, self.bounds)
+        total = min(sum(int(b) for b in d["batch"]), sum(self.bounds.max_batch))
+        self.batch = policies.split([float(d["batch"][i]) for i in keep], total, self.bounds)
         self.workers = []
         for i in keep:
             saved = d["workers"][i]

@@ -121,12 +121,12 @@ def controller_class(policy: str, asynchronous: bool = False) -> type:
 
 def build_controller(control: ControlConfig, global_batch: int, workers: int, *, asynchronous: bool = False,
                      delay_tolerance: float = 1.0, batch_tolerance: float | None = None, parameters: bool = False,
-                     min_batch: int = 1) -> Any:
+                     min_batch: int = 1, reference_batch: float | None = None) -> Any:
     """``control``'s controller for ``workers`` workers sharing ``global_batch``, within
     :func:`configured_bounds` (and at least ``min_batch`` a worker: a loop's micro-batches need one
     sample each). ``asynchronous``: the parameter server's (ASP); there ``dynamic`` is the progress
-    controller, told the server rule's ``delay_tolerance`` and ``batch_tolerance`` and whether workers
-    push ``parameters``."""
+    controller, told the server rule's ``delay_tolerance``, ``batch_tolerance`` and ``reference_batch``
+    (``b_ref``) and whether workers push ``parameters``."""
     cls = controller_class(control.policy, asynchronous)
     c = effective(control, global_batch, workers)
     if min_batch > c.min_batch:
@@ -134,7 +134,7 @@ def build_controller(control: ControlConfig, global_batch: int, workers: int, *,
     bounds = Bounds.make(workers, c.min_batch, c.max_batch, global_batch)
     if cls is AsyncController:
         return AsyncController(global_batch, bounds, delay_tolerance, parameters=parameters,
-                               batch_tolerance=batch_tolerance)
+                               batch_tolerance=batch_tolerance, reference_batch=reference_batch)
     return cls(c, global_batch, bounds, synchronous=not asynchronous)
 
 

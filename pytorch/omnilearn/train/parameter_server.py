@@ -43,7 +43,8 @@ pull (copying the latest worker's statistics would). ``num_batches_tracked`` cou
 per update, the split that maximises the effective samples a second its model predicts. The
 baselines (:mod:`omnilearn.control.baselines`) are given each push's time; ``paper`` decides when the
 server's epoch passes an integer (its ``per_epoch``). Each worker learns its new size in its next
-push reply. The sum of the batch sizes is ``train.global_batch`` at all times. The server runs the
+push reply. The sum of the batch sizes is at most ``train.global_batch`` (``dynamic`` may make the
+pushes smaller, and so fresher). The server runs the
 schedule, but only the policies named for the allocations (``static``, ``dynamic+prior``) are told
 of a level change; the others see it in the times the workers measure.
 
@@ -150,7 +151,7 @@ class ParameterServer:
         self.fault: UserError | None = None  # set by a handler, raised by the main loop
         self.controller: Any = build_controller(cfg.control, t.global_batch, self.workers, asynchronous=True,
                                                 delay_tolerance=cfg.asp.delay_tolerance,
-                                                batch_tolerance=cfg.asp.batch_tolerance,
+                                                batch_tolerance=cfg.asp.batch_tolerance, reference_batch=self.b_ref,
                                                 parameters=self.parameters_pushed)
         if isinstance(self.controller, AsyncController):  # progress a second, from cycles (control/asp.py)
             self.loop: Any = AsyncLoop(self.controller, self.metrics.write)
