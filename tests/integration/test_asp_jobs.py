@@ -90,7 +90,9 @@ def test_asp_compare_applies_every_gradient_once_and_evens_update_rates(tmp_path
                     "hl_changes", "batch_changes", "update_rates", "update_rate_spread", "staleness_mean",
                     "staleness_p95"):
             assert key in s and s[key] is not None, (policy, key)
-        assert s["mode"] == "asp" and s["global_batch"] == sum(s["batch_sizes"]) == 192
+        assert s["mode"] == "asp" and s["global_batch"] == 192
+        # uniform keeps the global batch; dynamic's pushes may sum to less (smaller pushes are fresher)
+        assert sum(s["batch_sizes"]) == 192 if policy == "uniform" else 0 < sum(s["batch_sizes"]) <= 192
         assert s["allocations"] == pytest.approx([0.15, 0.3, 1.2])
         assert s["accuracy_curve"][-1]["epoch"] >= 3 and len(s["accuracy_curve"]) >= 3
         snapshots = sorted((run / "snapshots").glob("snapshot-*.pt"))

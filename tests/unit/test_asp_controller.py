@@ -140,10 +140,20 @@ def test_a_speed_change_drops_the_old_times_and_decides_again() -> None:
 
 def test_k_is_told_by_a_worker_measured_at_two_batches() -> None:
     ctl = controller()
-    for b in (16, 16, 32, 32):
+    assert ctl._fit_k() == pytest.approx(4.0)  # no worker at two batches: the prior's mean, b_ref / 4
+    for b in (16, 16, 16, 32, 32, 32):
         ctl.batch[0] = b
         ctl._observe(ctl.workers[0], b, 0.001 * (b + 6))
-    assert ctl._fit_k() == pytest.approx(6.0)
+    assert ctl._fit_k() == pytest.approx(6.0, abs=0.5)  # exact times: the grid's point nearest 6
+
+
+def test_a_few_noisy_times_leave_k_near_its_prior() -> None:
+    ctl = controller()
+    # two times at each of two nearby batches, 8% off in opposite directions: they say little of k
+    for b, t in ((4, 0.0294), (4, 0.0294), (7, 0.0475), (7, 0.0475)):
+        ctl.batch[0] = b
+        ctl._observe(ctl.workers[0], b, t)
+    assert 1.0 < ctl._fit_k() < 8.0
 
 
 def test_the_state_round_trips_and_keeps_the_survivors() -> None:

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from omnilearn.control import policies
+from omnilearn.control.fixed_cost import FixedCost, t_logpdf
 from omnilearn.control.policies import Bounds
 from omnilearn.control.priors import PRIORS
 
@@ -185,21 +186,40 @@ class AsyncController:
         return PRIORS.k_prior * self.b_ref
 
     def _fit_k(self) -> float:
-        """The fixed cost per step in samples: from the workers measured at two batch sizes (each
-        one's ``k`` from the medians at its two latest sizes; their median), else the prior."""
-        found = []
-        for w in self.workers:
-            sizes = sorted({b for b, _ in w.times})
-            if len(sizes) < 2:
-                continue
-            b1, b2 = sizes[0], sizes[-1]
-            t1 = statistics.median(t for b, t in w.times if b == b1)
-            t2 = statistics.median(t for b, t in w.times if b == b2)
-            if t2 > t1:
-                found.append((b2 * t1 - b1 * t2) / (t2 - t1))
-        if not found:
+        """The fixed cost per step in samples: the posterior mean of ``k`` on the BSP controller's grid
+        and prior (:class:`~omnilearn.control.fixed_cost.FixedCost`), given every worker's times in its
+        window at two or more batch sizes, each worker's ``c`` profiled out (``log t = log c + log(b +
+        k)``, Student-t noise of the window's own scatter at one batch). A window's few noisy times at
+        nearby batches tell ``k`` only that well: a point estimate from them would swing from 0 (small
+        pushes free) to the bound, and the split with it."""
+        informative = [w for w in self.workers if len({b for b, _ in w.times}) >= 2]
+        if not informative:
             return self.k_prior
-        return float(min(max(statistics.median(found), 0.0), self.global_batch / len(self.workers)))
+        n = len(self.workers)
+        posterior = FixedCost(max(round(self.b_ref * n), n), n)
+        grid = posterior.grid
+        sd = max(self._scatter(), PRIORS.noise_floor)
+        loglik = np.zeros_like(grid)
+        for w in informative:
+            b = np.asarray([x for x, _ in w.times], float)
+            resid = np.log(np.asarray([t for _, t in w.times], float))[:, None] - np.log(b[:, None] + grid[None, :])
+            resid -= resid.mean(axis=0, keepdims=True)  # c, at every k
+            loglik += t_logpdf(resid / sd).sum(axis=0)
+        posterior.add(0, loglik)
+        return float(posterior.mean()[0])
+
+    def _scatter(self) -> float:
+        """The sd of a log compute time about its worker's median at the same batch (robust, pooled over
+        the windows); the prior's measurement noise where no batch has three times yet."""
+        about = []
+        for w in self.workers:
+            by: dict[int, list[float]] = {}
+            for b, t in w.times:
+                by.setdefault(b, []).append(math.log(t))
+            about += [x - statistics.median(v) for v in by.values() if len(v) >= 3 for x in v]
+        if len(about) < 3:
+            return PRIORS.noise
+        return 1.4826 * statistics.median(abs(x) for x in about)
 
     def estimates(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Every worker's seconds per sample ``c_i`` and cycle overhead ``o_i``; None until every

