@@ -110,7 +110,9 @@ class TrainConfig:
     epochs: int = 3
     """Epochs to train (a cap when time_budget_s is set)."""
     global_batch: int = 256
-    """B: the samples of one synchronous step, summed over workers."""
+    """B: the samples of one synchronous step, summed over workers. ASP: the unit a push is counted in
+    (B / workers, unless asp.lr_reference_batch) and the most the workers' batches sum to; dynamic's
+    pushes may sum to less (a smaller push is fresher)."""
     optimizer: str = "sgd"
     """sgd (momentum, weight decay) | adamw (GPT-2)."""
     lr: float = 0.1
