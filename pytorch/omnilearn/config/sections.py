@@ -318,7 +318,7 @@ class AspConfig:
     none. The server keeps each worker's pulled parameters for it (one copy of the model a worker)."""
     lr_reference_batch: int | None = None
     """b_ref: the batch a push counts one unit of the optimizer's time at (default: global_batch /
-    workers, the mean batch)."""
+    workers, the equal share)."""
     lr_scaling: str = "auto"
     """scaled-gradient: how a gradient's weight follows its batch b (the gradient is scaled before it
     enters the optimizer's momentum or moments): ``linear`` (b / b_ref), ``sqrt`` (sqrt(b / b_ref)),
