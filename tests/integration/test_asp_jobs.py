@@ -44,7 +44,8 @@ def write_job(tmp_path: Path, epochs: int = 3, timeout: float = 20) -> Path:
 
 def check_exactly_once(run: Path, workers: int, lr: float, b_ref: float, rho: float = 4.0) -> list[dict[str, Any]]:
     """Every push applied once, versions 1, 2, 3..., staleness and lr as recomputed from the records
-    (the sample-time rule: a push's weight is min(b / b_ref, rho) x min(1, rho / its staleness in units))."""
+    (the sample-time rule: a push's weight is min(b / b_ref, rho) x min(1, rho / its staleness), the
+    staleness being the steps, min(b / b_ref, rho) each, applied since its pull)."""
     server = read_jsonl(run / "metrics" / "rank-0.jsonl")
     updates = [r for r in server if r["kind"] == "update"]
     ends = [[r for r in read_jsonl(run / "metrics" / f"rank-{w}.jsonl") if r["kind"] == "end"][-1]
@@ -61,7 +62,7 @@ def check_exactly_once(run: Path, workers: int, lr: float, b_ref: float, rho: fl
         assert u["staleness_time"] == pytest.approx(clock - pulled[u["grad_version"]], abs=1e-3)
         weight = min(u["batch"] / b_ref, rho) * (min(1.0, rho / u["staleness_time"]) if u["staleness_time"] else 1.0)
         assert u["scale"] == pytest.approx(weight, rel=1e-3) and u["lr"] == pytest.approx(lr * weight, rel=1e-3)
-        clock += u["batch"] / b_ref
+        clock += min(u["batch"] / b_ref, rho)
         pulled[u["version"]] = clock
     # What the workers were told matches what the server recorded.
     for w in range(1, workers + 1):

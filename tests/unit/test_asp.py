@@ -89,6 +89,16 @@ def test_push_is_applied_once_with_linear_lr_scaling(tmp_path: Path) -> None:
         push(server, 1, 3, 2, grad, batch=4)  # a lost push is an internal error, never skipped silently
 
 
+def test_a_push_beyond_the_cap_makes_later_ones_staler_by_its_step_only(tmp_path: Path) -> None:
+    server = make_server(tmp_path, ("train.optimizer", "sgd"), ("asp.delay_tolerance", 1.0))
+    grad = torch.zeros_like(server.state)
+    push(server, 1, 1, 0, grad, batch=24)  # 3 units of samples, a step of 1 unit (the cap, rho = 1)
+    push(server, 2, 1, 0, grad, batch=4)  # computed before it: 1 unit late, not 3
+    late = [u["staleness_time"] for u in records(tmp_path, "update")]
+    assert late == pytest.approx([0.0, 1.0])
+    assert server.kclock == pytest.approx(1.5)  # the steps taken: 1 and half a unit
+
+
 def test_scaled_gradient_adamw_weighs_each_gradient_by_its_batch_and_keeps_its_lr(tmp_path: Path) -> None:
     server = make_server(tmp_path, ("train.optimizer", "adamw"), ("asp.update", "scaled-gradient"))
     optimizer = server.rule.optimizer

@@ -48,9 +48,15 @@ def test_equal_batches_wait_n_minus_one_units() -> None:
     c, o = np.full(4, 0.004), np.zeros(4)
     _, lam, _ = ctl.worth(np.full((1, 4), 16.0), c, o)
     assert lam[0] == pytest.approx([3.0] * 4)
-    _, lam, _ = ctl.worth(np.asarray([[8.0, 8.0, 8.0, 40.0]]), np.asarray([0.004, 0.004, 0.004, 0.0008]), o)
+    split, fast = np.asarray([[8.0, 8.0, 8.0, 40.0]]), np.asarray([0.004, 0.004, 0.004, 0.0008])
+    wide = controller(rho=4.0)
+    wide.k = 0.0
+    _, lam, _ = wide.worth(split, fast, o)
     # equal cycles: each waits one push of each other, in its units: the fast worker 3 x 0.5, a slow one 2 x 0.5 + 2.5
     assert lam[0] == pytest.approx([3.5, 3.5, 3.5, 1.5])
+    _, lam, _ = ctl.worth(split, fast, o)
+    # at rho = 1 the fast worker's push of 2.5 units steps 1 unit: the slow ones wait 2 x 0.5 + 1
+    assert lam[0] == pytest.approx([2.0, 2.0, 2.0, 1.5])
 
 
 def test_the_expected_factor_is_exact_without_spread() -> None:
@@ -99,10 +105,12 @@ def test_pushes_stay_whole_where_a_cycle_costs_more_than_freshness_wins() -> Non
 
 def test_the_unit_is_the_reference_batch_where_it_is_set() -> None:
     c, o = np.full(4, 0.004), np.zeros(4)
-    ctl = controller(reference_batch=8.0)
+    ctl = controller(reference_batch=8.0, rho=4.0)
     assert ctl.k == pytest.approx(2.0)  # the prior's share of one unit, b_ref = 8
     _, lam, _ = ctl.worth(np.full((1, 4), 16.0), c, o)
     assert lam[0] == pytest.approx([6.0] * 4)  # three pushes of two units each
+    _, lam, _ = controller(reference_batch=8.0).worth(np.full((1, 4), 16.0), c, o)
+    assert lam[0] == pytest.approx([3.0] * 4)  # under a cap of one unit each of them steps one
 
 
 def test_the_batch_cap_is_its_own_tolerance_where_it_is_set() -> None:

@@ -125,6 +125,14 @@ def test_the_batch_cap_is_apart_from_the_delay_tolerance_where_it_is_set() -> No
         config.from_dict({"mode": "asp", "asp": {"batch_tolerance": 0}}, "test").validate()
 
 
+def test_a_push_adds_its_step_not_its_batch_to_the_staleness_of_later_ones() -> None:
+    rule = SampleTime(Hyper("sgd", 0.9, 0.0, delay_tolerance=0.5, batch_tolerance=2.0), (1,))
+    assert rule.elapsed(0.25) == 0.25 and rule.elapsed(3.0) == 2.0  # the cap: the model moves 2 units, not 3
+    rows = rule.elapsed(torch.tensor([[0.25], [3.0]]))
+    assert rows.flatten().tolist() == [0.25, 2.0]
+    assert SampleTime(Hyper("sgd", 0.9, 0.0, delay_tolerance=0.5), (1,)).elapsed(3.0) == 0.5  # cap = rho
+
+
 def test_rows_apply_each_their_own_time_and_delay() -> None:
     hyper = Hyper("adamw", 0.0, 0.01, delay_tolerance=1.0)
     rows = SampleTime(hyper, (2, 5))

@@ -8,9 +8,9 @@ staleness, and so what they are worth (``docs/design/asp.md``). The model, every
   (pull, compute, push and the server's queue) lasts ``T_i(b) = t_i(b) + o_i``. It pushes
   ``1 / T_i`` times a second, ``b / T_i`` samples.
 - Its push waits, between its pull and its application, for the pushes of the others in that
-  time, each ``κ_j = b_j / b_ref`` units of the optimiser's time (:mod:`omnilearn.train.asp_update`):
-  its staleness is ``τ_i = Σ_{j≠i} κ_j N_ij``, ``N_ij`` the floor or the ceiling of ``x_ij = T_i / T_j``
-  at a random phase: mean ``λ_i = Σ_j κ_j x_ij``, variance ``σ_i² = Σ_j κ_j² f_ij (1 − f_ij)`` (``f``
+  time, each the step it takes, ``s_j = min(κ_j, ρ_b)`` units of the optimiser's time (``κ_j = b_j /
+  b_ref``; :mod:`omnilearn.train.asp_update`): its staleness is ``τ_i = Σ_{j≠i} s_j N_ij``,
+  ``N_ij`` the floor or the ceiling of ``x_ij = T_i / T_j`` at a random phase: mean ``λ_i = Σ_j s_j x_ij``, variance ``σ_i² = Σ_j s_j² f_ij (1 − f_ij)`` (``f``
   the fractional part of ``x``).
 - The server's update weighs a gradient ``τ`` late by ``a(τ) = min(1, ρ / τ)`` (``ρ`` is
   ``asp.delay_tolerance``), so worker ``i``'s samples count ``E[a(τ_i)]`` (:func:`expected_factor`).
@@ -237,14 +237,14 @@ class AsyncController:
         cycle = c * (splits + self.k) + o  # (C, n)
         x = cycle[:, :, None] / cycle[:, None, :]
         x[:, np.arange(x.shape[1]), np.arange(x.shape[1])] = 0.0
-        kappa = splits[:, None, :] / self.b_ref  # each other worker's push, in b_ref units
+        cap = self.delay_tolerance if self.batch_tolerance is None else self.batch_tolerance
+        moved = np.minimum(splits, cap * self.b_ref)  # the step's cap
+        kappa = moved[:, None, :] / self.b_ref  # each other worker's step, in units: what its push adds to τ
         lam = (x * kappa).sum(axis=2)
         f = x - np.floor(x)
         var = (f * (1 - f) * kappa * kappa).sum(axis=2)
         rate = 1.0 / cycle
         a = expected_factor(lam.ravel(), var.ravel(), self.delay_tolerance).reshape(lam.shape)
-        cap = self.delay_tolerance if self.batch_tolerance is None else self.batch_tolerance
-        moved = np.minimum(splits, cap * self.b_ref)  # the step's cap
         return (moved * rate * a).sum(axis=1), lam, rate.sum(axis=1) * self.server_s
 
     def candidates(self, c: np.ndarray, o: np.ndarray) -> list[list[int]]:
@@ -252,7 +252,8 @@ class AsyncController:
         (within the bounds and the trust region), equal cycles (every worker's pull, compute and push as
         long as the others': equal update rates) and the ways a quarter, half and three quarters to
         them from the current split's shape, and ``b_i ∝ s_i^γ`` for each of the priors' powers (``s_i =
-        1 / c_i``, the speeds): a faster worker never gets less than a slower one."""
+        1 / c_i``, the speeds): a faster worker never gets less than a slower one. Every one but the
+        current split is cut to the step's cap."""
         speed = 1.0 / c
         now = np.asarray(self.batch, float)
         out = [list(self.batch)]
@@ -263,7 +264,14 @@ class AsyncController:
                 out.append(self._fit(shape + part * (equal - shape), total))
             for g in self.priors.gammas:
                 out.append(self._fit(speed ** g, total))
-        return out
+        return out[:1] + [self._capped(split) for split in out]
+
+    def _capped(self, split: list[int]) -> list[int]:
+        """``split`` with every batch cut to the step's cap (``ρ_b b_ref``, within the bounds): the
+        samples beyond it move the model no farther, and cost their worker time."""
+        cap = self.delay_tolerance if self.batch_tolerance is None else self.batch_tolerance
+        most = max(self.bounds.min_batch, math.ceil(cap * self.b_ref))
+        return [min(b, most) for b in split]
 
     def _totals(self) -> list[int]:
         """The sums a decision's splits may have: the priors' fractions of ``B``, within the bounds and

@@ -104,7 +104,7 @@ class AsyncRun:
         assert self.local_rule is None or isinstance(self.local_rule, SampleTime), "parameter pushes step with sample-time"
         self.pulled = self.theta[:, None, :].repeat(1, n, 1)  # (S, n, d): what each worker pulled
         self.pulled_version = np.zeros((seeds, n), int)
-        self.clock = np.zeros(seeds)  # the optimiser's time: the kappa of every update applied
+        self.clock = np.zeros(seeds)  # the optimiser's time: the step of every update applied, in units
         self.pulled_clock = np.zeros((seeds, n))
         first = _initial(policy, world, Bounds.make(n, sc.min_batch, sc.max_batch, B))
         self.batch = np.tile(np.asarray(first, int), (seeds, 1))  # (S, n): each worker's current batch
@@ -142,7 +142,7 @@ class AsyncRun:
         self._apply(act, w, grad, bt / self.b_ref, late)
         self.version += 1
         self.samples[act] += b
-        self.clock[act] += b / self.b_ref
+        self.clock[act] += self._elapsed(b / self.b_ref)
         self.stale_sum[act] += self.version - 1 - self.pulled_version[act, w]
         self.times[self.events, act], self.losses[self.events, act] = t_app, self.problem.excess(self.theta[index]).numpy()
         self.events += 1
@@ -156,6 +156,13 @@ class AsyncRun:
             self.compute[mine, i] = self._times(i, mine)
             self.arrive[mine, i] = self.applied_at[mine, i] + self.compute[mine, i] + self.sync
         return True
+
+    def _elapsed(self, kappa: np.ndarray) -> np.ndarray:
+        """The optimiser's time the updates of ``kappa`` units add (the server rule's step; parameter
+        pushes have no server rule and count their samples)."""
+        if self.server_rule is None:
+            return kappa
+        return self.server_rule.elapsed(torch.from_numpy(kappa)).numpy()
 
     def _apply(self, act: np.ndarray, w: np.ndarray, grad: torch.Tensor, kappa: torch.Tensor, late: np.ndarray) -> None:
         index = torch.from_numpy(act)

@@ -1,8 +1,9 @@
 """The parameter server's update rules: how one pushed gradient moves the model.
 
 A push carries the mean gradient ``g`` of ``b`` samples computed on the parameters of some updates
-ago; its staleness ``τ`` is the optimiser's time those updates took, ``Σ κ`` over them (with equal
-batches, their count). :class:`SampleTime` (``asp.update: sample-time``) is the rule derived in
+ago; its staleness ``τ`` is the optimiser's time those updates took: the steps they took, in units
+(``Σ min(κ, ρ_b)`` over them, :meth:`SampleTime.elapsed`; with equal batches within the cap, their
+count). It is how far the parameters moved since the pull, in steps of one unit. :class:`SampleTime` (``asp.update: sample-time``) is the rule derived in
 ``docs/design/asp.md``:
 
 - **Batch.** The update counts as ``κ = b / b_ref`` units of the optimiser's time: every moment
@@ -99,6 +100,10 @@ class UpdateRule(Protocol):
         """The push's weight as the update records it (``κ a(τ)``, or the scale applied)."""
         ...
 
+    def elapsed(self, kappa: Any) -> Any:
+        """The optimiser's time a push of ``κ`` units adds to every later push's staleness."""
+        ...
+
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -121,6 +126,12 @@ class SampleTime:
 
     def weight(self, kappa: float, tau: float) -> float:
         return float(min(kappa, batch_cap(self.hyper)) * staleness_factor(tau, self.hyper.delay_tolerance))
+
+    def elapsed(self, kappa: Any) -> Any:
+        """The step the push takes, ``s = min(κ, ρ_b)`` units: a batch beyond the cap moves the
+        parameters no farther, so it makes no later push staler."""
+        cap = batch_cap(self.hyper)
+        return kappa.clamp(max=cap) if isinstance(kappa, torch.Tensor) else min(kappa, cap)
 
     def apply(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any,
               rows: torch.Tensor | None = None, pulled: torch.Tensor | None = None) -> None:
@@ -247,6 +258,10 @@ class ScaledGradient:
     def weight(self, kappa: Any, tau: Any) -> Any:
         scale = kappa ** self.power
         return scale / (1 + tau) if self.damping else scale
+
+    def elapsed(self, kappa: Any) -> Any:
+        """``κ``: this rule counts staleness in updates, and records the optimiser's time in samples."""
+        return kappa
 
     def apply(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any,
               pulled: torch.Tensor | None = None) -> None:

@@ -139,7 +139,7 @@ class ParameterServer:
         self.lr_power = LR_POWERS[cfg.asp.lr_scaling]
         self.b_ref = reference_batch(cfg)
         self.parameters_pushed = cfg.asp.push == "parameters"
-        self.kclock = 0.0  # the optimizer's time: b / b_ref of every push applied
+        self.kclock = 0.0  # the optimizer's time: the step of every push applied, in units (rule.elapsed)
         self.pulled: list[tuple[int, float]] = [(0, 0.0)] * len(self.slots)  # (version, kclock) at each pull
         # the parameters each worker pulled, for asp.delay_correction (none kept without it)
         self.pulled_state: list[torch.Tensor | None] = [None] * len(self.slots)
@@ -280,7 +280,7 @@ class ParameterServer:
             for counter in self.counters:
                 counter += 1
             self.version += 1
-            self.kclock += kappa
+            self.kclock += kappa if self.parameters_pushed else self.rule.elapsed(kappa)
             self.samples += batch
             self.worker_samples[i] += batch
             self.updates[i] += 1
