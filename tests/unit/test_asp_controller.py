@@ -106,7 +106,7 @@ def test_pushes_stay_whole_where_a_cycle_costs_more_than_freshness_wins() -> Non
 def test_the_unit_is_the_reference_batch_where_it_is_set() -> None:
     c, o = np.full(4, 0.004), np.zeros(4)
     ctl = controller(reference_batch=8.0, rho=4.0)
-    assert ctl.k == pytest.approx(4.0)  # the prior is the equal share's (B / n = 16), whatever b_ref
+    assert ctl.k == pytest.approx(2.0)  # the prior's share of one unit, b_ref = 8
     _, lam, _ = ctl.worth(np.full((1, 4), 16.0), c, o)
     assert lam[0] == pytest.approx([6.0] * 4)  # three pushes of two units each
     _, lam, _ = controller(reference_batch=8.0).worth(np.full((1, 4), 16.0), c, o)

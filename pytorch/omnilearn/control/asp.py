@@ -181,10 +181,9 @@ class AsyncController:
     @property
     def k_prior(self) -> float:
         """``k`` before two batch sizes of a worker have told it: the BSP controller's prior mean
-        (:attr:`~omnilearn.control.priors.Priors.k_prior` of the equal share ``B / n``, not of ``b_ref``:
-        a fixed cost is the machine's, whatever the optimiser's unit). Taken as 0, a smaller push would
-        look free of the throughput a step's fixed cost takes from it."""
-        return PRIORS.k_prior * self.global_batch / len(self.workers)
+        (:attr:`~omnilearn.control.priors.Priors.k_prior` of the equal share ``b_ref``). Taken as 0, a
+        smaller push would look free of the throughput a step's fixed cost takes from it."""
+        return PRIORS.k_prior * self.b_ref
 
     def _fit_k(self) -> float:
         """The fixed cost per step in samples: the posterior mean of ``k`` on the BSP controller's grid
@@ -197,7 +196,7 @@ class AsyncController:
         if not informative:
             return self.k_prior
         n = len(self.workers)
-        posterior = FixedCost(max(self.global_batch, n), n)  # the grid and prior of the equal share B / n
+        posterior = FixedCost(max(round(self.b_ref * n), n), n)
         grid = posterior.grid
         sd = max(self._scatter(), PRIORS.noise_floor)
         loglik = np.zeros_like(grid)
