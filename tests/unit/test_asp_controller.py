@@ -155,6 +155,28 @@ def test_k_is_told_by_a_worker_measured_at_two_batches() -> None:
     assert ctl._fit_k() == pytest.approx(6.0, abs=0.5)  # exact times: the grid's point nearest 6
 
 
+def test_k_stays_told_once_every_window_holds_one_batch() -> None:
+    ctl = controller()
+    for b in (16, 16, 16, 32, 32, 32):
+        ctl.batch[0] = b
+        ctl._observe(ctl.workers[0], b, 0.001 * (b + 6))
+    for _ in range(2 * ctl.priors.window):  # the window now holds 32s only
+        ctl._observe(ctl.workers[0], 32, 0.001 * (32 + 6))
+    told = ctl.told
+    ctl._observe(ctl.workers[0], 32, 0.001 * (32 + 6))
+    assert {b for b, _ in ctl.workers[0].times} == {32} and ctl.told == told  # a window of one batch tells nothing
+    assert ctl._fit_k() == pytest.approx(6.0, abs=0.5)  # the run's evidence, not the prior's 4
+
+
+def test_k_is_told_by_each_time_once() -> None:
+    ctl = controller()
+    for b in (16, 16, 32):
+        ctl.batch[0] = b
+        ctl._observe(ctl.workers[0], b, 0.001 * (b + 6))
+    once = ctl._fit_k()
+    assert ctl.told == 1 and ctl._fit_k() == once  # fitting again adds nothing
+
+
 def test_a_few_noisy_times_leave_k_near_its_prior() -> None:
     ctl = controller()
     # two times at each of two nearby batches, 8% off in opposite directions: they say little of k
@@ -172,3 +194,8 @@ def test_the_state_round_trips_and_keeps_the_survivors() -> None:
     back.load_state_dict(state, keep=[0, 1, 3])
     assert sum(back.batch) == sum(ctl.batch) and len(back.workers) == 3
     assert list(back.workers[2].times) == list(ctl.workers[3].times)
+    assert back.told == ctl.told > 0
+    assert back._fit_k() == pytest.approx(ctl._fit_k(), rel=0.05)  # k's posterior, read onto 3 workers' grid
+    same = controller(rho=4.0)
+    same.load_state_dict(state)
+    assert same._fit_k() == pytest.approx(ctl._fit_k())

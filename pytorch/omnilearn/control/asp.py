@@ -140,6 +140,10 @@ class AsyncController:
         self.workers = [Worker(deque(maxlen=self.priors.window), deque(maxlen=self.priors.window))
                         for _ in range(n)]
         self.b_ref = float(self.reference_batch or self.global_batch / n)
+        self.fixed = FixedCost(max(round(self.b_ref * n), n), n)
+        """``k``'s posterior over the run: every measurement told once (:meth:`_tell_k`)."""
+        self.told = 0
+        """Measurements that told ``k`` something (a worker's time beside its times at other batches)."""
         self.k = self.k_prior
         """The fixed cost per step in samples, as last fitted (:meth:`_fit_k`)."""
         self._wait = self.priors.fresh  # measurements every worker needs before the next decision
@@ -174,8 +178,26 @@ class AsyncController:
                 w.times.append(last)
                 w.strikes = 0
                 self._wait = self.priors.fresh  # decide again soon
+        if w.strikes == 0:
+            self._tell_k(w, batch, compute_s)
         w.times.append((batch, compute_s))
         w.fresh += 1
+
+    def _tell_k(self, w: Worker, batch: int, compute_s: float) -> None:
+        """Add what one time says of ``k`` to its posterior: the time's Student-t likelihood at each
+        ``k`` of the grid, ``c`` profiled out from the worker's times before it (``log t = log c + log(b
+        + k)``; the chain rule of the window's evidence, each time counted once). Only a window that
+        holds another batch tells anything; a time that may be of a new speed (a strike) tells nothing."""
+        if not w.times or all(b == batch for b, _ in w.times):
+            return
+        grid = self.fixed.grid
+        b = np.asarray([x for x, _ in w.times], float)
+        log_c = (np.log(np.asarray([t for _, t in w.times], float))[:, None]
+                 - np.log(b[:, None] + grid[None, :])).mean(axis=0)
+        resid = math.log(compute_s) - np.log(batch + grid) - log_c
+        sd = max(self._scatter(), PRIORS.noise_floor) * math.sqrt(1.0 + 1.0 / len(w.times))
+        self.fixed.add(0, t_logpdf(resid / sd))
+        self.told += 1
 
     # ------------------------------------------------------------------ estimates
     @property
@@ -187,26 +209,15 @@ class AsyncController:
 
     def _fit_k(self) -> float:
         """The fixed cost per step in samples: the posterior mean of ``k`` on the BSP controller's grid
-        and prior (:class:`~omnilearn.control.fixed_cost.FixedCost`), given every worker's times in its
-        window at two or more batch sizes, each worker's ``c`` profiled out (``log t = log c + log(b +
-        k)``, Student-t noise of the window's own scatter at one batch). A window's few noisy times at
-        nearby batches tell ``k`` only that well: a point estimate from them would swing from 0 (small
-        pushes free) to the bound, and the split with it."""
-        informative = [w for w in self.workers if len({b for b, _ in w.times}) >= 2]
-        if not informative:
+        and prior (:class:`~omnilearn.control.fixed_cost.FixedCost`), given every time told so far
+        (:meth:`_tell_k`); the prior's mean until one has. The evidence is the run's, not the windows':
+        once the split settles every window holds one batch, and a ``k`` read from the windows alone
+        fell back to its prior (32 samples for the image job, whose times say about 1) and swung the
+        split with it. A few noisy times at nearby batches tell ``k`` only that well: a point estimate
+        from them would swing from 0 (small pushes free) to the bound."""
+        if not self.told:
             return self.k_prior
-        n = len(self.workers)
-        posterior = FixedCost(max(round(self.b_ref * n), n), n)
-        grid = posterior.grid
-        sd = max(self._scatter(), PRIORS.noise_floor)
-        loglik = np.zeros_like(grid)
-        for w in informative:
-            b = np.asarray([x for x, _ in w.times], float)
-            resid = np.log(np.asarray([t for _, t in w.times], float))[:, None] - np.log(b[:, None] + grid[None, :])
-            resid -= resid.mean(axis=0, keepdims=True)  # c, at every k
-            loglik += t_logpdf(resid / sd).sum(axis=0)
-        posterior.add(0, loglik)
-        return float(posterior.mean()[0])
+        return float(self.fixed.mean()[0])
 
     def _scatter(self) -> float:
         """The sd of a log compute time about its worker's median at the same batch (robust, pooled over
@@ -357,7 +368,8 @@ class AsyncController:
                 "bounds": {"min_batch": self.bounds.min_batch, "max_batch": list(self.bounds.max_batch)},
                 "decision": self.decision, "server_s": self.server_s,
                 "workers": [{"times": [list(t) for t in w.times], "overheads": list(w.overheads)}
-                            for w in self.workers]}
+                            for w in self.workers],
+                "fixed_cost": {"grid": self.fixed.grid.tolist(), "log": self.fixed.log[0].tolist(), "told": self.told}}
 
     def load_state_dict(self, d: dict[str, Any], keep: list[int] | None = None) -> None:
         """Load ``d``; with ``keep`` (the saved workers that still run) only theirs, the split scaled
@@ -367,6 +379,8 @@ class AsyncController:
         self.bounds = Bounds(bounds["min_batch"], tuple(bounds["max_batch"][i] for i in keep))
         self.holds, self.decision = dict(d["holds"]), d["decision"]
         self.server_s = float(d.get("server_s", 0.0))
+        if "fixed_cost" in d:  # a state saved before k's posterior was kept starts from its prior
+            self._load_k(d["fixed_cost"])
         total = min(sum(int(b) for b in d["batch"]), sum(self.bounds.max_batch))
         self.batch = policies.split([float(d["batch"][i]) for i in keep], total, self.bounds)
         self.workers = []
@@ -376,6 +390,14 @@ class AsyncController:
             w.times.extend((int(b), float(t)) for b, t in saved["times"])
             w.overheads.extend(float(x) for x in saved["overheads"])
             self.workers.append(w)
+
+    def _load_k(self, saved: dict[str, Any]) -> None:
+        """``k``'s saved posterior, read onto this controller's grid (survivors have another ``b_ref``,
+        and so another grid; ``k`` itself, in samples, is the same)."""
+        log = np.interp(self.fixed.grid, np.asarray(saved["grid"], float), np.asarray(saved["log"], float))
+        self.fixed.log = (log - log.max())[None, :]
+        self.told = int(saved["told"])
+        self.k = self._fit_k()
 
 
 @dataclass
