@@ -211,10 +211,9 @@ class AsyncController:
         """The fixed cost per step in samples: the posterior mean of ``k`` on the BSP controller's grid
         and prior (:class:`~omnilearn.control.fixed_cost.FixedCost`), given every time told so far
         (:meth:`_tell_k`); the prior's mean until one has. The evidence is the run's, not the windows':
-        once the split settles every window holds one batch, and a ``k`` read from the windows alone
-        fell back to its prior (32 samples for the image job, whose times say about 1) and swung the
-        split with it. A few noisy times at nearby batches tell ``k`` only that well: a point estimate
-        from them would swing from 0 (small pushes free) to the bound."""
+        a settled split leaves every window at one batch, which tells ``k`` nothing
+        (``docs/design/asp.md``). A posterior, not a point estimate: a few noisy times at nearby batches
+        would swing that from 0 (small pushes free) to the bound."""
         if not self.told:
             return self.k_prior
         return float(self.fixed.mean()[0])
