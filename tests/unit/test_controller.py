@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 
 from omnilearn.config import ControlConfig
@@ -53,6 +54,36 @@ def test_min_bound_takes_from_others() -> None:
 def test_rounding_is_largest_remainder() -> None:
     assert policies.split([1, 1, 1], 100, bounds(3, B=100)) == [34, 33, 33]
     assert sum(policies.split([1, 2, 3, 4, 5, 6, 7], 101, bounds(7, B=101))) == 101
+
+
+def test_rows_are_each_rows_own_split() -> None:
+    """The row-wise water-filling and rounding give every row what it gives alone: rows of other
+    sizes of total, other bounds and other pinning orders do not leak into each other."""
+    rng = np.random.default_rng(3)
+    n, rows = 6, 40
+    weights = rng.gamma(0.7, size=(rows, n)) * (rng.random((rows, n)) > 0.1)
+    lo = rng.integers(0, 3, size=(rows, n)).astype(float)
+    hi = lo + rng.integers(0, 30, size=(rows, n))
+    totals = np.floor(lo.sum(1) + rng.random(rows) * (hi.sum(1) - lo.sum(1)))
+    shares = policies.bounded_shares_rows(weights, totals, lo, hi)
+    assert np.allclose(shares.sum(1), totals) and (shares >= lo - 1e-9).all() and (shares <= hi + 1e-9).all()
+    for r in range(rows):
+        assert shares[r].tolist() == policies.bounded_shares(weights[r].tolist(), totals[r], lo[r].tolist(),
+                                                             hi[r].tolist())
+    low = 2
+    top = np.maximum(hi, low)
+    whole = policies.round_rows(np.clip(shares, low, top), np.maximum(totals, n * low), low, top)
+    assert (whole.sum(1) == np.maximum(totals, n * low)).all() and (whole >= low).all() and (whole <= top).all()
+    for r in range(rows):
+        assert whole[r].tolist() == policies.round_preserving_sum(np.clip(shares[r], low, top[r]).tolist(),
+                                                                  int(max(totals[r], n * low)), low, top[r].tolist())
+
+
+def test_water_filling_pins_the_side_that_violates() -> None:
+    # proportional shares 80 / 10 / 10: the first is pinned at 50 and the rest split again 25 / 25
+    assert policies.bounded_shares([8, 1, 1], 100, 0, [50, 100, 100]) == [50.0, 25.0, 25.0]
+    # 0.01 / 50 / 50 against a floor of 10: the last two share the 90 left
+    assert policies.bounded_shares([0.0002, 1, 1], 100, 10, [100, 100, 100]) == [10.0, 45.0, 45.0]
 
 
 def test_uniform_and_static() -> None:

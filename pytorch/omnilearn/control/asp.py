@@ -104,6 +104,28 @@ class Worker:
     overheads: deque[float]  # cycle seconds less compute seconds
     fresh: int = 0
     strikes: int = 0
+    _scatter: list[float] | None = None
+
+    def record(self, batch: int, compute_s: float) -> None:
+        self.times.append((batch, compute_s))
+        self._scatter = None
+
+    def restart(self) -> None:
+        """Keep only the last time: the older ones are of another speed."""
+        last = self.times[-1]
+        self.times.clear()
+        self.times.append(last)
+        self._scatter = None
+
+    def scatter(self) -> list[float]:
+        """Every log time's distance from the median log time of this worker's times at the same batch,
+        for the batches that have three times or more."""
+        if self._scatter is None:
+            by: dict[int, list[float]] = {}
+            for b, t in self.times:
+                by.setdefault(b, []).append(math.log(t))
+            self._scatter = [abs(x - statistics.median(v)) for v in by.values() if len(v) >= 3 for x in v]
+        return self._scatter
 
 
 @dataclass
@@ -173,14 +195,12 @@ class AsyncController:
             mid = statistics.median(t / (b + self.k) for b, t in w.times)
             w.strikes = w.strikes + 1 if abs(per / mid - 1) > self.priors.change else 0
             if w.strikes >= 2:  # a new speed: the older measurements are of another worker
-                last = w.times[-1]
-                w.times.clear()
-                w.times.append(last)
+                w.restart()
                 w.strikes = 0
                 self._wait = self.priors.fresh  # decide again soon
         if w.strikes == 0:
             self._tell_k(w, batch, compute_s)
-        w.times.append((batch, compute_s))
+        w.record(batch, compute_s)
         w.fresh += 1
 
     def _tell_k(self, w: Worker, batch: int, compute_s: float) -> None:
@@ -221,15 +241,10 @@ class AsyncController:
     def _scatter(self) -> float:
         """The sd of a log compute time about its worker's median at the same batch (robust, pooled over
         the windows); the prior's measurement noise where no batch has three times yet."""
-        about = []
-        for w in self.workers:
-            by: dict[int, list[float]] = {}
-            for b, t in w.times:
-                by.setdefault(b, []).append(math.log(t))
-            about += [x - statistics.median(v) for v in by.values() if len(v) >= 3 for x in v]
+        about = [x for w in self.workers for x in w.scatter()]
         if len(about) < 3:
             return PRIORS.noise
-        return 1.4826 * statistics.median(abs(x) for x in about)
+        return 1.4826 * float(np.median(about))
 
     def estimates(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Every worker's seconds per sample ``c_i`` and cycle overhead ``o_i``; None until every
@@ -257,8 +272,8 @@ class AsyncController:
         a = expected_factor(lam.ravel(), var.ravel(), self.delay_tolerance).reshape(lam.shape)
         return (moved * rate * a).sum(axis=1), lam, rate.sum(axis=1) * self.server_s
 
-    def candidates(self, c: np.ndarray, o: np.ndarray) -> list[list[int]]:
-        """The splits a decision weighs: the current one; and for every sum of the priors' ``totals``
+    def candidates(self, c: np.ndarray, o: np.ndarray) -> np.ndarray:
+        """The splits a decision weighs (rows x workers): the current one; and for every sum of the priors' ``totals``
         (within the bounds and the trust region), equal cycles (every worker's pull, compute and push as
         long as the others': equal update rates) and the ways a quarter, half and three quarters to
         them from the current split's shape, and ``b_i ∝ s_i^γ`` for each of the priors' powers (``s_i =
@@ -266,22 +281,21 @@ class AsyncController:
         current split is cut to the step's cap."""
         speed = 1.0 / c
         now = np.asarray(self.batch, float)
-        out = [list(self.batch)]
+        weights, totals = [], []
         for total in self._totals():
             shape = now * (total / now.sum())
             equal = self._equal_cycles(c, o, total)
-            for part in (0.25, 0.5, 0.75, 1.0):
-                out.append(self._fit(shape + part * (equal - shape), total))
-            for g in self.priors.gammas:
-                out.append(self._fit(speed ** g, total))
-        return out[:1] + [self._capped(split) for split in out]
+            weights += [shape + part * (equal - shape) for part in (0.25, 0.5, 0.75, 1.0)]
+            weights += [speed ** g for g in self.priors.gammas]
+            totals += [total] * (4 + len(self.priors.gammas))
+        fits = self._fit(np.asarray(weights), np.asarray(totals, float))
+        return np.concatenate([[self.batch], self._capped(np.concatenate([[self.batch], fits]))])
 
-    def _capped(self, split: list[int]) -> list[int]:
-        """``split`` with every batch cut to the step's cap (``ρ_b b_ref``, within the bounds): the
-        samples beyond it move the model no farther, and cost their worker time."""
+    def _capped(self, splits: np.ndarray) -> np.ndarray:
+        """``splits`` (rows x workers) with every batch cut to the step's cap (``ρ_b b_ref``, within the
+        bounds): the samples beyond it move the model no farther, and cost their worker time."""
         cap = self.delay_tolerance if self.batch_tolerance is None else self.batch_tolerance
-        most = max(self.bounds.min_batch, math.ceil(cap * self.b_ref))
-        return [min(b, most) for b in split]
+        return np.minimum(splits, max(self.bounds.min_batch, math.ceil(cap * self.b_ref)))
 
     def _totals(self) -> list[int]:
         """The sums a decision's splits may have: the priors' fractions of ``B``, within the bounds and
@@ -297,16 +311,20 @@ class AsyncController:
         cycle = (total + k * len(c) + float((o / c).sum())) / float((1.0 / c).sum())
         return np.maximum((cycle - o) / c - k, 0.0)
 
-    def _fit(self, weights: np.ndarray, total: int) -> list[int]:
-        """The split of ``total`` samples in proportion to ``weights`` within the bounds and the trust
-        region, in whole samples."""
+    def _fit(self, weights: np.ndarray, totals: np.ndarray) -> np.ndarray:
+        """For each row of ``weights`` (rows x workers), the split of its total in proportion to it
+        within the bounds and the trust region (the bounds alone where the region cannot hold the
+        total), in whole samples."""
         now = np.asarray(self.batch, float)
-        lo = np.maximum(np.floor(now / self.priors.trust), self.bounds.min_batch)
-        hi = np.minimum(np.ceil(now * self.priors.trust), np.asarray(self.bounds.max_batch, float))
-        if lo.sum() > total or hi.sum() < total:
-            lo, hi = np.full(len(now), float(self.bounds.min_batch)), np.asarray(self.bounds.max_batch, float)
-        shares = policies.bounded_shares(list(weights), total, list(lo), list(hi))
-        return policies.round_preserving_sum(shares, total, self.bounds.min_batch, [int(h) for h in hi])
+        floor = float(self.bounds.min_batch)
+        most = np.asarray(self.bounds.max_batch, float)
+        lo = np.maximum(np.floor(now / self.priors.trust), floor)
+        hi = np.minimum(np.ceil(now * self.priors.trust), most)
+        outside = (lo.sum() > totals) | (hi.sum() < totals)
+        lo = np.where(outside[:, None], floor, lo[None, :])
+        hi = np.where(outside[:, None], most[None, :], hi[None, :])
+        shares = policies.bounded_shares_rows(weights, totals, lo, hi)
+        return policies.round_rows(shares, totals, self.bounds.min_batch, hi)
 
     # ------------------------------------------------------------------ decisions
     def decide(self) -> list[int] | None:
@@ -320,7 +338,7 @@ class AsyncController:
         c, o = found
         if self.parameters:
             return self._even_rates(c, o)
-        splits = np.unique(np.asarray(self.candidates(c, o), float), axis=0)
+        splits = np.unique(self.candidates(c, o).astype(float), axis=0)
         worth, lam, busy = self.worth(splits, c, o)
         now = float(self.worth(np.asarray([self.batch], float), c, o)[0][0])
         bar = now * (1 + self.priors.min_gain)
@@ -338,7 +356,7 @@ class AsyncController:
         if cycle.max() / cycle.min() <= 1 + self.priors.min_gain:
             return self._hold("no-gain")
         total = sum(self.batch)
-        new = self._fit(self._equal_cycles(c, o, total), total)
+        new = self._fit(self._equal_cycles(c, o, total)[None, :], np.asarray([float(total)]))[0].tolist()
         if new == self.batch:
             return self._hold("no-gain")
         self.decision = {"spread": round(float(cycle.max() / cycle.min()), 4), "k": round(self.k, 3)}
@@ -386,7 +404,8 @@ class AsyncController:
         for i in keep:
             saved = d["workers"][i]
             w = Worker(deque(maxlen=self.priors.window), deque(maxlen=self.priors.window))
-            w.times.extend((int(b), float(t)) for b, t in saved["times"])
+            for b, t in saved["times"]:
+                w.record(int(b), float(t))
             w.overheads.extend(float(x) for x in saved["overheads"])
             self.workers.append(w)
 

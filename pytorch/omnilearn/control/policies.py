@@ -30,6 +30,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 # The policies' names and what each knows belong to the config (one layer below): re-exported here.
 from omnilearn.config.sections import KNOWS, POLICIES, ControlConfig  # noqa: F401
 
@@ -70,55 +72,84 @@ class Bounds:
 def bounded_shares(weights: Sequence[float], total: float, lo: float | Sequence[float], hi: Sequence[float]
                    ) -> list[float]:
     """Split ``total`` in proportion to ``weights`` with every share clamped to ``[lo_i, hi_i]`` (``lo``:
-    one bound for all, or one each).
-
-    Water-filling: workers whose proportional share falls outside their bounds are pinned at the
-    bound, and the rest of the total is split again among the others, until nothing moves.
-    """
+    one bound for all, or one each): :func:`bounded_shares_rows` on one row."""
     n = len(weights)
     low = [float(lo)] * n if isinstance(lo, int | float) else [float(x) for x in lo]
     assert n == len(hi) == len(low) and n > 0
     assert sum(low) <= total + 1e-9 and total <= sum(hi) + 1e-9, (lo, hi, total)
-    w = [max(float(x), 0.0) for x in weights]
-    if sum(w) <= 0:
-        w = [1.0] * n
-    pinned: dict[int, float] = {}
-    while True:
-        free = [i for i in range(n) if i not in pinned]
-        rest = total - sum(pinned.values())
-        wsum = sum(w[i] for i in free)
-        shares = {i: (rest * w[i] / wsum if wsum > 0 else rest / len(free)) for i in free}
-        over = [i for i in free if shares[i] > hi[i] + 1e-12]
-        under = [i for i in free if shares[i] < low[i] - 1e-12]
-        if not over and not under:
+    rows = bounded_shares_rows(np.asarray([weights], float), np.asarray([total], float), np.asarray([low]),
+                               np.asarray([hi], float))
+    return rows[0].tolist()
+
+
+def bounded_shares_rows(weights: np.ndarray, totals: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """:func:`bounded_shares` for every row of ``weights`` (rows x workers) at once, each with its own
+    total and bounds (rows x workers; every row's bounds hold its total).
+
+    Water-filling: workers whose proportional share falls outside their bounds are pinned at the
+    bound (the side that violates: pinning both at once could overshoot the total), and the rest of
+    the total is split again among the others, until nothing moves. Every sum runs in worker order,
+    and the pinned in the order they were pinned, so a row's shares do not depend on the others'.
+    """
+    rows, n = weights.shape
+    w = np.maximum(weights.astype(float), 0.0)
+    w[np.cumsum(w, axis=1)[:, -1] <= 0] = 1.0
+    pinned = np.zeros((rows, n), bool)
+    value = np.zeros((rows, n))
+    pinned_sum = np.zeros(rows)
+    shares = np.zeros((rows, n))
+    active = np.ones(rows, bool)
+    while active.any():
+        free = ~pinned
+        rest = totals - pinned_sum
+        wsum = np.cumsum(np.where(free, w, 0.0), axis=1)[:, -1]
+        count = free.sum(axis=1)
+        safe = np.where(wsum > 0, wsum, 1.0)
+        fresh = np.where((wsum > 0)[:, None], rest[:, None] * w / safe[:, None],
+                         (rest / np.maximum(count, 1))[:, None])
+        shares = np.where(active[:, None] & free, fresh, shares)
+        over = active[:, None] & free & (shares > hi + 1e-12)
+        under = active[:, None] & free & (shares < lo - 1e-12)
+        use_over = over.any(axis=1)
+        pin = np.where(use_over[:, None], over, under)
+        active = pin.any(axis=1)
+        if not active.any():
             break
-        # Pin the side that violates; pinning both at once could overshoot the total.
-        for i in (over if over else under):
-            pinned[i] = hi[i] if over else low[i]
-    out = [pinned.get(i, shares.get(i, 0.0)) for i in range(n)]
-    return out
+        val = np.where(use_over[:, None], hi, lo)
+        value = np.where(pin, val, value)
+        pinned |= pin
+        pinned_sum = np.cumsum(np.concatenate([pinned_sum[:, None], np.where(pin, val, 0.0)], axis=1), axis=1)[:, -1]
+    return np.where(pinned, value, shares)
 
 
 def round_preserving_sum(shares: Sequence[float], total: int, lo: int, hi: Sequence[int]) -> list[int]:
-    """Integers within ``[lo, hi_i]`` that sum to ``total``, closest to ``shares`` (largest remainder)."""
-    base = [min(max(math.floor(s + 1e-9), lo), hi[i]) for i, s in enumerate(shares)]
-    left = total - sum(base)
-    order = sorted(range(len(shares)), key=lambda i: (-(shares[i] - math.floor(shares[i] + 1e-9)), i))
-    while left != 0:
-        moved = False
-        for i in order:
-            if left > 0 and base[i] < hi[i]:
-                base[i] += 1
-                left -= 1
-                moved = True
-            elif left < 0 and base[i] > lo:
-                base[i] -= 1
-                left += 1
-                moved = True
-            if left == 0:
-                break
-        assert moved, "bounds cannot hold the total"
-    return base
+    """Integers within ``[lo, hi_i]`` that sum to ``total``, closest to ``shares`` (largest remainder):
+    :func:`round_rows` on one row."""
+    return [int(x) for x in round_rows(np.asarray([shares], float), np.asarray([total]), lo,
+                                       np.asarray([hi], float))[0]]
+
+
+def round_rows(shares: np.ndarray, totals: np.ndarray, lo: int, hi: np.ndarray) -> np.ndarray:
+    """:func:`round_preserving_sum` for every row of ``shares`` (rows x workers), each with its own total
+    and upper bounds: every share rounded down within the bounds, then the samples left over (or
+    short) given one at a time to the workers in order of the largest remainders (ties: the lower
+    index), pass after pass."""
+    base = np.minimum(np.maximum(np.floor(shares + 1e-9), lo), hi)
+    order = np.argsort(-(shares - np.floor(shares + 1e-9)), axis=1, kind="stable")
+    rows = np.arange(len(shares))[:, None]
+    left = totals - base.sum(axis=1)
+    while (left != 0).any():
+        ordered = base[rows, order]
+        up = (left > 0)[:, None] & (ordered < hi[rows, order])
+        down = (left < 0)[:, None] & (ordered > lo)
+        eligible = up | down
+        rank = np.cumsum(eligible, axis=1)
+        step = eligible & (rank <= np.abs(left)[:, None])
+        assert step[left != 0].any(axis=1).all(), "bounds cannot hold the total"
+        delta = np.where(step, np.where(up, 1.0, -1.0), 0.0)
+        base[rows, order] += delta
+        left = left - delta.sum(axis=1)
+    return base.astype(int)
 
 
 def split(weights: Sequence[float], global_batch: int, bounds: Bounds) -> list[int]:

@@ -115,6 +115,8 @@ class AsyncRun:
         self.compute = np.zeros((seeds, n))
         self.taken = np.zeros((seeds, n), int)
         self.stalls = _stalls(world)
+        starts = world.line.starts
+        self.regimes = Regimes(np.asarray(starts), np.asarray([world.fixed(r) for r in range(len(starts))]))
         for i in range(n):
             self.compute[:, i] = self._times(i, np.arange(seeds))
         self.arrive = self.compute + self.sync
@@ -124,7 +126,8 @@ class AsyncRun:
         self.version = self.events = 0
 
     def _times(self, worker: int, rows: np.ndarray) -> np.ndarray:
-        return _step_times(self.world, self.rng, self.batch, self.samples, worker, rows, self.stalls, self.taken)
+        return _step_times(self.world, self.regimes, self.rng, self.batch, self.samples, worker, rows, self.stalls,
+                           self.taken)
 
     def event(self) -> bool:
         """The next push of every seed still training, applied; False when every seed is done."""
@@ -224,19 +227,29 @@ def _stalls(world: World) -> dict[int, list[tuple[float, float]]]:
     return out
 
 
-def _step_times(world: World, rng: np.random.Generator, batch: np.ndarray, samples: np.ndarray, worker: int,
-                rows: np.ndarray, stalls: dict[int, list[tuple[float, float]]], taken: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True)
+class Regimes:
+    """The steps each regime of the level's timeline starts at, and each regime's fixed cost per worker
+    (:meth:`~omnilearn.simulate.truth.World.fixed`): read once a run, not once a step."""
+
+    starts: np.ndarray
+    fixed: np.ndarray  # (regimes, workers)
+
+
+def _step_times(world: World, regimes: Regimes, rng: np.random.Generator, batch: np.ndarray, samples: np.ndarray,
+                worker: int, rows: np.ndarray, stalls: dict[int, list[tuple[float, float]]], taken: np.ndarray
+                ) -> np.ndarray:
     """Worker ``worker``'s compute time of its next step on ``rows`` (seeds): its true time at the
     level in force, with noise and the CFS phase, and a stall it reaches (``taken``: stalls taken so
     far, per seed and worker)."""
     sc, line = world.sc, world.line
     assert sc.global_batch is not None
-    regime = np.searchsorted(np.asarray(line.starts), samples[rows] // sc.global_batch, side="right") - 1
+    regime = np.searchsorted(regimes.starts, samples[rows] // sc.global_batch, side="right") - 1
     out = np.empty(len(rows))
     for r in np.unique(regime):
         here = regime == r
         b = batch[rows[here], worker].astype(float)
-        x = b + float(world.fixed(int(r))[worker])
+        x = b + float(regimes.fixed[r, worker])
         work = world.sample_s * x * (x / world.b0) ** (sc.exponent - 1.0)
         noise = np.exp(sc.noise * rng.standard_normal(len(b)) + sc.host_noise * rng.standard_normal(len(b)))
         share = float(line.shares[r][worker])
