@@ -199,3 +199,32 @@ def test_the_state_round_trips_and_keeps_the_survivors() -> None:
     same = controller(rho=4.0)
     same.load_state_dict(state)
     assert same._fit_k() == pytest.approx(ctl._fit_k())
+
+
+def test_the_scatter_follows_the_windows_through_a_change_of_speed() -> None:
+    """The pooled scatter of log times about each batch's median is that of the windows as they are:
+    after new times, after a worker's window restarts at a new speed, and after a state round trip."""
+    ctl = controller(n=2, batch=32)
+    rng = np.random.default_rng(5)
+
+    def direct() -> float:
+        about = []
+        for w in ctl.workers:
+            by: dict[int, list[float]] = {}
+            for b, t in w.times:
+                by.setdefault(b, []).append(math.log(t))
+            about += [abs(x - float(np.median(v))) for v in by.values() if len(v) >= 3 for x in v]
+        return 1.4826 * float(np.median(about)) if len(about) >= 3 else ctl._scatter()
+
+    restarted = False
+    for step in range(30):
+        slow = 0.01 if step < 15 else 0.04  # worker 1 slows down four times: its window restarts
+        for i, c in enumerate((0.01, slow)):
+            before = len(ctl.workers[i].times)
+            ctl.push(i, ctl.batch[i], c * ctl.batch[i] * math.exp(0.05 * rng.standard_normal()), 1.0)
+            restarted |= len(ctl.workers[i].times) < before
+        assert ctl._scatter() == pytest.approx(direct(), rel=1e-12)
+    assert restarted
+    back = controller(n=2, batch=32)
+    back.load_state_dict(ctl.state_dict())
+    assert back._scatter() == pytest.approx(ctl._scatter(), rel=1e-12)
