@@ -93,3 +93,65 @@ def test_the_default_suite_loads() -> None:
     assert {sc.workers for sc in suite} >= {4, 8, 16, 64}
     assert {sc.optimizer for sc in suite} == {"sgd", "adamw"} and {sc.push for sc in suite} == {"gradients", "parameters"}
     assert np.isfinite([sc.lr for sc in suite]).all()
+
+
+def test_the_fixed_family_holds_uniform_and_equal_rates_within_the_bounds() -> None:
+    from omnilearn.control.policies import Bounds
+    from omnilearn.simulate.asp_scenarios import fixed_family
+
+    bounds = Bounds.make(4, 2, 40, 64)
+    family = fixed_family([0.5, 0.5, 1 / 3, 8 / 3], 16.0, bounds, 64)
+    assert [16, 16, 16, 16] in family  # uniform: the fast worker's b_ref, power 0
+    assert [3, 3, 2, 16] in family  # equal compute times, the fast worker at b_ref
+    assert all(sum(s) <= 64 and all(2 <= b <= 40 for b in s) for s in family)
+    assert len({tuple(s) for s in family}) == len(family)
+
+
+def test_a_run_given_its_splits_holds_each_rows_own(tmp_path: Path) -> None:
+    from omnilearn.simulate.asp_problems import make_problem
+    from omnilearn.simulate.asp_scenarios import rule_maker
+    from omnilearn.simulate.asp_world import run_async
+    from omnilearn.simulate.truth import World, timeline
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(SUITE)
+    sc = next(s for s in load_suite(suite) if s.name == "skewed")
+    world = World(sc, timeline(sc, "test"), 0)
+    first = np.asarray([[8, 8, 8, 8], [2, 2, 2, 8], [4, 4, 2, 16]])
+    trace = run_async(world, 3, make_problem(sc.problem, sc.gradient_noise), rule_maker(sc), sc.lr, 1, "uniform",
+                      sc.push, sc.server_ms, first=first)
+    assert trace.batches == first.tolist()
+    updates = np.sum(~np.isnan(trace.time), axis=0)
+    assert updates[1] > updates[0]  # the same samples in smaller pushes: more updates
+
+
+def test_best_fixed_is_asked_for_by_name_and_holds_its_split(tmp_path: Path) -> None:
+    from omnilearn.simulate.asp_scenarios import run_scenario
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(SUITE)
+    from omnilearn.simulate.asp_scenarios import DEFAULT_POLICIES
+
+    assert "best-fixed" not in DEFAULT_POLICIES  # it knows the shares: asked for by name only
+    skewed = next(sc for sc in load_suite(suite) if sc.name == "skewed")
+    rows, info = run_scenario(skewed, ["uniform", "best-fixed"])
+    split = info["runs"]["best-fixed"]["batch"]
+    assert sum(split) <= 32 and info["runs"]["best-fixed"]["holds"]["splits tried"] > 1
+    assert len([r for r in rows if r["policy"] == "best-fixed"]) == skewed.seeds
+    equal = next(sc for sc in load_suite(suite) if sc.name == "equal")
+    _, info = run_scenario(equal, ["uniform", "best-fixed"])
+    assert len(set(info["runs"]["best-fixed"]["batch"])) == 1  # equal shares: every candidate an equal split
+
+
+def test_a_scenario_whose_step_makes_no_progress_is_refused(tmp_path: Path) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(SUITE.replace("params: {level: HL8, push: parameters}",
+                                   "params: {level: HL8, problem: logistic, lr: 0.5}"))
+    from omnilearn.simulate.asp_scenarios import run_scenario
+
+    diverging = next(sc for sc in load_suite(suite) if sc.name == "params")
+    with pytest.raises(UserError, match="ASP scenario params: its target .* is not below"):
+        run_scenario(diverging, ["uniform"])
+    diverging.lr = 0.005
+    rows, _ = run_scenario(diverging, ["uniform"])
+    assert len(rows) == diverging.seeds

@@ -203,7 +203,7 @@ def _add_simulate(sub: Any) -> None:
                                                  "(--scenarios, --asp-scenarios: for their CSV and Markdown)")
     sm.add_argument("--policies", nargs="+", metavar="POLICY",
                     help="--scenarios: the policies to score (default: uniform dynamic paper static; "
-                         "--asp-scenarios: uniform dynamic static)")
+                         "--asp-scenarios: uniform dynamic static; best-fixed, which knows the true shares, by name)")
     sm.add_argument("--seeds", type=int, help="--scenarios, --asp-scenarios: seeds of every scenario (default: "
                                               "each scenario's)")
     sm.add_argument("--jobs", type=int, help="--scenarios, --asp-scenarios: processes (default: the CPUs, at most 2)")

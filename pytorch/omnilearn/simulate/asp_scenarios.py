@@ -14,6 +14,14 @@ Per scenario, seed and policy (``DIR/asp_scenarios.csv``):
 - ``time_to_target_s``: the first time the excess loss reached the scenario's target, the
   reference's median excess loss at ``target`` of its run (empty: never); ``reference_time_to_target_s``.
 
+**best-fixed** (asked for by name: ``--policies uniform dynamic best-fixed``) is a yardstick, not a
+controller: it knows the true shares. It tries every split of a family
+(:func:`fixed_family`: the fast worker's batch times each worker's share over the fastest's to a
+power, uniform and ``static``-like splits among them) on :data:`SELECTION_SEEDS` seeds of their own,
+keeps the one quickest to the target, and runs it on the benchmark's seeds. What it reaches is the
+most any fixed split of the family gives; where ``dynamic`` is near it, no re-splitting of that kind
+can gain more.
+
 ``DIR/asp_scenarios.md`` gives, per scenario and policy, the mean time to target over the seeds that
 reached it, the paired ratio of each policy's time to ``uniform``'s (mean and standard error), the
 cost of delay (uniform's time over the reference's, less one) and the mean loss at equal time.
@@ -45,7 +53,15 @@ from omnilearn.simulate.truth import Scenario, World, describe, timeline
 from omnilearn.train.asp_update import UPDATES, Hyper, SampleTime, ScaledGradient, UpdateRule
 
 SUITE_FILE = CONFIG_DIR / "asp_scenarios.yaml"
-POLICIES = ("uniform", "dynamic", "static")
+POLICIES = ("uniform", "dynamic", "static", "best-fixed")
+DEFAULT_POLICIES = ("uniform", "dynamic", "static")
+SELECTION_SEEDS = 20
+"""best-fixed's seeds to choose its split on (apart from the benchmark's)."""
+FAST_BATCHES = (0.125, 0.25, 0.375, 0.5, 0.75, 1.0, 1.5, 2.0)
+"""best-fixed's family: the fastest worker's batch, in units of ``b_ref = B / n``."""
+SHARE_POWERS = (0.0, 0.5, 1.0, 1.5, 2.0)
+"""... and the power of each worker's share over the fastest's that scales the others' (0: equal
+batches; 1: equal compute times, equal update rates)."""
 COLUMNS = ("scenario", "policy", "update", "push", "seed", "loss_at_equal_time", "reference_loss",
            "time_to_target_s", "reference_time_to_target_s")
 
@@ -140,6 +156,38 @@ def _loss_at(trace: Trace, when: np.ndarray) -> np.ndarray:
     return out
 
 
+def fixed_family(shares: Sequence[float], b_ref: float, bounds: Bounds, total: int) -> list[list[int]]:
+    """best-fixed's candidates: ``b_i = f (s_i / max s) ** p`` for every ``f`` of :data:`FAST_BATCHES`
+    (times ``b_ref``) and ``p`` of :data:`SHARE_POWERS`, rounded into the bounds, summing to at most
+    ``total``; each split once."""
+    rel = np.asarray(shares, float) / max(shares)
+    out: list[list[int]] = []
+    for f in FAST_BATCHES:
+        for power in SHARE_POWERS:
+            raw = np.rint(f * b_ref * rel ** power).astype(int)
+            split = [int(min(max(b, bounds.min_batch), hi)) for b, hi in zip(raw, bounds.max_batch, strict=True)]
+            if sum(split) <= total and split not in out:
+                out.append(split)
+    return out
+
+
+def best_fixed(world: World, problem: object, make: Any, sc: AspScenario, target: float, seed: int,
+               bounds: Bounds) -> tuple[list[int], int]:
+    """The split of :func:`fixed_family` (on the first regime's true shares) whose seeds of its own reach
+    ``target`` the soonest (the fewest that never do first), all tried in one run; and how many were tried."""
+    assert sc.global_batch is not None
+    family = fixed_family(world.line.shares[0], sc.global_batch / sc.workers, bounds, sc.global_batch)
+    k = SELECTION_SEEDS
+    first = np.repeat(np.asarray(family, int), k, axis=0)
+    trace = run_async(world, len(first), problem, make, sc.lr, seed + 7919, "uniform", sc.push, sc.server_ms,
+                      first=first)
+    reached = _time_to(trace, target).reshape(len(family), k)
+    never = np.isnan(reached).mean(axis=1)
+    mean = np.where(np.isnan(reached), trace.end.reshape(len(family), k), reached).mean(axis=1)
+    best = min(range(len(family)), key=lambda i: (never[i], mean[i]))
+    return family[best], len(family)
+
+
 def run_scenario(sc: AspScenario, policies: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every policy on every seed of ``sc`` (the seeds at once); the rows, and what the runs did."""
     torch.set_num_threads(1)
@@ -152,14 +200,24 @@ def run_scenario(sc: AspScenario, policies: Sequence[str]) -> tuple[list[dict[st
     ref = run_reference(world, seeds, problem, make, sc.lr, seed)
     # above the reference's floor: a target its noise reaches by chance would time luck, not progress
     target = max(float(np.median(_loss_at(ref, ref.end * sc.target))), 1.5 * float(np.median(ref.loss[-1])))
+    if not target < float(np.median(ref.loss[0])):
+        raise UserError(f"ASP scenario {sc.name}: its target ({target:.3g}) is not below the delay-free reference's "
+                        f"loss after its first update ({float(np.median(ref.loss[0])):.3g}): the step makes no "
+                        f"progress over the run (lower its lr)")
     bounds = Bounds.make(sc.workers, sc.min_batch, sc.max_batch, sc.global_batch)
 
     def controller() -> AsyncController:
         return AsyncController(sc.global_batch, bounds, sc.delay_tolerance, server_s=sc.server_ms / 1e3,
                                parameters=sc.push == "parameters", batch_tolerance=sc.batch_tolerance)
 
+    chosen: dict[str, Any] = {}
+    if "best-fixed" in policies:
+        split, tried = best_fixed(world, problem, make, sc, target, seed, bounds)
+        chosen = {"first": np.tile(np.asarray(split, int), (seeds, 1))}
+        fixed_info = {"tried": tried}
     traces = {p: run_async(world, seeds, problem, make, sc.lr, seed, p, sc.push, sc.server_ms,
-                           controller if p == "dynamic" else None) for p in policies}
+                           controller if p == "dynamic" else None, **(chosen if p == "best-fixed" else {}))
+              for p in policies}
     equal = np.minimum.reduce([ref.end, *[t.end for t in traces.values()]])
     ref_loss, ref_time = _loss_at(ref, equal), _time_to(ref, target)
     rows = []
@@ -172,6 +230,8 @@ def run_scenario(sc: AspScenario, policies: Sequence[str]) -> tuple[list[dict[st
                          "reference_time_to_target_s": None if math.isnan(ref_time[s]) else float(ref_time[s])})
     info = {p: {"batch": tr.batches[0], "staleness": float(np.mean(tr.staleness)), "holds": tr.holds}
             for p, tr in traces.items()}
+    if chosen:
+        info["best-fixed"]["holds"] = {"splits tried": fixed_info["tried"]}
     return rows, {"target": target, "runs": info}
 
 
@@ -254,7 +314,7 @@ def run_suite(out: Path, scenarios: str | Path | None = None, policies: Sequence
     """Run the suite (``scenarios``: a file, None for the default) into ``out``: ``asp_scenarios.csv``
     and ``asp_scenarios.md``. ``jobs``: processes (default: the CPUs, at most 2)."""
     t0 = time.perf_counter()
-    chosen = list(dict.fromkeys(policies)) if policies is not None else list(POLICIES)
+    chosen = list(dict.fromkeys(policies)) if policies is not None else list(DEFAULT_POLICIES)
     bad = [p for p in chosen if p not in POLICIES]
     if bad or not chosen:
         raise UserError(f"--policies: {'unknown policy ' + repr(bad[0]) if bad else 'name at least one'} "

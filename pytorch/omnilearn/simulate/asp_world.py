@@ -16,7 +16,9 @@ The controller (``dynamic``: :class:`~omnilearn.control.asp.AsyncController`, on
 what the real server sees of every push: the worker, its batch, its compute time, the time since
 its last push was applied, and the staleness; its new split applies to each worker's next step.
 ``static`` splits by the true shares (update rates made equal, the paper's aim); ``uniform`` splits
-equally. The sum of the batches is the global batch at all times.
+equally; a run given ``first`` holds that split, one per row (the benchmark's ``best-fixed``
+searches fixed splits in one run this way). A split may sum to less than the global batch, as the
+controller's may; the global batch is the most the workers hold.
 
 The level (or trace segment) in force follows the samples applied, as the real server's schedule
 follows its epochs: a scenario of ``steps`` steps of ``B`` samples, epochs of ``steps_per_epoch``.
@@ -89,7 +91,8 @@ class AsyncRun:
     and every worker's, a row per seed. :meth:`event` takes one push on every seed still training."""
 
     def __init__(self, world: World, seeds: int, problem: object, make_rule: MakeRule, lr: float, seed: int,
-                 policy: str, push: str, server_ms: float, controller: Callable[[], AsyncController] | None) -> None:
+                 policy: str, push: str, server_ms: float, controller: Callable[[], AsyncController] | None,
+                 first: np.ndarray | None = None) -> None:
         sc = world.sc
         n, B = sc.workers, sc.global_batch
         assert B is not None
@@ -106,8 +109,11 @@ class AsyncRun:
         self.pulled_version = np.zeros((seeds, n), int)
         self.clock = np.zeros(seeds)  # the optimiser's time: the step of every update applied, in units
         self.pulled_clock = np.zeros((seeds, n))
-        first = _initial(policy, world, Bounds.make(n, sc.min_batch, sc.max_batch, B))
-        self.batch = np.tile(np.asarray(first, int), (seeds, 1))  # (S, n): each worker's current batch
+        if first is None:
+            first = np.tile(np.asarray(_initial(policy, world, Bounds.make(n, sc.min_batch, sc.max_batch, B)), int),
+                            (seeds, 1))
+        assert first.shape == (seeds, n), "a split per row"
+        self.batch = np.array(first, dtype=int)  # (S, n): each worker's current batch
         self.ctls = [controller() for _ in range(seeds)] if controller is not None else None
         self.samples = np.zeros(seeds, int)
         self.server_free = np.zeros(seeds)
@@ -120,7 +126,7 @@ class AsyncRun:
         for i in range(n):
             self.compute[:, i] = self._times(i, np.arange(seeds))
         self.arrive = self.compute + self.sync
-        cap = int(np.ceil(self.total / max(sc.min_batch, 1))) + n
+        cap = int(np.ceil(self.total / max(min(sc.min_batch, int(self.batch.min())), 1))) + n
         self.times, self.losses = np.full((cap, seeds), np.nan), np.full((cap, seeds), np.nan)
         self.stale_sum = np.zeros(seeds)
         self.version = self.events = 0
@@ -205,10 +211,11 @@ class AsyncRun:
 
 
 def run_async(world: World, seeds: int, problem: object, make_rule: MakeRule, lr: float, seed: int,
-              policy: str, push: str, server_ms: float, controller: Callable[[], AsyncController] | None = None
-              ) -> Trace:
-    """``policy`` on ``seeds`` seeds of ``world``'s scenario (see the module)."""
-    run = AsyncRun(world, seeds, problem, make_rule, lr, seed, policy, push, server_ms, controller)
+              policy: str, push: str, server_ms: float, controller: Callable[[], AsyncController] | None = None,
+              first: np.ndarray | None = None) -> Trace:
+    """``policy`` on ``seeds`` seeds of ``world``'s scenario (see the module); ``first``: each row's fixed
+    split, ``(seeds, workers)``, in place of the policy's."""
+    run = AsyncRun(world, seeds, problem, make_rule, lr, seed, policy, push, server_ms, controller, first)
     while run.event():
         pass
     return run.trace()
