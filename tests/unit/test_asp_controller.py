@@ -228,3 +228,20 @@ def test_the_scatter_follows_the_windows_through_a_change_of_speed() -> None:
     back = controller(n=2, batch=32)
     back.load_state_dict(ctl.state_dict())
     assert back._scatter() == pytest.approx(ctl._scatter(), rel=1e-12)
+
+
+def test_slow_workers_at_their_floor_leave_the_fast_workers_their_share() -> None:
+    shares = np.asarray([0.5] * 6 + [1.0, 4.0] + [0.5] * 6 + [1.0, 4.0])  # 16 workers at HL8
+    ctl = controller(n=16, batch=256)
+    ctl.batch = [4, 3, 4, 3, 3, 4, 4, 6, 4, 4, 4, 4, 3, 4, 4, 6]
+    ctl.k = 4.0
+    c, o = 0.002 / shares, np.full(16, 0.005)
+    splits = ctl.candidates(c, o)
+    # a split fitted to a sum of 32 puts every worker at the floor of 2; scaled from the fastest worker's batch,
+    # the slow workers are at the floor and the fast ones keep 8
+    wanted = np.where(shares == 4.0, 8, 2)
+    assert any((row == wanted).all() for row in splits)
+    assert (splits.sum(axis=1) <= 256).all()
+    worth, _, _ = ctl.worth(splits.astype(float), c, o)
+    now = ctl.worth(np.asarray([ctl.batch], float), c, o)[0][0]
+    assert worth.max() > 1.15 * now  # the model sees what the fixed splits show (best-fixed: [2, ..., 8])

@@ -78,6 +78,10 @@ class AsyncPriors:
     totals: tuple[float, ...] = (1.0, 0.75, 0.5, 0.375, 0.25)
     """The fractions of the global batch the candidate splits sum to (a decision moves the sum at most
     ``trust`` times, as every batch): smaller pushes are fresher, at the throughput small batches lose."""
+    fastest: tuple[float, ...] = (1.0, 0.75, 0.5, 0.375, 0.25)
+    """The fastest worker's batch, in units of the step's cap, of the candidates scaled from it (``b_i =
+    b_fast (s_i / max s)^γ``, each in its bounds): where the slow workers' batches are at their floor,
+    a split fitted to a sum spends it on them, and these keep the fast worker's share."""
 
 
 ASYNC_PRIORS = AsyncPriors()
@@ -289,7 +293,20 @@ class AsyncController:
             weights += [speed ** g for g in self.priors.gammas]
             totals += [total] * (4 + len(self.priors.gammas))
         fits = self._fit(np.asarray(weights), np.asarray(totals, float))
-        return np.concatenate([[self.batch], self._capped(np.concatenate([[self.batch], fits]))])
+        rows = self._capped(np.concatenate([[self.batch], fits, self._from_fastest(speed)]))
+        return np.concatenate([[self.batch], rows[rows.sum(axis=1) <= self.global_batch]])
+
+    def _from_fastest(self, speed: np.ndarray) -> np.ndarray:
+        """The candidates scaled from the fastest worker's batch (:attr:`AsyncPriors.fastest`), each batch
+        within its bounds and the trust region, in whole samples."""
+        cap = self.delay_tolerance if self.batch_tolerance is None else self.batch_tolerance
+        now = np.asarray(self.batch, float)
+        lo = np.maximum(np.floor(now / self.priors.trust), self.bounds.min_batch)
+        hi = np.minimum(np.ceil(now * self.priors.trust), np.asarray(self.bounds.max_batch, float))
+        rel = speed / speed.max()
+        fast = np.asarray(self.priors.fastest)[:, None, None] * cap * self.b_ref
+        raw = fast * rel[None, None, :] ** np.asarray(self.priors.gammas)[None, :, None]
+        return np.clip(np.rint(raw), lo, hi).reshape(-1, len(now))
 
     def _capped(self, splits: np.ndarray) -> np.ndarray:
         """``splits`` (rows x workers) with every batch cut to the step's cap (``ρ_b b_ref``, within the

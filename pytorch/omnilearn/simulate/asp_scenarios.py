@@ -57,7 +57,7 @@ POLICIES = ("uniform", "dynamic", "static", "best-fixed")
 DEFAULT_POLICIES = ("uniform", "dynamic", "static")
 SELECTION_SEEDS = 20
 """best-fixed's seeds to choose its split on (apart from the benchmark's)."""
-FAST_BATCHES = (0.125, 0.25, 0.375, 0.5, 0.75, 1.0, 1.5, 2.0)
+FAST_BATCHES = (0.125, 0.25, 0.375, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 """best-fixed's family: the fastest worker's batch, in units of ``b_ref = B / n``."""
 SHARE_POWERS = (0.0, 0.5, 1.0, 1.5, 2.0)
 """... and the power of each worker's share over the fastest's that scales the others' (0: equal
