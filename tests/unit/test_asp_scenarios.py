@@ -155,3 +155,19 @@ def test_a_scenario_whose_step_makes_no_progress_is_refused(tmp_path: Path) -> N
     diverging.lr = 0.005
     rows, _ = run_scenario(diverging, ["uniform"])
     assert len(rows) == diverging.seeds
+
+
+def test_the_reference_processes_the_equal_splits_samples_a_second(tmp_path: Path) -> None:
+    from omnilearn.simulate.asp_problems import make_problem
+    from omnilearn.simulate.asp_scenarios import rule_maker
+    from omnilearn.simulate.asp_world import run_reference
+    from omnilearn.simulate.truth import World, timeline
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(SUITE)
+    sc = next(s for s in load_suite(suite) if s.name == "skewed")
+    world = World(sc, timeline(sc, "test"), 0)
+    ref = run_reference(world, 2, make_problem(sc.problem, sc.gradient_noise), rule_maker(sc), sc.lr, 1)
+    b = np.full(4, 8.0)
+    cycles = world.fluid(0, b) + sc.sync_ms / 1e3  # each worker's compute and its pull and push
+    assert ref.end[0] == pytest.approx(sc.steps * 32 / float((b / cycles).sum()))

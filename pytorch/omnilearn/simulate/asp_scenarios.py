@@ -17,7 +17,7 @@ Per scenario, seed and policy (``DIR/asp_scenarios.csv``):
 **best-fixed** (asked for by name: ``--policies uniform dynamic best-fixed``) is a yardstick, not a
 controller: it knows the true shares. It tries every split of a family
 (:func:`fixed_family`: the fast worker's batch times each worker's share over the fastest's to a
-power, uniform and ``static``-like splits among them) on :data:`SELECTION_SEEDS` seeds of their own,
+power, uniform among them, and ``static``'s split) on :data:`SELECTION_SEEDS` seeds of their own,
 keeps the one quickest to the target, and runs it on the benchmark's seeds. What it reaches is the
 most any fixed split of the family gives; where ``dynamic`` is near it, no re-splitting of that kind
 can gain more.
@@ -43,7 +43,7 @@ import torch
 
 from omnilearn.config.sections import ADAMW_BETA2, ASP_PUSHES
 from omnilearn.control.asp import AsyncController
-from omnilearn.control.policies import Bounds
+from omnilearn.control.policies import Bounds, split
 from omnilearn.errors import UserError
 from omnilearn.files import CONFIG_DIR, write_atomic
 from omnilearn.simulate.asp_problems import PROBLEMS, make_problem
@@ -173,10 +173,12 @@ def fixed_family(shares: Sequence[float], b_ref: float, bounds: Bounds, total: i
 
 def best_fixed(world: World, problem: object, make: Any, sc: AspScenario, target: float, seed: int,
                bounds: Bounds) -> tuple[list[int], int]:
-    """The split of :func:`fixed_family` (on the first regime's true shares) whose seeds of its own reach
+    """The split of :func:`fixed_family` and ``static``'s (on the first regime's true shares) whose seeds of its own reach
     ``target`` the soonest (the fewest that never do first), all tried in one run; and how many were tried."""
     assert sc.global_batch is not None
     family = fixed_family(world.line.shares[0], sc.global_batch / sc.workers, bounds, sc.global_batch)
+    static = split(list(world.line.shares[0]), sc.global_batch, bounds)  # equal update rates at the sum B
+    family += [static] if static not in family else []
     k = SELECTION_SEEDS
     first = np.repeat(np.asarray(family, int), k, axis=0)
     trace = run_async(world, len(first), problem, make, sc.lr, seed + 7919, "uniform", sc.push, sc.server_ms,

@@ -24,7 +24,9 @@ The level (or trace segment) in force follows the samples applied, as the real s
 follows its epochs: a scenario of ``steps`` steps of ``B`` samples, epochs of ``steps_per_epoch``.
 
 :func:`run_reference` is the delay-free reference: one sequential learner of batch ``B / n`` at the
-samples per second of the equal split (the fluid model of the level in force), with the same rule.
+samples per second of the equal split (the fluid model of the level in force, each worker's cycle its
+compute and ``sync_ms``), with the same rule: it processes the samples the equal split's workers do,
+and what it lacks is their delay.
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ def run_reference(world: World, seeds: int, problem: object, make_rule: MakeRule
     gen = torch.Generator().manual_seed(seed)
     theta = problem.start(seeds, gen)
     rule = make_rule(theta)
-    # the equal split's samples per second of each regime: every worker's b samples over its own time
-    rates = [float(sum(b / world.fluid(r, np.full(n, b)))) for r in range(len(line.starts))]
+    # the equal split's samples per second of each regime: every worker's b samples over its own cycle
+    # (compute, pull and push), so that the reference differs from the cluster by the delay alone
+    sync = sc.sync_ms / 1e3
+    rates = [float(sum(b / (world.fluid(r, np.full(n, b)) + sync))) for r in range(len(line.starts))]
     updates = int(np.ceil(sc.steps * B / b))
     times, losses, clock = np.empty((updates, seeds)), np.empty((updates, seeds)), 0.0
     batch = torch.full((seeds, 1), b, dtype=theta.dtype)
