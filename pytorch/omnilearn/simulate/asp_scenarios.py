@@ -165,9 +165,9 @@ def fixed_family(shares: Sequence[float], b_ref: float, bounds: Bounds, total: i
     for f in FAST_BATCHES:
         for power in SHARE_POWERS:
             raw = np.rint(f * b_ref * rel ** power).astype(int)
-            split = [int(min(max(b, bounds.min_batch), hi)) for b, hi in zip(raw, bounds.max_batch, strict=True)]
-            if sum(split) <= total and split not in out:
-                out.append(split)
+            row = [int(min(max(b, bounds.min_batch), hi)) for b, hi in zip(raw, bounds.max_batch, strict=True)]
+            if sum(row) <= total and row not in out:
+                out.append(row)
     return out
 
 
@@ -214,8 +214,8 @@ def run_scenario(sc: AspScenario, policies: Sequence[str]) -> tuple[list[dict[st
 
     chosen: dict[str, Any] = {}
     if "best-fixed" in policies:
-        split, tried = best_fixed(world, problem, make, sc, target, seed, bounds)
-        chosen = {"first": np.tile(np.asarray(split, int), (seeds, 1))}
+        fixed, tried = best_fixed(world, problem, make, sc, target, seed, bounds)
+        chosen = {"first": np.tile(np.asarray(fixed, int), (seeds, 1))}
         fixed_info = {"tried": tried}
     traces = {p: run_async(world, seeds, problem, make, sc.lr, seed, p, sc.push, sc.server_ms,
                            controller if p == "dynamic" else None, **(chosen if p == "best-fixed" else {}))
