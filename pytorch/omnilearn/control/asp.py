@@ -266,8 +266,7 @@ class AsyncController:
         cycle = c * (splits + self.k) + o  # (C, n)
         x = cycle[:, :, None] / cycle[:, None, :]
         x[:, np.arange(x.shape[1]), np.arange(x.shape[1])] = 0.0
-        cap = self.delay_tolerance if self.batch_tolerance is None else self.batch_tolerance
-        moved = np.minimum(splits, cap * self.b_ref)  # the step's cap
+        moved = np.minimum(splits, self._cap_units * self.b_ref)  # the step's cap
         kappa = moved[:, None, :] / self.b_ref  # each other worker's step, in units: what its push adds to τ
         lam = (x * kappa).sum(axis=2)
         f = x - np.floor(x)
@@ -299,20 +298,26 @@ class AsyncController:
     def _from_fastest(self, speed: np.ndarray) -> np.ndarray:
         """The candidates scaled from the fastest worker's batch (:attr:`AsyncPriors.fastest`), each batch
         within its bounds and the trust region, in whole samples."""
-        cap = self.delay_tolerance if self.batch_tolerance is None else self.batch_tolerance
-        now = np.asarray(self.batch, float)
-        lo = np.maximum(np.floor(now / self.priors.trust), self.bounds.min_batch)
-        hi = np.minimum(np.ceil(now * self.priors.trust), np.asarray(self.bounds.max_batch, float))
-        rel = speed / speed.max()
-        fast = np.asarray(self.priors.fastest)[:, None, None] * cap * self.b_ref
-        raw = fast * rel[None, None, :] ** np.asarray(self.priors.gammas)[None, :, None]
-        return np.clip(np.rint(raw), lo, hi).reshape(-1, len(now))
+        fastest = [f * self._cap_units * self.b_ref for f in self.priors.fastest]
+        lo, hi = self._trust_bounds()
+        return np.clip(np.rint(policies.from_fastest(speed, fastest, self.priors.gammas)), lo, hi)
+
+    @property
+    def _cap_units(self) -> float:
+        """The step's cap on one push, in units (``ρ_b``: the batch tolerance, or the delay tolerance)."""
+        return self.delay_tolerance if self.batch_tolerance is None else self.batch_tolerance
 
     def _capped(self, splits: np.ndarray) -> np.ndarray:
         """``splits`` (rows x workers) with every batch cut to the step's cap (``ρ_b b_ref``, within the
         bounds): the samples beyond it move the model no farther, and cost their worker time."""
-        cap = self.delay_tolerance if self.batch_tolerance is None else self.batch_tolerance
-        return np.minimum(splits, max(self.bounds.min_batch, math.ceil(cap * self.b_ref)))
+        return np.minimum(splits, max(self.bounds.min_batch, math.ceil(self._cap_units * self.b_ref)))
+
+    def _trust_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each worker's least and most batch of a move: a factor ``trust`` of its batch, within its bounds."""
+        now = np.asarray(self.batch, float)
+        lo = np.maximum(np.floor(now / self.priors.trust), float(self.bounds.min_batch))
+        hi = np.minimum(np.ceil(now * self.priors.trust), np.asarray(self.bounds.max_batch, float))
+        return lo, hi
 
     def _totals(self) -> list[int]:
         """The sums a decision's splits may have: the priors' fractions of ``B``, within the bounds and
@@ -332,11 +337,9 @@ class AsyncController:
         """For each row of ``weights`` (rows x workers), the split of its total in proportion to it
         within the bounds and the trust region (the bounds alone where the region cannot hold the
         total), in whole samples."""
-        now = np.asarray(self.batch, float)
         floor = float(self.bounds.min_batch)
         most = np.asarray(self.bounds.max_batch, float)
-        lo = np.maximum(np.floor(now / self.priors.trust), floor)
-        hi = np.minimum(np.ceil(now * self.priors.trust), most)
+        lo, hi = self._trust_bounds()
         outside = (lo.sum() > totals) | (hi.sum() < totals)
         lo = np.where(outside[:, None], floor, lo[None, :])
         hi = np.where(outside[:, None], most[None, :], hi[None, :])

@@ -188,6 +188,14 @@ def round_rows(shares: np.ndarray, totals: np.ndarray, lo: int, hi: np.ndarray) 
     return base.astype(int)
 
 
+def from_fastest(speeds: np.ndarray, fastest: Sequence[float], powers: Sequence[float]) -> np.ndarray:
+    """Splits scaled from the fastest worker's batch, unrounded: ``b_i = f (s_i / max s)^p`` for every
+    ``f`` of ``fastest`` (samples) and, within it, every ``p`` of ``powers`` (rows x workers)."""
+    rel = np.asarray(speeds, float) / float(np.max(speeds))
+    return (np.asarray(fastest, float)[:, None, None] * rel[None, None, :]
+            ** np.asarray(powers, float)[None, :, None]).reshape(-1, len(rel))
+
+
 def split(weights: Sequence[float], global_batch: int, bounds: Bounds) -> list[int]:
     """Integer batches proportional to ``weights``, within bounds, summing to ``global_batch``."""
     shares = bounded_shares(weights, global_batch, bounds.min_batch, bounds.max_batch)

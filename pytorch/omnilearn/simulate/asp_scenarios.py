@@ -43,7 +43,7 @@ import torch
 
 from omnilearn.config.sections import ADAMW_BETA2, ASP_PUSHES
 from omnilearn.control.asp import AsyncController
-from omnilearn.control.policies import Bounds, split
+from omnilearn.control.policies import Bounds, from_fastest, split
 from omnilearn.errors import UserError
 from omnilearn.files import CONFIG_DIR, write_atomic
 from omnilearn.simulate.asp_problems import PROBLEMS, make_problem
@@ -160,14 +160,11 @@ def fixed_family(shares: Sequence[float], b_ref: float, bounds: Bounds, total: i
     """best-fixed's candidates: ``b_i = f (s_i / max s) ** p`` for every ``f`` of :data:`FAST_BATCHES`
     (times ``b_ref``) and ``p`` of :data:`SHARE_POWERS`, rounded into the bounds, summing to at most
     ``total``; each split once."""
-    rel = np.asarray(shares, float) / max(shares)
+    raw = np.rint(from_fastest(np.asarray(shares, float), [f * b_ref for f in FAST_BATCHES], SHARE_POWERS))
     out: list[list[int]] = []
-    for f in FAST_BATCHES:
-        for power in SHARE_POWERS:
-            raw = np.rint(f * b_ref * rel ** power).astype(int)
-            row = [int(min(max(b, bounds.min_batch), hi)) for b, hi in zip(raw, bounds.max_batch, strict=True)]
-            if sum(row) <= total and row not in out:
-                out.append(row)
+    for row in np.clip(raw, bounds.min_batch, np.asarray(bounds.max_batch)).astype(int).tolist():
+        if sum(row) <= total and row not in out:
+            out.append(row)
     return out
 
 
