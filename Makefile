@@ -20,7 +20,7 @@ demo: $(STAMP)
 
 # The quick loop: the unit tier (no process, root, Docker, network or sleep), under 3 minutes.
 check: $(STAMP)
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q --hypothesis-profile=quick tests/unit
 
 # Everything: unit, integration (root-only ones skip with the reason elsewhere) and Docker tiers,
 # with a daemon started first; the 20 slowest tests are printed at the end.

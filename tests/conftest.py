@@ -12,6 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests scale their examples from the loaded profile (hypothesis's default: 100). `make check`, the
+# quick loop, loads `quick` (a fifth of them: pytest --hypothesis-profile=quick); `make test` the default.
+settings.register_profile("quick", max_examples=20)
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRE_DOCKER = os.environ.get("OMNILEARN_REQUIRE_DOCKER") == "1"  # set by `make test-docker`

@@ -514,7 +514,7 @@ random_lines = st.one_of(
 )
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=15 * settings.default.max_examples, deadline=None)  # 1500 under make test
 @given(raw=random_lines)
 def test_parser_answers_every_line_within_its_bounds(raw: bytes) -> None:
     result = parse_request(raw, LIMITS)
@@ -554,7 +554,8 @@ actions = st.lists(st.one_of(
 ), max_size=12)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3 * settings.default.max_examples, deadline=None,  # 300 under make test
+          suppress_health_check=[HealthCheck.too_slow])
 @given(steps=actions)
 def test_toggler_applies_only_what_the_plan_allows(steps: list[tuple]) -> None:
     """Random lines in random ranks' logs: every line gets one decision, a request is applied exactly
