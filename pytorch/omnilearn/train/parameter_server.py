@@ -370,10 +370,13 @@ class ParameterServer:
     # ------------------------------------------------------------------ snapshots and checkpoint
 
     def snapshot(self, final: bool = False) -> Path:
-        """Save the model (flat) with its version, epoch and time, for evaluation after training."""
+        """Save the model (flat) with its version, epoch and time, for evaluation after training. The final
+        snapshot's time is the end of training (``t_end``): no push is applied after it, and the run's
+        ``train_time_s`` ends there too, so a target it reaches is reached within the run."""
         with self.lock:
+            at = self.t_end if final else None
             snap = {"state": self.state.clone(), "n_params": self.n_params, "version": self.version,
-                    "samples": self.samples, "epoch": self.epoch, "elapsed_s": self.elapsed(), "final": final}
+                    "samples": self.samples, "epoch": self.epoch, "elapsed_s": self.elapsed(at), "final": final}
             path = self.job.out_dir / SNAPSHOT_DIR / f"snapshot-{self.snapshots:03d}.pt"
             self.snapshots += 1
         path.parent.mkdir(exist_ok=True)
