@@ -264,15 +264,17 @@ def test_asp_config_errors_name_the_key(key: str, value: Any, message: str) -> N
         config.build(None, [("mode", "asp"), (key, value)])
 
 
-def test_the_final_snapshot_is_timed_at_the_end_of_training_not_when_it_is_saved(tmp_path: Path) -> None:
+def test_the_final_snapshot_is_timed_at_the_end_of_training_not_when_it_is_saved(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     server = make_server(tmp_path)
-    server.t_start = time.time() - 3.0
-    server.t_end = server.t_start + 2.0  # saving comes after the end: the snapshot must not carry the save's time
+    monkeypatch.setattr(time, "time", lambda: 1000.0)  # the clock at saving, fixed
+    server.t_start = 997.0
+    server.t_end = 999.0  # saving comes after the end: the final snapshot must not carry the save's time
     server.snapshot(final=True)
     server.snapshot()
     final, later = records(tmp_path, "snapshot")
     assert final["final"] and final["elapsed_s"] == pytest.approx(2.0, abs=1e-9)
-    assert not later["final"] and later["elapsed_s"] >= 3.0
+    assert not later["final"] and later["elapsed_s"] == pytest.approx(3.0, abs=1e-9)
 
 
 # ---------------------------------------------------------------------------------------- whole jobs
