@@ -257,6 +257,7 @@ def test_asp_targets_are_in_rank_order_and_levels_may_set_the_server(tmp_path: P
     ("asp.worker_timeout_s", -1, "asp.worker_timeout_s: must be positive"),
     ("asp.lr_reference_batch", 0, "asp.lr_reference_batch: must be at least 1"),
     ("asp.bogus", 1, "unknown key 'asp.bogus'"),
+    ("asp.second_moment", "raw", "asp.second_moment: must be one of reference, push, not 'raw'"),
     ("asp.worker_timeout_s", 20, "asp.worker_timeout_s: 20 must exceed emulation.ack_timeout 20"),
 ])
 def test_asp_config_errors_name_the_key(key: str, value: Any, message: str) -> None:

@@ -76,6 +76,50 @@ def test_two_workers_adamw_by_hand() -> None:
     assert rule.weight(3.0, 1.5) == pytest.approx(a)
 
 
+def test_the_reference_second_moment_by_hand() -> None:
+    # The same two pushes with asp.second_moment: reference. The first has no first moment before it
+    # and brings its own square; the second (three units) brings (1 - 3) m_hat^2 + 3 g^2, m_hat the
+    # first moment before it; a third, a quarter unit, brings 0.75 m_hat^2 + 0.25 g^2.
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, 0.1
+    rule = SampleTime(Hyper("adamw", 0.0, 0.0, delay_tolerance=1.0, second_moment="reference"), (1,))
+    theta = torch.tensor([1.0], dtype=torch.float64)
+    rule.m, rule.v = rule.m.double(), rule.v.double()
+    m = v = 0.0
+    p1 = p2 = 1.0
+    expect = 1.0
+    for g, kappa, tau in ((2.0, 0.5, 0.0), (-1.0, 3.0, 1.5), (0.5, 0.25, 0.0)):
+        rule.apply(theta, torch.tensor([g], dtype=torch.float64), kappa, tau, lr)
+        square = g * g if p1 == 1.0 else max(0.0, (1 - kappa) * (m / (1 - p1)) ** 2 + kappa * g * g)
+        k1, k2 = b1 ** kappa, b2 ** kappa
+        m, v = k1 * m + (1 - k1) * min(1.0, 1.0 / tau if tau else 1.0) * g, k2 * v + (1 - k2) * square
+        p1, p2 = p1 * k1, p2 * k2
+        expect -= lr * min(kappa, 1.0) * (m / (1 - p1)) / (math.sqrt(v / (1 - p2)) + eps)
+        assert float(theta) == pytest.approx(expect, rel=1e-12)
+        assert float(rule.v) == pytest.approx(v, rel=1e-12)
+
+
+def test_under_the_reference_second_moment_small_pushes_keep_the_steps_of_reference_ones() -> None:
+    # Pure noise of per-sample variance 1 on one coordinate whose mean gradient is 0.5: pushes of a
+    # quarter unit bring E[g^2] = 0.25 + 4 / b_ref under push, and 0.25 + 1 / b_ref under reference.
+    torch.manual_seed(1)
+    b_ref, n = 16, 1000
+    denominators = {}
+    for moment in ("push", "reference"):
+        for kappa in (1.0, 0.25):
+            rule = SampleTime(Hyper("adamw", 0.9, 0.0, second_moment=moment), (1,))
+            rule.m, rule.v = rule.m.double(), rule.v.double()
+            theta = torch.zeros(1, dtype=torch.float64)
+            b = int(kappa * b_ref)
+            for _ in range(int(n / kappa)):
+                rule.apply(theta, 0.5 + torch.randn(1, dtype=torch.float64) / math.sqrt(b), kappa, 0.0, 0.0)
+            denominators[moment, kappa] = float(rule.v / (1 - rule.p2))
+    one_unit = 0.25 + 1 / b_ref
+    assert denominators["push", 1.0] == pytest.approx(one_unit, rel=0.15)
+    assert denominators["reference", 1.0] == pytest.approx(one_unit, rel=0.15)
+    assert denominators["push", 0.25] == pytest.approx(0.25 + 4 / b_ref, rel=0.15)
+    assert denominators["reference", 0.25] == pytest.approx(one_unit, rel=0.15)
+
+
 def test_two_workers_sgd_momentum_by_hand() -> None:
     mu, lr = 0.9, 0.05
     rule = SampleTime(Hyper("sgd", mu, 0.0, delay_tolerance=2.0), (1,), torch.float64)
@@ -133,8 +177,9 @@ def test_a_push_adds_its_step_not_its_batch_to_the_staleness_of_later_ones() -> 
     assert SampleTime(Hyper("sgd", 0.9, 0.0, delay_tolerance=0.5), (1,)).elapsed(3.0) == 0.5  # cap = rho
 
 
-def test_rows_apply_each_their_own_time_and_delay() -> None:
-    hyper = Hyper("adamw", 0.0, 0.01, delay_tolerance=1.0)
+@pytest.mark.parametrize("moment", ["push", "reference"])
+def test_rows_apply_each_their_own_time_and_delay(moment: str) -> None:
+    hyper = Hyper("adamw", 0.0, 0.01, delay_tolerance=1.0, second_moment=moment)
     rows = SampleTime(hyper, (2, 5))
     one, two = SampleTime(hyper, (5,)), SampleTime(hyper, (5,))
     theta = torch.randn(2, 5)

@@ -286,6 +286,7 @@ class EmulationConfig:
 LR_SCALINGS = ("auto", "linear", "sqrt", "none")
 ASP_UPDATES = ("sample-time", "scaled-gradient")
 ASP_PUSHES = ("gradients", "parameters")
+ASP_SECOND_MOMENTS = ("reference", "push")
 
 
 @dataclass
@@ -316,6 +317,12 @@ class AspConfig:
     """sample-time: lambda0 of a late gradient's first-order correction to the current parameters
     (DC-ASGD: g + lambda0 g*g*(theta - theta_pulled) / rms(g), the Hessian's diagonal taken as g*g); 0:
     none. The server keeps each worker's pulled parameters for it (one copy of the model a worker)."""
+    second_moment: str = "push"
+    """sample-time with adamw: what a push brings to Adam's second moment. ``push``: its gradient's
+    square, whose noise is that of its own b samples (sigma^2 / b: small pushes raise the denominator
+    and shrink every step); ``reference``: the square a push of b_ref samples would bring, (1 - kappa)
+    m_hat^2 + kappa g^2 (at least 0, kappa = b / b_ref, m_hat the first moment before the push), the
+    noise of the batch the step was tuned at whatever the split (docs/design/asp.md)."""
     lr_reference_batch: int | None = None
     """b_ref: the batch a push counts one unit of the optimizer's time at (default: global_batch /
     workers, the equal share)."""
@@ -341,6 +348,8 @@ class AspConfig:
             raise bad("update", f"must be one of {', '.join(ASP_UPDATES)}, not {self.update!r}")
         if self.push not in ASP_PUSHES:
             raise bad("push", f"must be one of {', '.join(ASP_PUSHES)}, not {self.push!r}")
+        if self.second_moment not in ASP_SECOND_MOMENTS:
+            raise bad("second_moment", f"must be one of {', '.join(ASP_SECOND_MOMENTS)}, not {self.second_moment!r}")
         if self.batch_tolerance is not None and not self.batch_tolerance > 0:
             raise bad("batch_tolerance", f"must be positive (or null: delay_tolerance), not {self.batch_tolerance}")
         if not self.delay_correction >= 0:

@@ -471,6 +471,7 @@ def summarize_asp(out_dir: Path, job: JobSpec) -> dict[str, Any]:
         "staleness_by_worker": [round(statistics.fmean(v), 4) if v else None for v in per_worker],
         "staleness_time_mean": _mean_of(updates, "staleness_time"),
         "update": cfg.asp.update, "push": cfg.asp.push, "delay_tolerance": cfg.asp.delay_tolerance,
+        "second_moment": cfg.asp.second_moment,
         "lr_reference_batch": of_kind(server, START)[-1].get("lr_reference_batch"),
         "staleness_damping": cfg.asp.staleness_damping,
         "duplicates": end.get("duplicates", 0),

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnilearn.config.sections import ADAMW_BETA2, ASP_PUSHES
+from omnilearn.config.sections import ADAMW_BETA2, ASP_PUSHES, ASP_SECOND_MOMENTS
 from omnilearn.control.asp import AsyncController
 from omnilearn.control.policies import Bounds, from_fastest, split
 from omnilearn.errors import UserError
@@ -86,6 +86,8 @@ class AspScenario(Scenario):
     """The step's cap in units (``asp.batch_tolerance``; None: ``delay_tolerance``)."""
     delay_correction: float = 0.0
     """λ₀ of a late gradient's first-order correction (``asp.delay_correction``; 0: none)."""
+    second_moment: str = "push"
+    """adamw: what a push brings to the second moment (``asp.second_moment``): push | reference."""
     delay_tolerance: float = 1.0
     """ρ of the staleness factor a(τ) = ρ / (ρ + τ) (.inf: none)."""
     server_ms: float = 0.0
@@ -97,7 +99,8 @@ class AspScenario(Scenario):
     def check(self, where: str) -> None:
         super().check(where)
         key = f"{where}.{self.name}"
-        choices = (("problem", PROBLEMS), ("optimizer", ("sgd", "adamw")), ("update", UPDATES), ("push", ASP_PUSHES))
+        choices = (("problem", PROBLEMS), ("optimizer", ("sgd", "adamw")), ("update", UPDATES), ("push", ASP_PUSHES),
+                   ("second_moment", ASP_SECOND_MOMENTS))
         for attr, allowed in choices:
             if getattr(self, attr) not in allowed:
                 raise UserError(f"{key}.{attr}: must be one of {', '.join(allowed)}, not {getattr(self, attr)!r}")
@@ -125,7 +128,7 @@ def rule_maker(sc: AspScenario):  # noqa: ANN201 - a MakeRule
     tolerance = math.inf if sc.push == "parameters" else sc.delay_tolerance
     batch = math.inf if sc.push == "parameters" else sc.batch_tolerance
     hyper = Hyper(sc.optimizer, sc.momentum, 0.0, betas=(sc.momentum, ADAMW_BETA2), delay_tolerance=tolerance,
-                  batch_tolerance=batch, correction=sc.delay_correction)
+                  batch_tolerance=batch, correction=sc.delay_correction, second_moment=sc.second_moment)
 
     def make(theta: torch.Tensor) -> UpdateRule:
         if sc.update == "sample-time":

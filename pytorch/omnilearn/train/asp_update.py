@@ -8,8 +8,9 @@ count). It is how far the parameters moved since the pull, in steps of one unit.
 
 - **Batch.** The update counts as ``κ = b / b_ref`` units of the optimiser's time: every moment
   decays by ``β^κ`` and the step is ``η κ`` times the moment's direction. A split of unequal batches
-  then moves the model as equal batches of the same samples would, and the raw gradient enters
-  Adam's second moment, so the noise it holds is the samples', whatever the split.
+  then moves the model as equal batches of the same samples would in the first moment. Adam's second
+  moment takes the push's square (``asp.second_moment: push``), whose noise is the push's own batch's,
+  or the square a push of ``b_ref`` samples would bring (``reference``, :meth:`SampleTime._square`).
 - **Tolerance.** ``ρ`` (``asp.delay_tolerance``) is how many units of the optimiser's time the
   configured step tolerates at once: a step ``η`` at a share ``q`` of its stability limit stays
   stable over a delay of about ``1 / q`` units and for a batch of about ``1 / q`` units. So the
@@ -25,7 +26,8 @@ count). It is how far the parameters moved since the pull, in steps of one unit.
 With ``μ`` SGD's momentum (``β₁`` for Adam), ``λ`` the weight decay and ``m``, ``v`` zero at the start:
 
     SGD:    m ← μ^κ m + (1 − μ^κ) (a g + λ θ)             θ ← θ − η s m / (1 − μ)
-    AdamW:  m ← β₁^κ m + (1 − β₁^κ) a g                    v ← β₂^κ v + (1 − β₂^κ) g²
+    AdamW:  m ← β₁^κ m + (1 − β₁^κ) a g                    v ← β₂^κ v + (1 − β₂^κ) q
+            q = g² (push), or max(0, (1 − κ) m̂² + κ g²) (reference, m̂ before the push)
             p₁ ← p₁ β₁^κ,  p₂ ← p₂ β₂^κ                     θ ← θ (1 − η λ κ) − η s m̂ / (√v̂ + ε)
             m̂ = m / (1 − p₁),  v̂ = v / (1 − p₂),  s = min(κ, ρ)
 
@@ -67,6 +69,7 @@ class Hyper:
     delay_tolerance: float = float("inf")  # ρ of a(τ) = min(1, ρ / τ); inf: staleness is not weighed
     batch_tolerance: float | None = None  # the step's cap, min(κ, this) units (None: ρ)
     correction: float = 0.0  # asp.delay_correction: λ₀ of the late gradient's first-order correction (0: none)
+    second_moment: str = "push"  # asp.second_moment: Adam's v takes the push's square, or a b_ref batch's
 
 
 def staleness_factor(tau: Any, rho: float) -> Any:
@@ -158,6 +161,20 @@ class SampleTime:
         rms = torch.sqrt(v / c2).add_(self.hyper.eps)
         return grad + self.hyper.correction * grad * grad / rms * (theta - pulled)
 
+    def _square(self, grad: torch.Tensor, kappa: Any, m: torch.Tensor, p1: torch.Tensor) -> torch.Tensor:
+        """What the push brings to Adam's second moment. The mean gradient of ``b`` samples has
+        ``E[g²] = μ² + σ²/b``: its square holds the noise of the push's own batch. Under
+        ``second_moment: reference`` it is brought to a batch of ``b_ref`` samples, ``μ² + σ²/b_ref``,
+        the noise the step was tuned at: ``(1 − κ) m̂² + κ g²`` with ``m̂`` the first moment before this
+        push (its noise averaged out over many pushes), at least 0; before any push, ``g²``."""
+        square = grad * grad
+        if self.hyper.second_moment != "reference":
+            return square
+        c1 = (1 - p1).to(m.dtype)
+        m_hat = m / torch.clamp(c1, min=1e-12)
+        reference = torch.clamp(m_hat * m_hat * (1 - kappa) + square * kappa, min=0.0)
+        return torch.where(c1 > 0, reference, square)
+
     def _apply_one(self, theta: torch.Tensor, grad: torch.Tensor, kappa: float, tau: float, lr: float) -> None:
         """The server's update: one parameter vector, in place, no temporaries the size of the model
         but Adam's denominator."""
@@ -177,8 +194,9 @@ class SampleTime:
         assert self.v is not None
         b1, b2 = h.betas
         k1, k2 = b1 ** kappa, b2 ** kappa
+        square = self._square(grad, kappa, self.m, self.p1)
         self.m.mul_(k1).add_(grad, alpha=a * (1 - k1))
-        self.v.mul_(k2).addcmul_(grad, grad, value=1 - k2)
+        self.v.mul_(k2).add_(square, alpha=1 - k2)
         self.p1.mul_(k1)
         self.p2.mul_(k2)
         c1, c2 = 1 - float(self.p1.reshape(-1)[0]), 1 - float(self.p2.reshape(-1)[0])
@@ -218,8 +236,9 @@ class SampleTime:
             p2 = self.p2 if rows is None else self.p2[rows]
             b1, b2 = h.betas
             k1, k2 = b1 ** kappa, b2 ** kappa
+            square = self._square(grad, kappa, m, p1)
             m.mul_(k1).add_(grad * a * (1 - k1))
-            v.mul_(k2).add_(grad * grad * (1 - k2))
+            v.mul_(k2).add_(square * (1 - k2))
             p1, p2 = p1 * k1, p2 * k2
             m_hat = m / (1 - p1).to(m.dtype)
             v_hat = v / (1 - p2).to(v.dtype)
@@ -289,7 +308,7 @@ def build_rule(cfg: Any, theta: torch.Tensor, make_optimizer: Any, grads: torch.
         return ScaledGradient(make_optimizer(), grads, LR_POWERS[asp.lr_scaling], asp.staleness_damping)
     hyper = Hyper(t.optimizer, t.momentum, t.weight_decay, betas=t.betas,
                   delay_tolerance=asp.delay_tolerance, batch_tolerance=asp.batch_tolerance,
-                  correction=asp.delay_correction)
+                  correction=asp.delay_correction, second_moment=asp.second_moment)
     return SampleTime(hyper, tuple(theta.shape), theta.dtype)
 
 
