@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnilearn.config.sections import ADAMW_BETA2, ASP_PUSHES, ASP_SECOND_MOMENTS
+from omnilearn.config.sections import ADAMW_BETA2, ASP_PUSHES, ASP_SECOND_MOMENTS, AspConfig
 from omnilearn.control.asp import AsyncController
 from omnilearn.control.policies import Bounds, from_fastest, split
 from omnilearn.errors import UserError
@@ -86,8 +86,9 @@ class AspScenario(Scenario):
     """The step's cap in units (``asp.batch_tolerance``; None: ``delay_tolerance``)."""
     delay_correction: float = 0.0
     """λ₀ of a late gradient's first-order correction (``asp.delay_correction``; 0: none)."""
-    second_moment: str = "push"
-    """adamw: what a push brings to the second moment (``asp.second_moment``): push | reference."""
+    second_moment: str = AspConfig.second_moment
+    """adamw: what a push brings to the second moment (``asp.second_moment``, and its default): push |
+    reference."""
     delay_tolerance: float = 1.0
     """ρ of the staleness factor a(τ) = ρ / (ρ + τ) (.inf: none)."""
     server_ms: float = 0.0
