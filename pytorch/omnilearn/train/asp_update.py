@@ -194,9 +194,8 @@ class SampleTime:
         assert self.v is not None
         b1, b2 = h.betas
         k1, k2 = b1 ** kappa, b2 ** kappa
-        square = self._square(grad, kappa, self.m, self.p1)
+        self._second_moment_one(grad, kappa, k2)  # before the first moment moves: it reads m̂
         self.m.mul_(k1).add_(grad, alpha=a * (1 - k1))
-        self.v.mul_(k2).add_(square, alpha=1 - k2)
         self.p1.mul_(k1)
         self.p2.mul_(k2)
         c1, c2 = 1 - float(self.p1.reshape(-1)[0]), 1 - float(self.p2.reshape(-1)[0])
@@ -204,6 +203,22 @@ class SampleTime:
             theta.mul_(1 - lr * h.weight_decay * kappa)
         denom = torch.sqrt(self.v).div_(math.sqrt(c2)).add_(h.eps)
         theta.addcdiv_(self.m, denom, value=-lr * min(kappa, batch_cap(h)) / c1)
+
+    def _second_moment_one(self, grad: torch.Tensor, kappa: float, k2: float) -> None:
+        """:meth:`_square` into ``v`` for the server's one vector, in place: one more pass over the
+        model than the push's own square, and a temporary only for a push of more than one unit (its
+        estimate may fall below 0)."""
+        assert self.v is not None
+        c1 = 1 - float(self.p1.reshape(-1)[0])
+        self.v.mul_(k2)
+        if self.hyper.second_moment != "reference" or c1 <= 0:
+            self.v.addcmul_(grad, grad, value=1 - k2)
+        elif kappa <= 1:
+            self.v.addcmul_(grad, grad, value=(1 - k2) * kappa).addcmul_(self.m, self.m,
+                                                                        value=(1 - k2) * (1 - kappa) / c1 ** 2)
+        else:
+            square = torch.mul(grad, grad).mul_(kappa).addcmul_(self.m, self.m, value=(1 - kappa) / c1 ** 2)
+            self.v.add_(square.clamp_(min=0.0), alpha=1 - k2)
 
     def _apply_rows(self, theta: torch.Tensor, grad: torch.Tensor, kappa: Any, tau: Any, lr: Any,
                     rows: torch.Tensor | None) -> None:
