@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from omnilearn import config
+from omnilearn.control.fixed_cost import ONE_K, PER_KIND
 from omnilearn.emulator.spec.plan import build_plan
 from omnilearn.jobfile import JobSpec, new_job_id
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.report.fidelity import level_speeds
-from omnilearn.report.ideal import expected_slowest, group_ideal
+from omnilearn.report.ideal import balanced_time, describe_source, expected_slowest, group_ideal
 from omnilearn.report.results import build_rows
 from omnilearn.report.summary import compare, summarize
 from omnilearn.report.worker_models import fit_worker_models
@@ -35,20 +36,22 @@ DYNAMIC = [[32, 32, 32]] * 4 + [[20, 30, 46]] * 8 + [[10, 27, 59]] * 18  # two d
 BALANCED = [[9, 26, 61]] * STEPS  # b_i + 8 in proportion to 1 / c_i: 9.14, 26.29, 60.57, in integers
 
 
-def step_times(batch: list[int], c: list[float], k: float, rng: random.Random, noise: float,
+def step_times(batch: list[int], c: list[float], k: float | list[float], rng: random.Random, noise: float,
                outliers: float = 0.0) -> list[float]:
     out = []
-    for b, ci in zip(batch, c, strict=True):
-        t = ci * (b + k) * (rng.lognormvariate(0.0, noise) if noise else 1.0)
+    ks = [k] * len(c) if isinstance(k, float) else k
+    for b, ci, ki in zip(batch, c, ks, strict=True):
+        t = ci * (b + ki) * (rng.lognormvariate(0.0, noise) if noise else 1.0)
         out.append(t * 5 if rng.random() < outliers else t)
     return out
 
 
-def records(splits: list[list[int]], c: list[float] = C, k: float = K, noise: float = 0.0, seed: int = 0,
-            outliers: float = 0.0, fixed: float | None = None, transient: tuple[int, int, float] | None = None
-            ) -> list[list[dict[str, Any]]]:
-    """Per-rank step records of one BSP run; ``fixed``: every step takes that long, whatever the batch;
-    ``transient``: (rank, steps, factor): that rank's first steps take ``factor`` times as long."""
+def records(splits: list[list[int]], c: list[float] = C, k: float | list[float] = K, noise: float = 0.0, seed: int = 0,
+            outliers: float = 0.0, fixed: float | None = None, transient: tuple[int, int, float] | None = None,
+            threads: list[int] | None = None) -> list[list[dict[str, Any]]]:
+    """Per-rank step records of one BSP run (``k``: one for all, or each rank's); ``fixed``: every step
+    takes that long, whatever the batch; ``transient``: (rank, steps, factor): that rank's first steps
+    take ``factor`` times as long; ``threads``: each rank's threads, in every step (None: not reported)."""
     rng = random.Random(seed)
     per_rank: list[list[dict[str, Any]]] = [[] for _ in c]
     clock = 100.0
@@ -60,7 +63,7 @@ def records(splits: list[list[int]], c: list[float] = C, k: float = K, noise: fl
         for r, steps in enumerate(per_rank):
             steps.append({"kind": "step", "step": j + 1, "epoch": j // 10, "batch": batch[r], "global_batch": sum(batch),
                           "compute_ms": times[r] * 1e3, "sync_ms": (max(times) - times[r] + SYNC_S) * 1e3,
-                          "level": "SKEW", "time": clock})
+                          "level": "SKEW", "time": clock, **({} if threads is None else {"threads": threads[r]})})
     return per_rank
 
 
@@ -90,6 +93,53 @@ def test_one_batch_size_cannot_identify_k_and_says_so() -> None:
     assert models.c[(0, "SKEW")] == pytest.approx(C[0] * (32 + K) / 32, rel=0.05)
 
 
+KINDS_K = [4.0, 4.0, 24.0]
+"""Each rank's k: ranks 0 and 1 on one thread, rank 2 on two (a core on two threads has the larger k)."""
+THREADS = [1, 1, 2]
+
+
+def test_workers_of_two_kinds_get_each_kinds_k() -> None:
+    """The fit tells the kinds apart by the threads the steps report, as the controller does; with the
+    threads left out, one k for the job falls between the kinds' and misreads the two-thread worker."""
+    runs = [records(s, k=KINDS_K, noise=0.03, seed=i, threads=THREADS) for i, s in enumerate([UNIFORM, STATIC, DYNAMIC])]
+    models = fit_worker_models(runs, ["uniform", "static", "dynamic"])
+    assert models.k_model == PER_KIND and models.k_why == "" and models.k_status == "fitted"
+    by = {g["threads"]: g for g in models.k_by_kind}
+    assert by[1]["workers"] == ["rank0@SKEW", "rank1@SKEW"] and by[2]["workers"] == ["rank2@SKEW"]
+    for threads, k in ((1, 4.0), (2, 24.0)):
+        assert by[threads]["k_status"] == "fitted" and abs(by[threads]["k"] - k) < 4 * by[threads]["k_se"]
+        assert by[threads]["k"] == pytest.approx(k, rel=0.25)
+    assert [models.k_of(r, "SKEW") for r in range(3)] == pytest.approx([by[1]["k"], by[1]["k"], by[2]["k"]], abs=1e-3)
+    assert all(models.c[(r, "SKEW")] == pytest.approx(c, rel=0.05) for r, c in enumerate(C))
+    assert models.time(2, "SKEW", 40) == pytest.approx(C[2] * (40 + 24), rel=0.05)
+    # the job's k: the kinds' mean over their steps (two workers of one kind, one of the other)
+    assert models.k == pytest.approx((2 * by[1]["k"] + by[2]["k"]) / 3, rel=1e-3)
+    assert "one k per kind of worker: 1 thread k = " in describe_source(models.provenance())
+    blind = fit_worker_models([[[{f: v for f, v in r.items() if f != "threads"} for r in steps] for steps in run]
+                               for run in runs])
+    assert blind.k_model == ONE_K and blind.k_why == "the workers do not report their kinds" and not blind.k_by_kind
+    assert 4.0 < blind.k < 24.0 and blind.c[(2, "SKEW")] > 1.2 * C[2]
+
+
+def test_a_kind_whose_k_the_data_cannot_tell_leaves_one_k_for_the_job() -> None:
+    """The two-thread worker ran one batch size in every run: its kind's k is not told, so the fit takes
+    one k for the job from the one-thread workers' moves, and says why."""
+    splits = [[[32, 32, 32]] * STEPS, [[20, 44, 32]] * STEPS]
+    models = fit_worker_models([records(s, k=KINDS_K, noise=0.02, seed=i, threads=THREADS) for i, s in enumerate(splits)])
+    assert models.k_model == ONE_K and not models.k_by_kind
+    assert models.k_why == "the data do not tell the k of 2 threads (not identified)"
+    assert models.k_status == "fitted" and models.k == pytest.approx(4.0, rel=0.25)
+    assert "one k for the job's workers (the data do not tell the k of 2 threads" in describe_source(models.provenance())
+
+
+def test_the_balanced_split_takes_each_workers_k() -> None:
+    """``b_i + k_i`` in proportion to ``1 / c_i``: 96 + 32 samples split 1 : 2 : 4, every worker's time
+    equal; one k given for every worker is the one k, to the bit."""
+    c, k = [0.004, 0.002, 0.001], [4.0, 4.0, 24.0]
+    assert balanced_time(c, k, 96, 1, 96) == pytest.approx(0.004 * 128 / 7, rel=1e-12)
+    assert balanced_time(c, [K] * 3, 96, 1, 96) == balanced_time(c, K, 96, 1, 96)
+
+
 def test_a_job_whose_time_does_not_grow_with_its_batch_is_not_a_40_to_1_host() -> None:
     """Equal workers, every step 0.5 s whatever its batch; a controller moved the batches to 78:2."""
     splits = [[40, 40]] * 4 + [[78, 2]] * 26
@@ -110,8 +160,10 @@ def test_level_speeds_read_the_models_at_the_mean_local_batch() -> None:
 
 
 def make_run(folder: Path, policy: str, splits: list[list[int]], noise: float, seed: int,
-             transient: tuple[int, int, float] | None = None) -> Path:
-    """A finished 3-worker BSP run folder of ``policy`` whose steps ran ``splits``."""
+             transient: tuple[int, int, float] | None = None, k: float | list[float] = K,
+             threads: tuple[int, ...] = (1, 1, 1)) -> Path:
+    """A finished 3-worker BSP run folder of ``policy`` whose steps ran ``splits`` (``k``: one for all, or
+    each rank's; ``threads``: each rank's)."""
     cfg = config.build(None, [("workers", 3), ("model.name", "smallcnn"), ("data.name", "synthetic"),
                               ("data.synthetic_size", B * 10), ("train.epochs", 3), ("train.global_batch", B),
                               ("control.policy", policy), ("emulation.allocation", "quota"),
@@ -119,7 +171,7 @@ def make_run(folder: Path, policy: str, splits: list[list[int]], noise: float, s
     job = JobSpec(job_id=new_job_id(), config=cfg, plan=build_plan(cfg, host=[0, 1]), out_dir=folder,
                   backend="synthetic")
     job.save()
-    steps = records(splits, noise=noise, seed=seed, transient=transient)
+    steps = records(splits, k=k, noise=noise, seed=seed, transient=transient)
     start, end = 100.0, steps[0][-1]["time"]
     for r in range(3):
         w = MetricsWriter(metrics_path(folder, r))
@@ -128,7 +180,7 @@ def make_run(folder: Path, policy: str, splits: list[list[int]], noise: float, s
         w.write("hl_change", step=0, from_level=None, level="SKEW", epoch=0.0, status="applied", time=start)
         w.write("batch_change", step=0, batch=splits[0], reason="initial", time=start)
         for rec in steps[r]:
-            w.write("step", **{k: v for k, v in rec.items() if k != "kind"}, cpus=[0.5, 1.0, 2.0][r], threads=1)
+            w.write("step", **{f: v for f, v in rec.items() if f != "kind"}, cpus=[0.5, 1.0, 2.0][r], threads=threads[r])
         if r == 0:
             w.write("eval", epoch=3, step=STEPS, accuracy=0.5, loss=1.0, elapsed_s=end - start, time=end)
         w.write("end", wall_time_s=end - start + 1.0, train_time_s=end - start, samples=B * STEPS, steps=STEPS,
@@ -191,6 +243,21 @@ def test_every_policy_of_a_group_is_judged_against_the_same_ideal(group: tuple[P
     by = {r["policy"]: r for r in rows}
     assert by["dynamic"]["fraction_of_ideal"] <= 1.02
     assert by["uniform"]["ideal_speedup_uniform_run"] == by["static"]["ideal_speedup_uniform_run"]
+
+
+def test_a_run_balanced_for_two_kinds_of_worker_gets_all_of_the_ideal_and_never_more(tmp_path: Path) -> None:
+    """The two-thread worker's step costs 24 samples, the others' 4 (exact times): the policy that split
+    the batch for those ks reaches the ideal up to its integer split. One k for the job (5.7, between
+    the kinds') would make the ideal 1.78x, which that policy beats (1.03 of it)."""
+    splits = {"uniform": UNIFORM, "static": STATIC, "dynamic": [[14, 33, 49]] * STEPS}  # b_i + k_i: 1 : 2 : 4
+    runs = {p: make_run(tmp_path / p, p, s, 0.0, i, k=KINDS_K, threads=tuple(THREADS))
+            for i, (p, s) in enumerate(splits.items())}
+    result = compare(tmp_path, runs)
+    assert result["ideal_from"]["k_model"] == PER_KIND
+    assert [g["k"] for g in result["ideal_from"]["k_by_kind"]] == pytest.approx([4.0, 24.0], abs=1e-3)
+    assert 0.98 <= result["policies"]["dynamic"]["fraction_of_ideal"] <= 1.0 + 1e-3, result
+    # 96 + 32 samples split 1 : 2 : 4 in b + k: the slowest worker's 128 / 7 samples at 4 ms against 36 at uniform
+    assert result["ideal_compute_speedup"] == pytest.approx(0.004 * 36 / (0.004 * 128 / 7), rel=1e-3)
 
 
 def test_a_transient_in_the_uniform_run_moves_the_old_figure_not_the_ideal(tmp_path: Path) -> None:

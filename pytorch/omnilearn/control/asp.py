@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from omnilearn.control import policies
-from omnilearn.control.fixed_cost import FixedCost, t_logpdf
+from omnilearn.control.fixed_cost import FixedCost, profile_log_c, t_logpdf
 from omnilearn.control.policies import Bounds
 from omnilearn.control.priors import PRIORS
 
@@ -210,14 +210,14 @@ class AsyncController:
     def _tell_k(self, w: Worker, batch: int, compute_s: float) -> None:
         """Add what one time says of ``k`` to its posterior: the time's Student-t likelihood at each
         ``k`` of the grid, ``c`` profiled out from the worker's times before it (``log t = log c + log(b
-        + k)``; the chain rule of the window's evidence, each time counted once). Only a window that
-        holds another batch tells anything; a time that may be of a new speed (a strike) tells nothing."""
+        + k)``, :func:`~omnilearn.control.fixed_cost.profile_log_c`; the chain rule of the window's
+        evidence, each time counted once). Only a window that holds another batch tells anything; a time
+        that may be of a new speed (a strike) tells nothing."""
         if not w.times or all(b == batch for b, _ in w.times):
             return
         grid = self.fixed.grid
-        b = np.asarray([x for x, _ in w.times], float)
-        log_c = (np.log(np.asarray([t for _, t in w.times], float))[:, None]
-                 - np.log(b[:, None] + grid[None, :])).mean(axis=0)
+        log_c = profile_log_c(np.asarray([b for b, _ in w.times], float),
+                              np.log(np.asarray([t for _, t in w.times], float)), grid)[0]
         resid = math.log(compute_s) - np.log(batch + grid) - log_c
         sd = max(self._scatter(), PRIORS.noise_floor) * math.sqrt(1.0 + 1.0 / len(w.times))
         self.fixed.add(0, t_logpdf(resid / sd))

@@ -75,7 +75,8 @@ def level_speeds(per_rank_steps: list[list[dict[str, Any]]]) -> dict[str, dict[s
     """Measured samples/s of each worker at each level, from per-worker models fitted on these steps.
 
     Nominal levels say what the allocation asked for; these say what the workers actually got. The
-    models are ``t = c_i (b + k)`` (:mod:`~omnilearn.report.worker_models`, one ``k`` for the run);
+    models are ``t = c_i (b + k)`` (:mod:`~omnilearn.report.worker_models`: one ``k`` for the run, or one
+    per kind of worker);
     a worker's speed is read at ONE batch for all workers, the job's mean local batch ``b``:
     ``b / (c_i (b + k))``, the samples per second it would give there. At a common batch the ratio of
     two workers is ``c_j / c_i`` whatever their batches were, so a job whose time does not grow with
@@ -84,8 +85,8 @@ def level_speeds(per_rank_steps: list[list[dict[str, Any]]]) -> dict[str, dict[s
     controller gave them (39:1 for batches of 78 and 2). The speed at ``b`` rather than ``1 / c`` (the
     speed at an infinite batch) keeps the numbers at what the job can reach: ``1 / c`` grows without
     bound as ``k`` does. ``samples_per_s_raw`` / ``measured_ratio_raw``: the median of ``b / t`` over
-    the level's steps, the figure without a model. ``speed_batch``, ``k`` and ``k_status``: the batch
-    the speeds are read at and the run's ``k``.
+    the level's steps, the figure without a model. ``speed_batch``, ``k``, ``k_status`` and ``k_model``
+    (``k_by_kind`` with one ``k`` per kind): the batch the speeds are read at and the run's ``k``.
     """
     modelled = model_speeds(fit_worker_models([per_rank_steps], ["this run"]), len(per_rank_steps))
     out: dict[str, dict[str, Any]] = {}
@@ -103,13 +104,16 @@ def level_speeds(per_rank_steps: list[list[dict[str, Any]]]) -> dict[str, dict[s
 
 def model_speeds(models: WorkerModels, workers: int) -> dict[str, dict[str, Any]]:
     """Per level of ``models``: each worker's ``samples_per_s`` at the models' mean local batch, the
-    ``measured_ratio`` of the fastest to the slowest, the batch read at (``speed_batch``), ``k``, ``k_status``."""
+    ``measured_ratio`` of the fastest to the slowest, the batch read at (``speed_batch``), ``k``, ``k_status``,
+    ``k_model`` and, with one ``k`` per kind of worker, ``k_by_kind``."""
     at = models.mean_batch
     out = {}
     for level in sorted({lv for _, lv in models.c}):
         speeds = [models.speed(i, level, at) if (i, level) in models.c else None for i in range(workers)]
         out[level] = {"samples_per_s": [round(s, 2) if s else None for s in speeds], "measured_ratio": _spread(speeds),
-                      "speed_batch": round(at, 2), "k": round(models.k, 3), "k_status": models.k_status}
+                      "speed_batch": round(at, 2), "k": round(models.k, 3), "k_status": models.k_status,
+                      "k_model": models.k_model,
+                      **({"k_by_kind": [dict(g) for g in models.k_by_kind]} if models.k_by_kind else {})}
     return out
 
 

@@ -3,7 +3,8 @@
 Three figures, all for BSP:
 
 - :func:`group_ideal`, the one reports judge by (``ideal_speedup``): from per-worker models
-  ``t = c_i (b + k)`` (:mod:`omnilearn.report.worker_models`) fitted over ALL the BSP runs of a
+  ``t = c_i (b + k)`` (:mod:`omnilearn.report.worker_models`: one ``k`` for the job's workers, or one
+  per kind of worker where the data tell each kind's) fitted over ALL the BSP runs of a
   compare or a bench group, so every policy of the group is judged against the same number, and a
   run at other batch sizes than uniform's (``static``, ``dynamic``) is predicted by the same models
   that predict uniform. For every step of the uniform run (the reference job: its levels, its
@@ -33,7 +34,7 @@ from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
 from omnilearn.records import STEP, of_kind
 from omnilearn.report.fidelity import model_speeds
-from omnilearn.report.worker_models import WorkerModels, fit_worker_models, run_steps, same_job
+from omnilearn.report.worker_models import WorkerModels, fit_worker_models, k_model_text, run_steps, same_job
 
 SCATTER_Z = tuple(z / 4 for z in range(13))
 """The quantiles (z-scores of each worker's scatter, 0 to 3) :func:`scattered_time` balances at."""
@@ -75,19 +76,30 @@ def proportional_time(total: float, batch: Sequence[float], times: Sequence[floa
     return total / speed if speed > 0 else 0.0
 
 
-def balanced_shares(c: Sequence[float], k: float, global_batch: float, lo: float, hi: float) -> list[float]:
-    """The split of one step perfectly balanced under ``t_i = c_i (b_i + k)``: ``b_i + k`` in proportion to
-    ``1 / c_i`` (the water-filling of :func:`~omnilearn.control.policies.balanced`, in real numbers, so
-    that no split into integers does better), each ``b_i`` within ``[lo, hi]``."""
+def per_worker(k: float | Sequence[float], n: int) -> list[float]:
+    """Every worker's k: ``k`` one for all, or one each (workers of different kinds)."""
+    return [float(k)] * n if isinstance(k, int | float) else [float(x) for x in k]
+
+
+def balanced_shares(c: Sequence[float], k: float | Sequence[float], global_batch: float, lo: float, hi: float
+                    ) -> list[float]:
+    """The split of one step perfectly balanced under ``t_i = c_i (b_i + k_i)``: ``b_i + k_i`` in proportion
+    to ``1 / c_i`` (the water-filling of :func:`~omnilearn.control.policies.balanced`, in real numbers, so
+    that no split into integers does better), each ``b_i`` within ``[lo, hi]``; ``k``: one for all, or
+    one each."""
     n = len(c)
+    ks = per_worker(k, n)
     lo = min(lo, global_batch / n)
-    shares = bounded_shares([1 / x for x in c], global_batch + n * k, lo + k, [max(hi, global_batch / n) + k] * n)
-    return [x - k for x in shares]
+    extra = n * ks[0] if len(set(ks)) == 1 else sum(ks)  # one k: n k exactly, as a sum would not round
+    shares = bounded_shares([1 / x for x in c], global_batch + extra, [lo + x for x in ks],
+                            [max(hi, global_batch / n) + x for x in ks])
+    return [s - x for s, x in zip(shares, ks, strict=True)]
 
 
-def balanced_time(c: list[float], k: float, global_batch: float, lo: float, hi: float) -> float:
-    """Compute time of one step perfectly balanced under ``t_i = c_i (b_i + k)`` (:func:`balanced_shares`)."""
-    return max(ci * (b + k) for ci, b in zip(c, balanced_shares(c, k, global_batch, lo, hi), strict=True))
+def balanced_time(c: list[float], k: float | Sequence[float], global_batch: float, lo: float, hi: float) -> float:
+    """Compute time of one step perfectly balanced under ``t_i = c_i (b_i + k_i)`` (:func:`balanced_shares`)."""
+    ks = per_worker(k, len(c))
+    return max(ci * (b + x) for ci, b, x in zip(c, balanced_shares(c, ks, global_batch, lo, hi), ks, strict=True))
 
 
 def expected_slowest(times: Sequence[float], sd: Sequence[float]) -> float:
@@ -102,15 +114,18 @@ def expected_slowest(times: Sequence[float], sd: Sequence[float]) -> float:
     return float(x[0] + np.trapezoid(-np.expm1(log_f), x))
 
 
-def scattered_time(c: list[float], k: float, sd: list[float], global_batch: float, lo: float, hi: float) -> float:
+def scattered_time(c: list[float], k: float | Sequence[float], sd: list[float], global_batch: float, lo: float, hi: float) -> float:
     """Expected compute time of one step at the best split for the workers' scatter ``sd`` (log, each
     worker's own: :attr:`~omnilearn.report.worker_models.WorkerModels.spread`): the least
     :func:`expected_slowest` over the splits balanced at a quantile of every worker's time, ``c_i
     exp(z sd_i)`` for ``z`` in :data:`SCATTER_Z` (``z = 0``: balanced at the medians). A worker that
-    scatters more is the slowest in more steps and carries less; no split escapes the slowest draw."""
+    scatters more is the slowest in more steps and carries less; no split escapes the slowest draw. ``k``:
+    one for all, or one each."""
+    ks = per_worker(k, len(c))
+
     def at(z: float) -> float:
-        b = balanced_shares([ci * math.exp(z * si) for ci, si in zip(c, sd, strict=True)], k, global_batch, lo, hi)
-        return expected_slowest([ci * (bi + k) for ci, bi in zip(c, b, strict=True)], sd)
+        b = balanced_shares([ci * math.exp(z * si) for ci, si in zip(c, sd, strict=True)], ks, global_batch, lo, hi)
+        return expected_slowest([ci * (bi + x) for ci, bi, x in zip(c, b, ks, strict=True)], sd)
     return min(at(z) for z in SCATTER_Z)
 
 
@@ -133,12 +148,13 @@ def model_ideal(models: WorkerModels, steps: list[list[dict[str, Any]]], lo: flo
             continue
         times = [models.time(i, lv, r["batch"]) for (i, lv), r in zip(cells, row, strict=True)]
         c = [models.c[cell] for cell in cells]
+        k = [models.k_of(*cell) for cell in cells]
         sd = [models.spread.get(cell, 0.0) for cell in cells]
         total = sum(r["batch"] for r in row)
         uniform += max(times)
-        balanced += balanced_time(c, models.k, total, lo, hi)
+        balanced += balanced_time(c, k, total, lo, hi)
         noisy_uniform += expected_slowest(times, sd)
-        noisy_balanced += scattered_time(c, models.k, sd, total, lo, hi)
+        noisy_balanced += scattered_time(c, k, sd, total, lo, hi)
         comm += min(r["sync_ms"] for r in row) / 1e3
         used += 1
     if balanced <= 0:
@@ -155,7 +171,7 @@ def group_ideal(runs: dict[str, Path], reference: str = "uniform") -> dict[str, 
 
     Returns ``ideal_speedup`` and ``ideal_compute_speedup`` (with and without the all-reduce) and
     ``ideal_from``: the runs the models came from (name, path, steps kept), their total steps, k with
-    its standard error and status (:class:`~omnilearn.report.worker_models.WorkerModels`), the
+    its standard error, status and model (:class:`~omnilearn.report.worker_models.WorkerModels`), the
     reference and its steps, the batch bounds of the balance, and the runs left out; and
     ``level_speeds``, the workers' speeds per level from the same models
     (:func:`~omnilearn.report.fidelity.model_speeds`).
@@ -198,16 +214,7 @@ def group_ideal(runs: dict[str, Path], reference: str = "uniform") -> dict[str, 
 
 def describe_source(source: dict[str, Any]) -> str:
     """``per-worker models fitted over runs uniform, static, dynamic (412 steps; one k for the job's
-    workers: k = 3.1 ± 0.4 samples)``: the report's k model (the controller's is one k per kind of
-    worker, :mod:`omnilearn.control.fixed_cost`)."""
-    k = source["k"]
-    if source["k_status"] == "fitted":
-        kt = f"k = {k:.3g}" + (f" ± {source['k_se']:.2g}" if source.get("k_se") is not None else "") + " samples"
-    elif source["k_status"] == "not identified":
-        kt = f"k = {k:g} (not identified: no worker ran two batch sizes; time taken as proportional to batch)"
-    elif source["k_status"] == "upper bound":
-        kt = f"k = {k:.3g} (at its bound: time does not grow with batch)"
-    else:
-        kt = "k = 0 (at its bound: time grows at least in proportion to batch)"
+    workers: k = 3.1 ± 0.4 samples)``: the runs and the k model of a fit's provenance
+    (:func:`~omnilearn.report.worker_models.k_model_text`)."""
     names = ", ".join(r["run"] for r in source["runs"])
-    return f"per-worker models fitted over runs {names} ({source['steps']} steps; one k for the job's workers: {kt})"
+    return f"per-worker models fitted over runs {names} ({source['steps']} steps; {k_model_text(source)})"

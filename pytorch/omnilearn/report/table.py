@@ -11,6 +11,7 @@ from omnilearn.report.fidelity import link_note
 from omnilearn.report.ideal import describe_source
 from omnilearn.report.stragglers import WINDOW_SCANS
 from omnilearn.report.summary import SETTLED, settle_counted, settle_median
+from omnilearn.report.worker_models import threads_name
 
 
 def _fmt(v: Any, spec: str = "") -> str:
@@ -184,7 +185,7 @@ def level_table(s: dict[str, Any], modelled: dict[str, dict[str, Any]] | None = 
                   _fmt(row.get("measured_ratio_raw"), ".2f"),
                   _fmt(row.get("applied_as_asked"), ".0%"), _fmt(row.get("apply_ms"), ".0f"))
     some = next(iter(rows.values()), {})
-    at = (f" at {some['speed_batch']:g} samples per worker, k = {some['k']:g} ({some['k_status']})"
+    at = (f" at {some['speed_batch']:g} samples per worker, {_k_caption(some)}"
           if some.get("speed_batch") is not None else "")
     t.caption = ("fast/slow ratios: nominal (the plan), read back (the kernel's or Docker's values), measured "
                  f"(samples per second of compute, from per-worker models t = c (b + k) fitted on "
@@ -192,6 +193,15 @@ def level_table(s: dict[str, Any], modelled: dict[str, dict[str, Any]] | None = 
                  "measured raw (median b / t of the steps); as asked: changes read back as requested; apply ms: "
                  "request to applied, median")
     return t
+
+
+def _k_caption(speeds: dict[str, Any]) -> str:
+    """``k = 3.1 (fitted)``, or with one k per kind of worker ``k per kind: 1 thread 3.1, 2 threads 12 (fitted)``."""
+    kinds = speeds.get("k_by_kind")
+    if not kinds:
+        return f"k = {speeds['k']:g} ({speeds['k_status']})"
+    each = ", ".join(f"{threads_name(g['threads'])} {g['k']:.3g}" for g in kinds)
+    return f"k per kind of worker: {each} ({speeds['k_status']})"
 
 
 def print_report(console: Console, summaries: dict[str, dict[str, Any]], compare: dict[str, Any] | None) -> None:

@@ -1,4 +1,5 @@
-"""Per-worker compute-time models fitted from step records: the one home of that fit.
+"""Per-worker compute-time models fitted from step records, for the report's ideal, the what-if and
+the simulator's replay.
 
 The model, per worker ``i`` at level ``l``, for a step at local batch ``b``::
 
@@ -6,72 +7,53 @@ The model, per worker ``i`` at level ``l``, for a step at local batch ``b``::
 
 ``c[i, l]`` is the worker's seconds per sample at that level (its speed is ``1 / c``) and ``k``, in
 samples, is the workload's fixed cost per step (the forward/backward work that does not grow with the
-batch), ONE value shared by every worker and level of the job: it is a property of the model and the
-data, not of the CPU share. It is the model :func:`omnilearn.control.policies.balanced` balances.
+batch). ``k`` is a property of the model, the data and the kind of worker, not of the CPU share: the
+workers of one kind share it (:mod:`omnilearn.control.fixed_cost`, which fits it for the controller and
+here). It is the model :func:`omnilearn.control.policies.balanced` balances.
 
-The fit, from the step records of one run folder or of several runs of the same job (same workers,
-levels and global batch; the policies of a compare or a bench group):
+This module reads the step records of one run folder or of several runs of the same job (same workers,
+levels and global batch; the policies of a compare or a bench group) into the fit's data:
 
 - **Steps kept**: positive batch and compute time, full steps only (a partial last step of an epoch
   is left out), and not the first step of a worker after its batch changed (it carries the change).
   ASP steps have no global batch: all of them count.
 - **Robust to outliers**: per worker, level and batch size the median of the kept times; each median
   counts with the number of steps behind it.
-- **k by least squares in log space** over those medians: for a given ``k`` each ``log c[i, l]`` is the
-  weighted mean of ``log t - log(b + k)`` of its medians, which leaves the residual sum a function of
-  ``k`` alone; it is minimised over ``[0, K_MAX_FACTOR * global batch]`` (a grid, then a golden
-  section). Only a worker-level that ran at least two batch sizes at least MIN_SPREAD apart says
-  anything about ``k`` (several policies of a group run different splits: that is what identifies it).
-- **k's standard error** from the curvature of that residual sum, with the noise variance the larger
-  of the residuals' own and the steps' scatter around their medians (robust, times pi/2 for a median).
-- **When the data cannot identify k** (every worker-level ran one batch size, a uniform run alone):
-  the prior ``k = 0``, time proportional to batch, and ``k_status`` says so. The fit at a bound says
-  so too: ``lower bound`` (time grows at least in proportion to batch), ``upper bound`` (time does not
-  grow with batch at all at the batches seen: a pure fixed cost).
+- **Kinds of worker**: a worker-level's kind is the ``threads`` its steps report. The step records do not
+  carry the kind of core: within one job the workers share a host's, or the report takes workers on
+  different cores with as many threads as one kind.
+
+The fit (:func:`~omnilearn.control.fixed_cost.fit_fixed_cost`) gives one ``k`` per kind where the
+workers are of several kinds and the data tell every kind's, else one ``k`` for the job's workers; the
+models say which (``k_model``, ``k_why``), and each worker-level's ``k`` (``k_cell``).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from omnilearn.control.fixed_cost import ONE_K, PER_KIND, KModel, Medians, fit_fixed_cost, robust_sigma
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
 from omnilearn.records import STEP, of_kind
 
-MIN_SPREAD = 1.2
-"""A worker-level's batches must span at least this ratio to inform k."""
-K_MAX_FACTOR = 1000.0
-"""k is searched up to this many global batches: at k = 1000 B a step's time varies by at most 0.1%
-across every batch the job can run, indistinguishable from a pure fixed cost."""
-GRID = 400
-"""Points of the coarse search over k (log-spaced), before the golden section."""
-K_PRIOR = 0.0
-"""k when the data cannot identify it: time in proportion to batch."""
-
 Cell = tuple[int, str]  # (rank, level)
-
-
-def _robust_sigma(logs: list[float]) -> float:
-    """1.4826 median absolute deviation: a standard deviation that outliers do not move."""
-    if len(logs) < 3:
-        return 0.0
-    m = statistics.median(logs)
-    return 1.4826 * statistics.median(abs(x - m) for x in logs)
 
 
 @dataclass(frozen=True)
 class WorkerModels:
-    """``t = c[(rank, level)] * (b + k)`` seconds, with where it came from."""
+    """``t = c[(rank, level)] * (b + k)`` seconds, ``k`` the worker-level's (``k_cell``), with where it came from."""
 
     c: dict[Cell, float]
     k: float
+    """The job's k (samples): the one k, or with one k per kind the kinds' mean weighted by their steps."""
     k_se: float | None
     """k's standard error (samples); None when k is not identified or at a bound."""
     k_status: str
@@ -89,19 +71,34 @@ class WorkerModels:
     """``{"run": name, "steps": kept steps}`` per run the fit used, in order."""
     mean_batch: float = 0.0
     """Mean local batch over the kept steps (B / n for a BSP job)."""
+    k_model: str = ONE_K
+    """Which k model the fit used: ``one k for the job's workers`` or ``one k per kind of worker``."""
+    k_why: str = ""
+    """Why one k where the workers are not all of one reported kind, "" otherwise
+    (:func:`~omnilearn.control.fixed_cost.fit_fixed_cost`)."""
+    k_cell: dict[Cell, float] = field(default_factory=dict)
+    """Each worker-level's k: its kind's (``k`` where absent)."""
+    k_by_kind: list[dict[str, Any]] = field(default_factory=list)
+    """With one k per kind, each kind's: ``threads``, ``k``, ``k_se``, ``k_status`` and its ``workers``
+    (``rank@level``); empty with one k."""
+
+    def k_of(self, rank: int, level: str) -> float:
+        """The k of worker ``rank`` at ``level``."""
+        return self.k_cell.get((rank, level), self.k)
 
     def time(self, rank: int, level: str, batch: float) -> float:
-        return self.c[(rank, level)] * (batch + self.k)
+        return self.c[(rank, level)] * (batch + self.k_of(rank, level))
 
     def speed(self, rank: int, level: str, batch: float) -> float:
         """Samples per second of compute at local batch ``batch``: ``b / (c (b + k))``."""
         return batch / self.time(rank, level, batch)
 
     def provenance(self) -> dict[str, Any]:
-        """What the models came from, for a report: the runs, their steps, k."""
+        """What the models came from, for a report: the runs, their steps, k and its model."""
         return {"runs": [dict(r) for r in self.runs], "steps": sum(r["steps"] for r in self.runs),
                 "k": round(self.k, 3), "k_se": None if self.k_se is None else round(self.k_se, 3),
-                "k_status": self.k_status}
+                "k_status": self.k_status, "k_model": self.k_model, "k_why": self.k_why,
+                **({"k_by_kind": [dict(g) for g in self.k_by_kind]} if self.k_by_kind else {})}
 
 
 def _kept(per_rank: Sequence[Sequence[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
@@ -123,66 +120,6 @@ def _kept(per_rank: Sequence[Sequence[dict[str, Any]]]) -> list[list[dict[str, A
     return out
 
 
-class _Points:
-    """The fit's data: per worker-level and batch size, the median time and its number of steps."""
-
-    def __init__(self, points: list[tuple[Cell, float, float, int]]) -> None:
-        self.cells = sorted({p[0] for p in points})
-        index = {cell: j for j, cell in enumerate(self.cells)}
-        self.cell = np.array([index[p[0]] for p in points], dtype=np.int64)
-        self.b = np.array([p[1] for p in points], dtype=float)
-        self.logt = np.log(np.array([p[2] for p in points], dtype=float))
-        self.n = np.array([p[3] for p in points], dtype=float)
-        self.weight = np.bincount(self.cell, self.n, minlength=len(self.cells))
-
-    def __len__(self) -> int:
-        return len(self.b)
-
-
-def _profile(points: _Points, k: float) -> tuple[float, dict[Cell, float]]:
-    """Weighted residual sum in log space at ``k``, and each cell's best ``log c`` there."""
-    y = points.logt - np.log(points.b + k)
-    logc = np.bincount(points.cell, points.n * y, minlength=len(points.cells)) / points.weight
-    rss = float(np.sum(points.n * (y - logc[points.cell]) ** 2))
-    return rss, {cell: float(v) for cell, v in zip(points.cells, logc, strict=True)}
-
-
-def _minimise(points: _Points, k_max: float, scale: float) -> float:
-    """The k in [0, k_max] of least residual: the best of a log-spaced grid, then a golden section
-    between its neighbours (the profile can have more than one dip; the grid picks the deepest)."""
-    top = math.log1p(k_max / scale)
-    grid = [scale * math.expm1(top * j / (GRID - 1)) for j in range(GRID)]
-    values = [_profile(points, k)[0] for k in grid]
-    j = min(range(GRID), key=values.__getitem__)
-    lo, hi = grid[max(j - 1, 0)], grid[min(j + 1, GRID - 1)]
-    g = (math.sqrt(5) - 1) / 2
-    x1, x2 = hi - g * (hi - lo), lo + g * (hi - lo)
-    f1, f2 = _profile(points, x1)[0], _profile(points, x2)[0]
-    for _ in range(200):
-        if hi - lo <= 1e-12 * max(1.0, hi):
-            break
-        if f1 <= f2:
-            hi, x2, f2 = x2, x1, f1
-            x1 = hi - g * (hi - lo)
-            f1 = _profile(points, x1)[0]
-        else:
-            lo, x1, f1 = x1, x2, f2
-            x2 = lo + g * (hi - lo)
-            f2 = _profile(points, x2)[0]
-    best = (lo + hi) / 2
-    return min((best, 0.0, k_max), key=lambda k: _profile(points, k)[0])
-
-
-def _k_se(points: _Points, k: float, noise_var: float) -> float | None:
-    """Standard error of k: ``sqrt(2 sigma^2 / S''(k))``, S the profiled residual sum."""
-    h = max(1e-4 * k, 1e-4)
-    if k - h < 0:
-        return None
-    s0, sp, sm = (_profile(points, x)[0] for x in (k, k + h, k - h))
-    curvature = (sp - 2 * s0 + sm) / (h * h)
-    return math.sqrt(2 * noise_var / curvature) if curvature > 0 else None
-
-
 def fit_worker_models(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], names: Sequence[str] | None = None
                       ) -> WorkerModels:
     """Fit :class:`WorkerModels` over ``runs``: each a list of per-rank step records of one run of the
@@ -190,45 +127,94 @@ def fit_worker_models(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], names:
     names = list(names) if names is not None else [f"run{j + 1}" for j in range(len(runs))]
     assert len(names) == len(runs)
     by_batch: dict[Cell, dict[int, list[float]]] = {}
+    threads: dict[Cell, set[Any]] = {}
     used, batches_seen, full = [], [], 0
     for name, per_rank in zip(names, runs, strict=True):
         kept = _kept(per_rank)
         for rank, steps in enumerate(kept):
             for r in steps:
                 by_batch.setdefault((rank, r["level"]), {}).setdefault(r["batch"], []).append(r["compute_ms"] / 1e3)
+                threads.setdefault((rank, r["level"]), set()).add(r.get("threads"))
                 batches_seen.append(r["batch"])
                 full = max(full, r.get("global_batch") or 0)
         used.append({"run": name, "steps": min((len(s) for s in kept), default=0)})
-    points = _Points([(cell, float(b), statistics.median(ts), len(ts))
-                      for cell, bs in by_batch.items() for b, ts in bs.items()])
-    logs = {cell: [math.log(t / statistics.median(ts)) for ts in bs.values() for t in ts]
-            for cell, bs in by_batch.items()}
-    informative = any(len(bs) >= 2 and max(bs) / min(bs) >= MIN_SPREAD for bs in by_batch.values())
-    mean_batch = statistics.fmean(batches_seen) if batches_seen else 0.0
-    k, k_se, status = K_PRIOR, None, "not identified"
-    if informative:
-        scale = max(statistics.median(batches_seen), 1.0)
-        k_max = K_MAX_FACTOR * max(full, max(batches_seen))
-        k = _minimise(points, k_max, scale)
-        if k <= 1e-9 * scale:
-            k, status = 0.0, "lower bound"
-        elif k >= k_max * (1 - 1e-6):
-            status = "upper bound"
-        else:
-            status = "fitted"
-            rss = _profile(points, k)[0]
-            dof = len(points) - len(by_batch) - 1
-            # A median of n steps has about pi/2 sigma^2 / n variance: weighted by n, each point's unit
-            # variance is pi/2 sigma^2, from the steps' scatter, or from the residuals when they say more.
-            scatter = (math.pi / 2) * _robust_sigma([x for v in logs.values() for x in v]) ** 2
-            k_se = _k_se(points, k, max(rss / dof if dof > 0 else 0.0, scatter))
-    logc = _profile(points, k)[1] if points else {}
-    return WorkerModels(c={cell: math.exp(v) for cell, v in sorted(logc.items())}, k=k, k_se=k_se, k_status=status,
-                        sigma={cell: _robust_sigma(v) for cell, v in logs.items()},
-                        steps={cell: sum(len(ts) for ts in bs.values()) for cell, bs in by_batch.items()},
-                        spread=_spread(runs, {cell: {b: statistics.median(ts) for b, ts in bs.items()}
-                                              for cell, bs in by_batch.items()}),
-                        runs=used, mean_batch=mean_batch)
+    cells = sorted(by_batch)
+    medians = {cell: {b: statistics.median(ts) for b, ts in by_batch[cell].items()} for cell in cells}
+    fit = fit_fixed_cost(_medians(cells, by_batch, medians), [_kind(threads[cell]) for cell in cells], full,
+                         name=_kind_name)
+    steps = {cell: sum(len(ts) for ts in by_batch[cell].values()) for cell in cells}
+    job = fit.mean(np.asarray([steps[cell] for cell in cells], float))
+    logs = {cell: [math.log(t / medians[cell][b]) for b, ts in by_batch[cell].items() for t in ts] for cell in cells}
+    return WorkerModels(c={cell: math.exp(v) for cell, v in zip(cells, fit.log_c, strict=True)}, k=job.k,
+                        k_se=job.se, k_status=job.status,
+                        sigma={cell: robust_sigma(np.asarray(v)) for cell, v in logs.items()}, steps=steps,
+                        spread=_spread(runs, medians), runs=used,
+                        mean_batch=statistics.fmean(batches_seen) if batches_seen else 0.0,
+                        k_model=fit.model, k_why=fit.why,
+                        k_cell={cell: float(k) for cell, k in zip(cells, fit.k, strict=True)},
+                        k_by_kind=_by_kind(fit, cells))
+
+
+def _medians(cells: list[Cell], by_batch: dict[Cell, dict[int, list[float]]], medians: dict[Cell, dict[int, float]]
+             ) -> Medians:
+    """The fit's data (:class:`~omnilearn.control.fixed_cost.Medians`): each worker-level's median time per
+    batch and the steps behind it, and every step's log time over its median."""
+    points = [(j, b, medians[cell][b], len(ts)) for j, cell in enumerate(cells) for b, ts in by_batch[cell].items()]
+    devs = [(j, math.log(t / medians[cell][b])) for j, cell in enumerate(cells)
+            for b, ts in by_batch[cell].items() for t in ts]
+    return Medians(cell=np.asarray([p[0] for p in points], np.int64), b=np.asarray([p[1] for p in points], float),
+                   log_t=np.log(np.asarray([p[2] for p in points], float)),
+                   n=np.asarray([p[3] for p in points], float), dev=np.asarray([d[1] for d in devs], float),
+                   dev_cell=np.asarray([d[0] for d in devs], np.int64), cells=len(cells))
+
+
+def _kind(threads: set[Any]) -> tuple[float] | None:
+    """A worker-level's kind: the threads its steps report (None: not reported, or not one number)."""
+    if len(threads) != 1 or None in threads:
+        return None
+    return (float(next(iter(threads))),)
+
+
+def threads_name(threads: float) -> str:
+    """A kind of worker in words: ``1 thread``, ``2 threads``."""
+    return f"{threads:g} thread" + ("" if threads == 1 else "s")
+
+
+def _kind_name(kind: Hashable) -> str:
+    return threads_name(kind[0])  # type: ignore[index]
+
+
+def k_model_text(source: dict[str, Any], values: bool = True) -> str:
+    """The k model of a fit's provenance (:meth:`WorkerModels.provenance`) in words: ``one k for the job's
+    workers: k = 3.1 ± 0.4 samples`` (``values``: with k), or ``one k per kind of worker: 1 thread k = 3.1 ±
+    0.4 samples, 2 threads k = 12 ± 3 samples``; why one k where the workers are of several kinds."""
+    kinds = source.get("k_by_kind")
+    if kinds:
+        return f"{PER_KIND}: " + ", ".join(f"{threads_name(g['threads'])} {k_text(g)}" for g in kinds)
+    why = source.get("k_why")
+    return source.get("k_model", ONE_K) + (f" ({why})" if why else "") + (f": {k_text(source)}" if values else "")
+
+
+def k_text(fit: dict[str, Any]) -> str:
+    """One fit's k in words (``k``, ``k_se``, ``k_status``)."""
+    k = fit["k"]
+    if fit["k_status"] == "fitted":
+        return f"k = {k:.3g}" + (f" ± {fit['k_se']:.2g}" if fit.get("k_se") is not None else "") + " samples"
+    if fit["k_status"] == "not identified":
+        return f"k = {k:g} (not identified: no worker ran two batch sizes; time taken as proportional to batch)"
+    if fit["k_status"] == "upper bound":
+        return f"k = {k:.3g} (at its bound: time does not grow with batch)"
+    return "k = 0 (at its bound: time grows at least in proportion to batch)"
+
+
+def _by_kind(fit: KModel, cells: list[Cell]) -> list[dict[str, Any]]:
+    """:attr:`WorkerModels.k_by_kind` of ``fit``."""
+    if fit.model == ONE_K:
+        return []
+    return [{"threads": kind[0], "k": round(f.k, 3), "k_se": None if f.se is None else round(f.se, 3),  # type: ignore[index]
+             "k_status": f.status, "workers": [f"rank{r}@{lv}" for (r, lv), x in zip(cells, fit.kind, strict=True)
+                                               if x == kind]}
+            for kind, f in fit.fits.items()]
 
 
 def _spread(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], medians: dict[Cell, dict[int, float]]
@@ -249,7 +235,7 @@ def _spread(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], medians: dict[Ce
             centre = statistics.median(logs)
             for i, (r, x) in enumerate(zip(row, logs, strict=True)):
                 own.setdefault((i, r["level"]), []).append((x - centre) * math.sqrt(n / (n - 1)))
-    return {cell: _robust_sigma(v) for cell, v in own.items()}
+    return {cell: robust_sigma(np.asarray(v)) for cell, v in own.items()}
 
 
 def run_steps(run: Path) -> tuple[JobSpec, list[list[dict[str, Any]]]]:

@@ -2,8 +2,9 @@
 
 - **Compute time** of each worker at each level against its batch: ``t = a + c * b`` (seconds) with
   ``a = c * k``, from the run's step records: the per-worker models of
-  :mod:`omnilearn.report.worker_models` (one fixed cost ``k`` in samples for every worker and level,
-  fitted where the batches changed, else 0; medians per batch size; the first step after a change
+  :mod:`omnilearn.report.worker_models` (a fixed cost ``k`` in samples, one for every worker and level
+  or one per kind of worker (its threads) where the data tell each kind's, fitted where the batches
+  changed, else 0; medians per batch size; the first step after a change
   and partial last steps left out). ``sigma``: the step-to-step noise, the robust standard
   deviation of ``log(t / median)`` at a batch.
 - **All-reduce** against size and workers, ring: ``latency * (N - 1) + 2 (N - 1) / N * bytes / bandwidth``.
@@ -108,10 +109,11 @@ def busy_steps(per_rank: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]
 
 def fit_compute(per_rank: list[list[dict[str, Any]]]) -> dict[tuple[int, str], ComputeModel]:
     """``(rank, level) -> ComputeModel`` from every rank's step records: the run's per-worker models
-    (:func:`~omnilearn.report.worker_models.fit_worker_models`, ``t = c (b + k)`` with one ``k``) on the
-    ranks' busy times (:func:`busy_steps`), as lines ``a + c b`` with ``a = c k``."""
+    (:func:`~omnilearn.report.worker_models.fit_worker_models`, ``t = c (b + k)``, ``k`` the job's or the
+    worker's kind's) on the ranks' busy times (:func:`busy_steps`), as lines ``a + c b`` with ``a = c k``."""
     models = fit_worker_models([busy_steps(per_rank)], ["replayed run"])
-    return {key: ComputeModel(c * models.k, c, models.sigma[key], models.steps[key]) for key, c in models.c.items()}
+    return {key: ComputeModel(c * models.k_of(*key), c, models.sigma[key], models.steps[key])
+            for key, c in models.c.items()}
 
 
 def allreduce_from_run(per_rank: list[list[dict[str, Any]]], params: int) -> AllReduceModel:

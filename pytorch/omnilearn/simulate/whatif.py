@@ -1,9 +1,11 @@
 """``omnilearn whatif RUN``: what balancing would give a recorded BSP job, from its step records alone.
 
 The run's per-rank models ``t_i(b) = c_i (b + k)`` are fitted by the code the report's ideal uses
-(:func:`~omnilearn.report.worker_models.fit_worker_models`), on each rank's busy time (below). Where every rank ran one batch size (a
-``uniform`` run, an unmodified DDP job), ``k`` cannot be told from the times and is taken as 0 (time in
-proportion to the batch), and ``whatif.json`` says so.
+(:func:`~omnilearn.report.worker_models.fit_worker_models`), on each rank's busy time (below): one ``k``
+for the job's workers, or one per kind of worker (its threads) where the ranks are of several kinds and
+the times tell each kind's; ``whatif.json`` says which (``models.k_model``). Where every rank ran one batch
+size (a ``uniform`` run, an unmodified DDP job), ``k`` cannot be told from the times and is taken as 0
+(time in proportion to the batch), and ``whatif.json`` says so.
 
 Per step ``j`` the records give every rank's own work ``t_ij`` (``compute_ms``, and under a CPU quota
 the wait for its CPU beyond that, ``held_ms``: a compute that fits what is left of a CFS period runs at
@@ -46,7 +48,7 @@ from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
 from omnilearn.records import END, STEP, of_kind
 from omnilearn.report.ideal import balanced_time
-from omnilearn.report.worker_models import WorkerModels, fit_worker_models
+from omnilearn.report.worker_models import WorkerModels, fit_worker_models, k_model_text
 from omnilearn.simulate.models import busy_steps
 
 WHATIF_FILE = "whatif.json"
@@ -105,7 +107,8 @@ def balanced_steps(models: WorkerModels, steps: Sequence[Sequence[dict[str, Any]
     for j in range(m):
         level = steps[0][j]["level"]
         c = [models.c[(i, level)] for i in range(len(steps))]
-        out[j] = balanced_time(c, models.k, float(steps[0][j]["global_batch"]), lo, hi)
+        k = [models.k_of(i, level) for i in range(len(steps))]
+        out[j] = balanced_time(c, k, float(steps[0][j]["global_batch"]), lo, hi)
     return out
 
 
@@ -140,10 +143,11 @@ def whatif(run: Path | str, out: Path | str | None = None, figure: bool = True) 
     lo, hi = float(c.min_batch), float(c.max_batch or job.config.train.global_batch)
     balanced = balanced_steps(models, steps, lo, hi)
     times = replayed(run)
-    k_source = ("fitted from the run's batch changes" if models.k_status == "fitted" else
-                f"assumed {models.k:g} ({models.k_status}: every rank ran one batch size, so time is taken "
-                f"as proportional to the batch)" if models.k_status == "not identified" else
-                f"{models.k_status} of the fit")
+    how = ("fitted from the run's batch changes" if models.k_status == "fitted" else
+           f"assumed {models.k:g} ({models.k_status}: every rank ran one batch size, so time is taken "
+           f"as proportional to the batch)" if models.k_status == "not identified" else
+           f"{models.k_status} of the fit")
+    k_source = f"{how}; {k_model_text(models.provenance(), values=False)}"
     result = {
         "run": str(run.resolve()), "policy": c.policy, "workers": len(steps), "steps": int(len(duration)),
         "ranks": [{"rank": r, **costs} for r, costs in enumerate(rank_costs(work, wait))],
@@ -153,7 +157,8 @@ def whatif(run: Path | str, out: Path | str | None = None, figure: bool = True) 
                 **{f"{p}_s": round(recorded * times[p] / times["own"], 4) for p in REPLAYED}},
         "replayed": {"own_policy_s": round(times["own"], 4), **{f"{p}_s": round(times[p], 4) for p in REPLAYED}},
         "models": {"k": round(models.k, 3), "k_status": models.k_status, "k_source": k_source,
-                   "k_se": None if models.k_se is None else round(models.k_se, 3),
+                   "k_se": None if models.k_se is None else round(models.k_se, 3), "k_model": models.k_model,
+                   **({"k_by_kind": [dict(g) for g in models.k_by_kind]} if models.k_by_kind else {}),
                    "c_ms_per_sample": {f"rank{r}@{lv}": round(v * 1e3, 5) for (r, lv), v in sorted(models.c.items())}},
         "exchange_s": round(float(exchange.mean()), 6),
         "outside_steps_s": round(outside, 4),
