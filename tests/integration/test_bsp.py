@@ -1,4 +1,5 @@
-"""BSP numerics across real gloo processes: weighted aggregation equals one process on the whole batch."""
+"""BSP numerics across real gloo processes: the trainer's step (its share's mean loss, the gradient sum
+weighted by ``b_i / B``) equals one process on the whole batch."""
 
 from __future__ import annotations
 
@@ -21,23 +22,24 @@ def make_data(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _rank_step(rank: int, world: int, sizes: list[int], out: Path) -> None:
     import torch.distributed as dist
 
-    from omnilearn.train.bsp import GradBuffer, local_backward
+    from omnilearn.train.bsp import share_loss
+    from omnilearn.train.grad_sum import GradientSum
     from omnilearn.train.workload import Workload
 
     init_gloo()
     work = Workload(model=lambda: build_model("smallcnn", 10, 16), train=[], test=[])  # default loss and metric
     torch.manual_seed(0)
     model = build_model("smallcnn", 10, 16)
-    grads = GradBuffer(list(model.parameters()))
+    grads = GradientSum(list(model.parameters()), 0, fill=lambda extra: None, read=lambda extra: None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x, y = make_data(sum(sizes))
     start = sum(sizes[:rank])
     for step in range(2):  # two steps: the second also checks the momentum state stays in agreement
-        grads.zero()
-        local_backward(work, model, x[start:start + sizes[rank]], y[start:start + sizes[rank]], sum(sizes))
-        grads.all_reduce()
+        grads.open([sizes[rank]], sizes[rank] / sum(sizes))
+        share_loss(work, model, x[start:start + sizes[rank]], y[start:start + sizes[rank]])[0].backward()
+        assert grads.reduced  # the backward's end summed the gradients, as the trainer's step does
         if rank == 0:
-            torch.save(grads.flat[:grads.numel].clone(), out / f"grad-{step}.pt")
+            torch.save(grads.buffer.flat[:grads.buffer.numel].clone(), out / f"grad-{step}.pt")
         opt.step()
     if rank == 0:
         torch.save([p.detach().clone() for p in model.parameters()], out / "params.pt")

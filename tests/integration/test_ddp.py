@@ -21,9 +21,9 @@ def _rank_steps(rank: int, world: int, sizes: list[int], out: Path) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from omnilearn.train.bsp import local_backward
+    from omnilearn.train.bsp import share_loss
     from omnilearn.train.ddp import ddp_backward
-    from omnilearn.train.distributed import GradBuffer
+    from omnilearn.train.grad_sum import GradientSum
     from omnilearn.train.workload import Workload
 
     init_gloo()
@@ -34,16 +34,16 @@ def _rank_steps(rank: int, world: int, sizes: list[int], out: Path) -> None:
     for name in ("ours", "ddp"):
         torch.manual_seed(0)
         model = build_model("smallcnn", 10, 16)
-        grads = GradBuffer(list(model.parameters()))
+        grads = GradientSum(list(model.parameters()), 0, fill=lambda extra: None, read=lambda extra: None)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
         ddp = DistributedDataParallel(model) if name == "ddp" else None
         for _ in range(3):  # momentum carries the first steps into the later ones
-            grads.zero()
+            grads.buffer.zero()
             if ddp is not None:
                 ddp_backward(work, ddp, x[lo:hi], y[lo:hi])
-            else:
-                local_backward(work, model, x[lo:hi], y[lo:hi], sum(sizes))
-                grads.all_reduce()
+            else:  # the trainer's step: its end sums the gradients
+                grads.open([hi - lo], (hi - lo) / sum(sizes))
+                share_loss(work, model, x[lo:hi], y[lo:hi])[0].backward()
             opt.step()
         results[name] = [p.detach().clone() for p in model.parameters()]
     if rank == 0:

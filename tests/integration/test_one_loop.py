@@ -43,22 +43,23 @@ def _bsp_rank(rank: int, world: int, out: Path) -> None:
     if rank == 0:
         job.save()
     if rank == 1:  # a ten times slower worker, so the controller moves
-        plain = bsp.local_backward
+        plain = bsp.share_loss
 
-        def slow(work, model, x, y, size):  # noqa: ANN001, ANN202
-            # nine times the step's own CPU more, burnt rather than slept: the start-up probe counts a
-            # CPU's work in CPU seconds, and a loaded host slows both ranks alike. A slower core slows
-            # a step's fixed part as much as its per-sample part, as the model t = c (b + k) says: a
-            # burn of 10 ms a sample on this tiny model (its step a few ms whatever the batch) gave the
-            # ranks opposite k, and the probe sometimes held the equal split as uncertain.
+        def slow(work, model, x, y):  # noqa: ANN001, ANN202
+            # about nine times the step's own CPU more (its backward about twice its forward), burnt
+            # rather than slept, before the backward: the start-up probe counts a CPU's work in CPU
+            # seconds, and a loaded host slows both ranks alike. A slower core slows a step's fixed part
+            # as much as its per-sample part, as the model t = c (b + k) says: a burn of 10 ms a sample
+            # on this tiny model (its step a few ms whatever the batch) gave the ranks opposite k, and
+            # the probe sometimes held the equal split as uncertain.
             start = time.process_time()
-            out = plain(work, model, x, y, size)
-            end = time.process_time() + 9 * (time.process_time() - start)
+            out = plain(work, model, x, y)
+            end = time.process_time() + 27 * (time.process_time() - start)
             while time.process_time() < end:
                 pass
             return out
 
-        bsp.local_backward = slow
+        bsp.share_loss = slow
     counting, count = [False], [0]
     for name in COLLECTIVES:
         original = getattr(dist, name)

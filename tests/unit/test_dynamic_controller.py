@@ -17,6 +17,7 @@ from omnilearn.control.dynamic import DynamicController
 from omnilearn.control.loop import (
     ControlLoop,
     pass_done,
+    pass_worth,
     probe_time,
     probe_times,
     replay,
@@ -99,7 +100,7 @@ def test_a_pass_of_short_steps_lasts_long_enough_that_one_preemption_does_not_se
         cpu.advance(1e-3 * b)
         wall.advance(1e-3 * b + (0.01 if len(ran) == 2 else 0.0))
 
-    rounds.run(step, (1, 2), 2)
+    rounds.run(step, (1, 2), 2, share=64, steps=None)
     reading = rounds.own(1, 2)  # on the fake clocks
     (small,), (large,), _, _ = probe_times([reading])
     seconds = reading[2]
@@ -159,12 +160,53 @@ def test_a_pass_without_a_quota_keeps_its_rounds_and_reads_wall_times(monkeypatc
         cpu.advance(1e-3 * b)
         wall.advance(3e-3 * b + (0.05 if len(ran) == 2 else 0.0))
 
-    rounds.run(step, (1, 2), 2)
+    rounds.run(step, (1, 2), 2, share=64, steps=None)
     reading = rounds.own(1, 2)
     (small,), (large,), _, _ = probe_times([reading])
     seconds = reading[2]
     assert ran == [1, 2, 1, 2] and seconds < PRIORS.min_pass_s and not pass_done(1, 0.0, 2, False)
     assert small == pytest.approx(3e-3) and large == pytest.approx(6e-3)
+
+
+def test_a_pass_that_would_cost_more_than_balancing_can_win_is_cut_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds of 1 and 2 samples under a CPU quota, 1 ms of CPU a sample, each waiting 10 ms for the quota:
+    their wall times (11 and 12 ms) read k = 10, so a step at an equal share of 8 samples takes 18/23 of
+    a 23-ms round, 18 ms, and balancing the steps a pass serves (PRIORS.pass_serves, 3) can win at most
+    54 ms. A third round would take the pass past that, short of PRIORS.min_pass_s (0.1 s): it stops after
+    the two rounds of control.probe_steps, says so, and still reads its times. A job of one step stops
+    there too (never before them: the first round carries one-off costs); shares of 200 samples keep the
+    pass to its end."""
+    def run(share: int, steps: int | None) -> tuple[ProbeRounds, list[int]]:
+        wall, cpu = FakeClock(), FakeClock(0.0)
+        monkeypatch.setattr(step_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
+        rounds, ran = ProbeRounds(quota=True), []
+
+        def step(b: int) -> None:
+            ran.append(b)
+            cpu.advance(1e-3 * b)
+            wall.advance(1e-3 * b + 0.01)
+
+        rounds.run(step, (1, 2), 2, share=share, steps=steps)
+        return rounds, ran
+
+    rounds, ran = run(8, None)
+    reading = rounds.own(1, 2)
+    assert rounds.cut and reading[6] == 1.0 and reading[2] < PRIORS.min_pass_s and ran == [1, 2, 1, 2]
+    (small,), (large,), _, _ = probe_times([reading])
+    assert large > small > 0
+    rounds, _ = run(8, 1)  # a job of one step: the pass stops at its rounds
+    assert rounds.cut and len(rounds.wall[1]) == 2
+    rounds, ran = run(200, None)
+    assert not rounds.cut and rounds.own(1, 2)[6] == 0.0 and rounds.own(1, 2)[2] >= PRIORS.min_pass_s
+
+
+def test_pass_worth_is_the_served_steps_at_the_equal_share_on_the_rounds_line() -> None:
+    """A round of 0.3 s at 1 and 2 samples whose times say k = 1 (t = c (b + 1)): a step at a share of 7
+    samples takes (7 + 1) / (1 + 2 + 2) of a round, 0.48 s; the pass serves PRIORS.pass_serves steps, or
+    the job's steps where fewer. Times that do not grow with the batch read as a pure fixed cost."""
+    assert pass_worth(1, 2, 0.1, 0.15, 0.3, 7, None) == pytest.approx(PRIORS.pass_serves * 0.48)
+    assert pass_worth(1, 2, 0.1, 0.15, 0.3, 7, 2) == pytest.approx(2 * 0.48)
+    assert pass_worth(1, 2, 0.1, 0.09, 0.3, 7, 1) == pytest.approx(0.15)
 
 
 def test_steps_recover_the_speeds_through_a_busy_host() -> None:

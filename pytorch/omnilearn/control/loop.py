@@ -40,6 +40,38 @@ def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
     return statistics.median(least) / max(rate, PRIORS.min_rate)
 
 
+def pass_worth(small: int, large: int, t_small: float, t_large: float, round_s: float, share: float,
+               steps: int | None) -> float:
+    """The most a start-up pass can win, in this worker's seconds: what balancing saves over the steps it
+    balances that ``dynamic`` without it runs at the equal split (:attr:`~omnilearn.control.priors.Priors.pass_serves`,
+    or the job's ``steps`` where fewer; None: unknown), and a step cannot save more than it takes. A
+    step at the equal ``share`` takes what a round of the pass took (``round_s``: its seconds at the
+    ``small`` and ``large`` sizes, waits for the CPU quota included) scaled by the line ``c (b + k)``
+    through the round's two sizes (``t_small``, ``t_large``: their least times; ``k`` at least 0)."""
+    c = (t_large - t_small) / (large - small)
+    k = max(t_small / c - small, 0.0) if c > 0 else float("inf")
+    scale = 0.5 if k == float("inf") else (share + k) / (small + large + 2 * k)
+    serves = PRIORS.pass_serves if steps is None else min(steps, PRIORS.pass_serves)
+    return serves * round_s * scale
+
+
+def pass_end(small: int, large: int, wall_small: Sequence[float], wall_large: Sequence[float], elapsed_s: float,
+             at_least: int, quota: bool, share: float, steps: int | None) -> str | None:
+    """Whether a worker's start-up pass ends before another round: ``done`` (:func:`pass_done`), ``cut``
+    (beyond ``at_least`` rounds, where another would take the pass past what it can win,
+    :func:`pass_worth` at the equal ``share`` over a job of ``steps``), or None (another round).
+    ``wall_small``, ``wall_large``: its rounds' seconds at each size so far; ``elapsed_s``: the pass's.
+    The first round carries one-off costs: a round's seconds are the pass's since it. The trainers'
+    passes and the simulators' models of them end alike."""
+    rounds = min(len(wall_small), len(wall_large))
+    if pass_done(rounds, elapsed_s, at_least, quota):
+        return "done"
+    if rounds >= max(at_least, 1):
+        first = wall_small[0] + wall_large[0]
+        per_round = (elapsed_s - first) / (rounds - 1) if rounds > 1 else elapsed_s
+        if elapsed_s + per_round > pass_worth(small, large, min(wall_small), min(wall_large), per_round, share, steps):
+            return "cut"
+    return None
 
 
 def pass_done(rounds: int, elapsed_s: float, at_least: int, quota: bool) -> bool:
@@ -145,16 +177,20 @@ class ControlLoop:
         times :func:`probe_times` gives, each worker's own beside, at the slowest worker's cost."""
         t_small, t_large, own_small, own_large = probe_times(readings)
         return self.probe(small, large, t_small, t_large, max(r[2] for r in readings), warm,
-                          own=(own_small, own_large), kinds=[[r[4], r[5]] for r in readings], **where)
+                          own=(own_small, own_large), kinds=[[r[4], r[5]] for r in readings],
+                          cut_short=any(r[6] > 0 for r in readings), **where)
 
     def probe(self, small: int, large: int, t_small: Sequence[float], t_large: Sequence[float], cost_s: float,
               warm: bool = True, own: tuple[Sequence[float], Sequence[float]] | None = None,
-              kinds: Sequence[Sequence[float]] | None = None, **where: Any) -> list[int] | None:
+              kinds: Sequence[Sequence[float]] | None = None, cut_short: bool = False, **where: Any
+              ) -> list[int] | None:
         """Every worker's probe times (seconds, at each size: :func:`probe_times`) and what the probe cost
         (the slowest worker's seconds): the split before step 1, recorded with reason ``probe``. ``warm``:
         the probe ran the loop's own step (the trainer's), so its first step carries no one-off costs.
         ``own``: each worker's times from its own rounds alone, recorded beside (``probe_own_ms``);
-        ``kinds``: each worker's threads and kind of core (recorded)."""
+        ``kinds``: each worker's threads and kind of core (recorded); ``cut_short``: a worker's pass stopped
+        short of the rounds a CPU quota adds, where another would have cost more than it could win
+        (recorded where true)."""
         t0 = time.perf_counter()
         new = self.controller.observe_probe(small, large, t_small, t_large, warm, kinds)
         self.overhead_s += time.perf_counter() - t0
@@ -164,6 +200,7 @@ class ControlLoop:
                                                                          [float(t) for t in t_large]],
                    overhead=round(ctl.overhead, 2),
                    speeds=[round(large / t, 3) for t in t_large], probe_s=round(cost_s, 4), warm=warm,
+                   **({"cut_short": True} if cut_short else {}),
                    **({} if own is None else {"probe_own_ms": [_ms(own[0]), _ms(own[1])]}),
                    **({} if kinds is None else {"kinds": [[float(x) for x in k] for k in kinds]}), **_ks(ctl))
         return new
@@ -271,7 +308,8 @@ def replay(controller: Controller, records: Sequence[dict[str, Any]]) -> list[di
             t_small, t_large = r["probe_times_s"]
             own = r.get("probe_own_ms")
             loop.probe(small, large, t_small, t_large, r["probe_s"], r.get("warm", True), step=r["step"],
-                       own=None if own is None else tuple([t / 1e3 for t in ts] for ts in own), kinds=r.get("kinds"))
+                       own=None if own is None else tuple([t / 1e3 for t in ts] for ts in own), kinds=r.get("kinds"),
+                       cut_short=r.get("cut_short", False))
         elif r.get("kind") == MEASUREMENT:
             loop.step(r["times_s"], r["due"], r["steps_left"], none, r.get("cost_s", 0.0), r.get("threads"),
                       step=r["step"])

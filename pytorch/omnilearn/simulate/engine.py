@@ -27,7 +27,7 @@ from typing import Any
 from omnilearn.config import ControlConfig, JobConfig
 from omnilearn.control import policies
 from omnilearn.control.controller import build_controller
-from omnilearn.control.loop import ControlLoop, pass_done, probe_time
+from omnilearn.control.loop import ControlLoop, pass_end, probe_time
 from omnilearn.emulator.spec.plan import EmulationPlan
 from omnilearn.metrics import METRICS_DIR, metrics_path
 from omnilearn.simulate.models import RunModels
@@ -107,7 +107,8 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
     change_level(plan.schedule.level_at(0), 0.0, 0)
     loop.start(lambda: shares(state["level"]), False, step=0, time=0.0)
     start_up(loop, c, t.global_batch, n, lambda r, b: timed(r, state["level"], b),
-             lambda r: plan.allocation(state["level"], targets[r]).cpus is not None)
+             lambda r: plan.allocation(state["level"], targets[r]).cpus is not None,
+             t.epochs * sampler.steps_per_epoch)
     position, eval_time = 0.0, 0.0
     per_level: dict[str, list[tuple[str, int]]] = {}
     for epoch in range(t.epochs):
@@ -152,29 +153,31 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
 
 
 def start_up(loop: ControlLoop, c: ControlConfig, global_batch: int, n: int, timed: Callable[[int, int], float],
-             quota: Callable[[int], bool]) -> None:
+             quota: Callable[[int], bool], steps: int) -> None:
     """The start-up pass every policy runs (BSPTrainer.start_up), before the training clock: its
     steps at the two sizes, timed from the models; ``dynamic`` takes the times (its probe).
-    ``quota(r)``: whether worker ``r``'s first allocation is a CPU quota."""
+    ``quota(r)``: whether worker ``r``'s first allocation is a CPU quota; ``steps``: the job's."""
     wanted = loop.probe_sizes() is not None
     if not (c.memory_bounds or wanted):
         return
     small, large = policies.probe_sizes(global_batch, n, loop.controller.bounds)
     rounds = max(c.probe_steps, 2) if wanted else 2
-    probe = [_pass(lambda b, r=r: timed(r, b), small, large, rounds, wanted, quota(r)) for r in range(n)]
+    probe = [_pass(lambda b, r=r: timed(r, b), small, large, rounds, wanted, quota(r), global_batch / n, steps)
+             for r in range(n)]
     if wanted:
         loop.probe(small, large, [probe_time(a) for a, _ in probe], [probe_time(b) for _, b in probe],
                    max(sum(a) + sum(b) for a, b in probe), step=0, time=0.0)
 
 
-def _pass(timed: Callable[[int], float], small: int, large: int, rounds: int, probe: bool, quota: bool
-          ) -> tuple[list[float], list[float]]:
+def _pass(timed: Callable[[int], float], small: int, large: int, rounds: int, probe: bool, quota: bool,
+          share: float, steps: int) -> tuple[list[float], list[float]]:
     """One worker's start-up pass as the trainers run it: ``rounds`` at each size and, where ``dynamic``
-    times it (``probe``), more until :func:`~omnilearn.control.loop.pass_done` (``quota``: the worker
-    is under a CPU quota); its round times."""
+    times it (``probe``), more until :func:`~omnilearn.control.loop.pass_end` (``quota``: the worker
+    is under a CPU quota; ``share``, ``steps``: the equal share and the job's steps); its round times."""
     a: list[float] = []
     b: list[float] = []
-    while len(a) < rounds or (probe and not pass_done(len(a), sum(a) + sum(b), rounds, quota)):
+    while len(a) < rounds or (probe and pass_end(small, large, a, b, sum(a) + sum(b), rounds, quota, share, steps)
+                              is None):
         a.append(timed(small))
         b.append(timed(large))
     return a, b

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omnilearn.control.loop import pass_done, probe_time, probe_times
+from omnilearn.control.loop import pass_end, probe_time, probe_times
 from omnilearn.emulator.spec.levels import LevelTable, load_tables, parse_cpuset
 from omnilearn.emulator.spec.schedule import load_schedule
 from omnilearn.emulator.spec.trace import load_trace
@@ -303,7 +303,7 @@ class World:
     def probe(self, small: int, large: int, rounds: int, timed: bool) -> tuple[list[float], list[float], float]:
         """The start-up pass on the first shares (BSPTrainer.start_up: ``rounds`` steps at each size and,
         where ``dynamic`` times it (``timed``), more until the worker's pass is over,
-        :func:`~omnilearn.control.loop.pass_done`): every worker's time at each size as the trainers
+        :func:`~omnilearn.control.loop.pass_end`): every worker's time at each size as the trainers
         take it from every worker's rounds (:func:`~omnilearn.control.loop.probe_times`), and its wall cost (the
         slowest worker's)."""
         n, shares = self.sc.workers, self.line.shares[0]
@@ -317,8 +317,11 @@ class World:
                 rows.append(self._time(shares, cpu[-1], self.probe_phase[r]))
             elapsed += np.where(done, 0.0, rows[-2] + rows[-1])
             count += ~done
-            done = np.array([pass_done(int(k), float(e), rounds, quota) if timed else k >= rounds
-                             for k, e in zip(count, elapsed, strict=True)])
+            walls = np.asarray(rows)
+            done = done | np.array([
+                pass_end(small, large, walls[0:2 * k:2, i].tolist(), walls[1:2 * k:2, i].tolist(), float(e), rounds,
+                         quota, self.sc.global_batch / n, self.sc.steps) is not None if timed else k >= rounds
+                for i, (k, e) in enumerate(zip(count, elapsed, strict=True))])
         t, c, threads = np.asarray(rows), np.asarray(cpu), self.threads(0)
         readings = []
         for i, m in enumerate(count):

@@ -102,8 +102,9 @@ class _Steps(ABC):
                     yield start, size
                     start += size
         except GeneratorExit:  # the loop left the pass (a break): its records close where it stopped
-            if model is not None:
+            if model is not None:  # a step in progress may be left whole or in part: no check
                 model.session.stop()
+                model.grads.close()
             raise
         if model is not None:
             model.end_epoch(epoch)

@@ -4,10 +4,10 @@ Wrap the model after ``dist.init_process_group`` and iterate a
 :class:`~omnilearn.torch.loader.HeteroDataLoader` (or :class:`~omnilearn.torch.loader.HeteroBatches`
 around the loop's own ``get_batch``); the loop itself stays the user's (forward, loss as a mean over
 the micro-batch divided by the number of micro-batches a step, ``backward``, ``optimizer.step``).
-At the end of a step's last backward the local gradient is weighted by ``b_i / B`` and every rank's
-gradients are summed with one all-reduce of a flat buffer
-(:class:`~omnilearn.train.distributed.GradBuffer`): the update is the gradient of the whole global
-batch, whatever the split. With ``k`` micro-batches a step (gradient accumulation), the earlier
+The step is the one ``omnilearn run``'s workers train with (:class:`~omnilearn.train.grad_sum.GradientSum`):
+at the end of a step's last backward the local gradient is weighted by ``b_i / B`` and every rank's
+gradients are summed with one all-reduce of a flat buffer, so the update is the gradient of the whole
+global batch, whatever the split. With ``k`` micro-batches a step (gradient accumulation), the earlier
 backwards only accumulate locally, each micro-batch's gradient weighted by its share of the local
 batch (``k m_j / b_i``: 1 when the micro-batches are equal), so the result is the same.
 
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from omnilearn.errors import UserError
 from omnilearn.torch.session import StepSession
-from omnilearn.train.distributed import GradBuffer
+from omnilearn.train.grad_sum import GradientSum
 from omnilearn.train.sampler import GlobalBatchSampler, micro_sizes
 
 _ACTIVE: list[HeteroDataParallel] = []  # the wrapper a HeteroDataLoader of this process steps with
@@ -69,14 +69,9 @@ class HeteroDataParallel(torch.nn.Module):
                                    library="omnilearn.torch", params=sum(p.numel() for p in self.params),
                                    device=str(self.device), model_name=type(module).__name__,
                                    per_level_threads=per_level_threads, tensorboard=tensorboard)
-        self.grads = GradBuffer(self.params, extra=self.session.extra_slots)
-        self.views = [p.grad for p in self.params]
-        self._queued = self._deferred = False
-        self.micro: list[int] = [0]  # this rank's micro-batch sizes in the open step
-        self.backwards = 0  # backwards run in the open step
-        self.reduced = False
-        for p in self.params:
-            p.register_hook(self._on_grad)
+        sync = (lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else (lambda: None)
+        self.grads = GradientSum(self.params, self.session.extra_slots, fill=self.session.fill_slots,
+                                 read=self.session.read_slots, sync=sync, owner="HeteroDataParallel")
         _ACTIVE.append(self)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -91,28 +86,29 @@ class HeteroDataParallel(torch.nn.Module):
     def require_backward_grad_sync(self) -> bool:
         """DDP's switch, honoured as DDP honours it: while false, a backward keeps its gradient local (as
         under :meth:`no_sync`); a step's last backward runs with it true and all-reduces."""
-        return not self._deferred
+        return not self.grads.deferred
 
     @require_backward_grad_sync.setter
     def require_backward_grad_sync(self, value: bool) -> None:
-        self._deferred = not value
+        self.grads.deferred = not value
 
     def stop(self) -> None:
         """End the run here, inside a pass: the step in progress closed if its all-reduce ran, an ``end``
         record on every rank saying where it stopped (``stopped_early``) and rank 0's ``summary.json``,
         without a collective. Called for the loop when it leaves a loader's pass or the interpreter
         exits; a loop may call it itself."""
-        self._check_closed()
+        self.grads.check_closed()
         self.session.stop()
+        self.grads.close()
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backwards inside keep their gradient local, as DDP's ``no_sync`` (a step's last one all-reduces)."""
-        before, self._deferred = self._deferred, True
+        before, self.grads.deferred = self.grads.deferred, True
         try:
             yield
         finally:
-            self._deferred = before
+            self.grads.deferred = before
 
     # ------------------------------------------------------------------------ set-up, by the loader
     def attach(self, dataset_size: int, global_batch: int, seed: int, drop_last: bool, names: tuple[str, str],
@@ -139,79 +135,22 @@ class HeteroDataParallel(torch.nn.Module):
     def begin_step(self, epoch: int, step: int, steps: int, accumulate: int = 1) -> list[int]:
         """Close the previous step, follow the level, and open this one of ``accumulate`` micro-batches;
         returns the step's sizes (every rank's)."""
-        self._check_closed()
+        self.grads.check_closed()
         sizes = self.session.begin_step(epoch, step, steps)
-        self.micro = micro_sizes(sizes[self.rank], accumulate)
-        self.backwards, self.reduced = 0, False
-        self.grads.zero()
-        for p, v in zip(self.params, self.views, strict=True):
-            p.grad = v
+        self.grads.open(micro_sizes(sizes[self.rank], accumulate), self.session.weight)
         return sizes
-
-    def _on_grad(self, grad: torch.Tensor) -> torch.Tensor | None:
-        if self.session.pending is None:
-            return None
-        if not self._queued:
-            self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
-        j, k = self.backwards, len(self.micro)
-        if k == 1 or j >= k:
-            return None
-        local = sum(self.micro)
-        if self.micro[j] == 0:  # an empty micro-batch of a partial last step: its loss is no number
-            return torch.zeros_like(grad)
-        weight = k * self.micro[j] / local  # its part of the local mean (the loss was divided by k)
-        return None if weight == 1.0 else grad * weight
-
-    def _end_backward(self) -> None:
-        """End of a backward: a step's last one (not under ``no_sync``) all-reduces."""
-        self._queued = False
-        if self.reduced:
-            raise UserError("HeteroDataParallel: a backward after the step's all-reduce; with gradient "
-                            "accumulation, give the loader accumulate=<micro-batches per optimizer step>")
-        self.backwards += 1
-        if self._deferred or self.backwards < len(self.micro):
-            return
-        self.reduced = True
-        self._reduce()
-
-    def _check_closed(self) -> None:
-        if self.backwards and not self.reduced:
-            raise UserError(f"HeteroDataParallel: a step ended after {self.backwards} backward(s) and no "
-                            f"all-reduce (its last one under no_sync(), or fewer than the loader's "
-                            f"accumulate={len(self.micro)} micro-batches): give the loader "
-                            "accumulate=<micro-batches per optimizer step>, and run its last backward "
-                            "outside no_sync()")
-
-    def _reduce(self) -> None:
-        """This rank's gradient, weighted by b_i / B, summed over ranks."""
-        for p, v in zip(self.params, self.views, strict=True):
-            if p.grad is None:
-                v.zero_()
-            elif p.grad.data_ptr() != v.data_ptr():  # zero_grad(set_to_none) let backward allocate anew
-                v.copy_(p.grad)
-            p.grad = v
-        weight = self.session.weight
-        if weight == 0.0:
-            self.grads.zero()  # an empty share of a partial last step: its loss is no number
-        else:
-            self.grads.flat.mul_(weight)
-        extra = self.grads.flat[self.grads.numel:]
-        self.session.fill_slots(extra)
-        self.grads.all_reduce()
-        self.session.read_slots(extra)
 
     def finish_step(self) -> None:
         """Measure the step just done, record it, and let the controller decide (every rank alike)."""
-        self._check_closed()
+        self.grads.check_closed()
         self.session.finish_step()
-        self.backwards, self.reduced = 0, False
+        self.grads.close()
 
     def end_epoch(self, epoch: int) -> None:
         """After an epoch: its last step closed, an end record (the latest counts), ``summary.json``."""
-        self._check_closed()
+        self.grads.check_closed()
         self.session.end_epoch(epoch)
-        self.backwards, self.reduced = 0, False
+        self.grads.close()
 
     @property
     def batch_sizes(self) -> list[int]:

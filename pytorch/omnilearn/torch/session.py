@@ -342,7 +342,9 @@ class StepSession:
         assert self.timer is not None
         rounds = ProbeRounds(quota=device.type == "cpu" and self.timer.quota.limited(), sync=sync,
                              threads=torch.get_num_threads())
-        rounds.run(lambda size: local_step(data[size]), sizes, self.job.config.control.probe_steps)
+        steps = self.epochs * self.sampler.steps_per_epoch if self.epochs else None
+        rounds.run(lambda size: local_step(data[size]), sizes, self.job.config.control.probe_steps,
+                   self.sampler.global_batch / self.world, steps)
         every = all_gather_floats(rounds.own(*sizes), device)
         # the loop's first step still carries its one-off costs (a framework's hooks, DDP's first pass)
         self.loop.probe_readings(*sizes, every, warm=False, step=0)

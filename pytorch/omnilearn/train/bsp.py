@@ -1,10 +1,11 @@
 """The BSP worker: synchronous data-parallel training with per-worker batch sizes.
 
-One step on worker i is the synchronous step every BSP path runs (:mod:`omnilearn.train.step`,
-timed by its :class:`~omnilearn.train.step.StepClock` as ``omnilearn.torch`` times a user's): take
-its ``b_i`` samples of the step's global batch, compute ``sum(loss) / B`` and its gradient (so the
-gradient is already weighted by ``b_i / B``), sum the gradients of all workers with one all-reduce
-of a flat buffer, update. The sum equals the gradient of the whole global batch, whatever the split.
+One step on worker i is the synchronous step ``omnilearn.torch`` runs in a user's loop, through the
+same :class:`~omnilearn.train.grad_sum.GradientSum`, timed by the same
+:class:`~omnilearn.train.step.StepClock`: take its ``b_i`` samples of the step's global batch,
+backward their mean loss, weight the gradient by ``b_i / B`` and sum the gradients of all workers with
+one all-reduce of a flat buffer, update. The sum equals the gradient of the whole global batch,
+whatever the split.
 Compute time (forward, backward, and the update riding one step late) is timed apart from the
 all-reduce, which also holds the wait for slower workers: the controller equalises compute times.
 
@@ -38,8 +39,8 @@ from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import MetricsWriter, metrics_path
 from omnilearn.train import distributed, lifecycle, memory
 from omnilearn.train.checkpoint import BSPCheckpoint
-from omnilearn.train.distributed import GradBuffer
 from omnilearn.train.evaluate import evaluate
+from omnilearn.train.grad_sum import GradientSum
 from omnilearn.train.models import count_parameters
 from omnilearn.train.quota_clock import quota_seconds
 from omnilearn.train.sampler import GlobalBatchSampler
@@ -51,18 +52,12 @@ log = logging.getLogger("omnilearn.worker")
 LOSS, CORRECT = 0, 1  # the statistics a CLI step rides along in its slots (Slots.stat)
 
 
-def local_backward(work: Workload, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, global_size: int
-                   ) -> tuple[float, float]:
-    """Forward and backward of this worker's share; returns (loss sum, metric sum).
-
-    Dividing the summed per-sample loss by the step's global size weights the local gradient by
-    b_i / B.
-    """
-    if x.shape[0] == 0:
-        return 0.0, 0.0
+def share_loss(work: Workload, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+               ) -> tuple[torch.Tensor, float, float]:
+    """Forward of this worker's share (at least one sample): its loss as the mean over the share, to
+    backward (the gradient sum weights it by ``b_i / B``), and the share's loss and metric sums."""
     loss_sum, correct = work.terms(model(x), y)
-    (loss_sum / global_size).backward()
-    return float(loss_sum.detach()), float(correct)
+    return loss_sum / x.shape[0], float(loss_sum.detach()), float(correct)
 
 
 class BSPTrainer:
@@ -85,7 +80,9 @@ class BSPTrainer:
             dist.broadcast(p.data, src=0)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.layout = Slots(self.world, stats=2)  # the step's loss and metric sums ride along
-        self.grads = GradBuffer(params, extra=self.layout.size)
+        self.grads = GradientSum(params, self.layout.size, fill=self._fill, read=self._read, sync=self._sync_cuda)
+        self.step_values: list[float] = []  # the all-reduced slots of the step in progress
+        self.step_stats, self.step_oom, self.clock_start = (0.0, 0.0), False, 0.0
         self.optimizer = make_optimizer(cfg, params)
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=t.milestones, gamma=t.gamma)
         self.sampler = GlobalBatchSampler(len(self.work.train), t.global_batch, t.seed, drop_last=t.drop_last,
@@ -162,40 +159,50 @@ class BSPTrainer:
         """
         timer = self.timer
         timer.open()
+        self.clock_start = clock_start
         while True:
             batch = list(self.controller.batch)
             sizes = self.sampler.step_sizes(step, batch)
             idx = self.sampler.local_indices(step, batch, self.rank)
             self.sample_sum = int(idx.sum())  # a checksum of the samples: a resumed run's data order shows
-            self.grads.zero()
-            oom = False
+            mine = sizes[self.rank]
+            self.grads.open([mine], mine / sum(sizes))
+            self.step_stats, self.step_oom = (0.0, 0.0), False
             try:
-                x, y = gather(self.work.train, idx, augment=self.cfg.data.augment, generator=self.augment_rng)
-                loss_sum, correct = local_backward(self.work, self.model, x.to(self.env.device), y.to(self.env.device),
-                                                   sum(sizes))
+                if mine:
+                    x, y = gather(self.work.train, idx, augment=self.cfg.data.augment, generator=self.augment_rng)
+                    loss, *stats = share_loss(self.work, self.model, x.to(self.env.device), y.to(self.env.device))
+                    self.step_stats = (stats[0], stats[1])
+                    loss.backward()  # its end all-reduces (GradientSum)
             except torch.OutOfMemoryError:
-                oom, loss_sum, correct = True, 0.0, 0.0
-                self.grads.zero()
+                self.step_oom, self.step_stats = True, (0.0, 0.0)
                 torch.cuda.empty_cache()
-            self._sync_cuda()
-            timer.fill(self.grads.extra, clock=time.time() - clock_start, stop=lifecycle.stop_requested(),
-                       cost_s=self.loop.cost_s, oom=oom, stats=(loss_sum, correct))
-            self.grads.all_reduce()
-            self._sync_cuda()
-            values = timer.read(self.grads.extra)
+            if not self.grads.reduced:  # no backward ran to its end here: a zero gradient joins the sum
+                self.grads.reduce()
+            values = self.step_values
             if values[Slots.OOM] > 0:
                 self.oom_seen = True
-                if oom:
-                    self.oom_cap = max(self.configured_bounds.min_batch, int(sizes[self.rank] * 0.8))
-                    log.warning("rank %d: out of memory at batch %d; bound lowered to %d", self.rank,
-                                sizes[self.rank], self.oom_cap)
+                if self.step_oom:
+                    self.oom_cap = max(self.configured_bounds.min_batch, int(mine * 0.8))
+                    log.warning("rank %d: out of memory at batch %d; bound lowered to %d", self.rank, mine,
+                                self.oom_cap)
                 self.update_bounds(step)
                 timer.retry()
                 continue
             self.optimizer.step()
             self._sync_cuda()
             timer.close()
+            self.grads.close()
             return sizes, values
+
+    def _fill(self, extra: torch.Tensor) -> None:
+        """The step's slots, just before its all-reduce: rank 0's clock, a stop asked, an out-of-memory
+        error, this rank's time and cost, the step's loss and metric sums."""
+        self.timer.fill(extra, clock=time.time() - self.clock_start, stop=lifecycle.stop_requested(),
+                        cost_s=self.loop.cost_s, oom=self.step_oom, stats=self.step_stats)
+
+    def _read(self, extra: torch.Tensor) -> None:
+        self.step_values = self.timer.read(extra)
 
     def _sync_cuda(self) -> None:
         if self.env.device.type == "cuda":
@@ -242,10 +249,10 @@ class BSPTrainer:
         cpus = self.quota.cpus(reading) if self.env.device.type == "cpu" else None  # as a step times its update
         updates: list[float] = []
 
-        def local_step(b: int) -> None:
-            self.grads.zero()
+        def local_step(b: int) -> None:  # no step is open: the gradient stays local
+            self.grads.buffer.zero()
             x, y = gather(self.work.train, torch.arange(b) % available)
-            local_backward(self.work, self.model, x.to(self.env.device), y.to(self.env.device), b)
+            share_loss(self.work, self.model, x.to(self.env.device), y.to(self.env.device))[0].backward()
             self._sync_cuda()
             t0, c0 = time.perf_counter(), time.process_time()
             self.optimizer.step()
@@ -259,7 +266,8 @@ class BSPTrainer:
             self.memory = memory.probe(timed, self.env.device, min(available, self.cfg.train.global_batch),
                                        self.cfg.control.memory_margin, sizes=sizes)
         if probe:
-            rounds.run(local_step, sizes, self.cfg.control.probe_steps)
+            rounds.run(local_step, sizes, self.cfg.control.probe_steps, self.cfg.train.global_batch / self.world,
+                       self.cfg.train.epochs * self.sampler.steps_per_epoch)
         # before the bounds' collective: a worker waiting there for a slower one gets no CPU, and its
         # rate would read lower than its rounds ran at
         own = rounds.own(*sizes) if probe else []
@@ -267,7 +275,7 @@ class BSPTrainer:
             self.timer.stand_in(statistics.median(updates[len(updates) // 2:]))
         self.model.load_state_dict(saved[0])
         self.optimizer.load_state_dict(saved[1])
-        self.grads.zero()
+        self.grads.buffer.zero()
         self.update_bounds(step)
         if probe:
             small, large = sizes

@@ -52,7 +52,7 @@ class DDPTrainer(BSPTrainer):
         # Equal batches are the uniform policy's; plain DDP knows nothing of memory bounds.
         equal = dataclasses.replace(cfg.control, policy="uniform", memory_bounds=False)
         super().__init__(dataclasses.replace(job, config=dataclasses.replace(cfg, control=equal)))
-        # Each parameter's .grad is already a view into the GradBuffer: DDP copies its averaged
+        # Each parameter's .grad is already a view into the gradient sum's buffer: DDP copies its averaged
         # buckets there, so zeroing stays one fill_ and the optimizer is the one the BSP worker has.
         device_ids = [self.env.device.index] if self.env.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(self.model, device_ids=device_ids)
@@ -64,7 +64,7 @@ class DDPTrainer(BSPTrainer):
         self.sample_sum = int(idx.sum())  # the step record's checksum of the samples, as BSP's
         timer = self.timer
         timer.open()
-        self.grads.zero()
+        self.grads.buffer.zero()
         x, y = gather(self.work.train, idx, augment=self.cfg.data.augment, generator=self.augment_rng)
         loss_sum, correct = ddp_backward(self.work, self.ddp, x.to(self.env.device), y.to(self.env.device))
         self.optimizer.step()

@@ -27,7 +27,7 @@ REPEATS = 5
 
 def speed(job_file: Path) -> None:
     from omnilearn.jobfile import JobSpec
-    from omnilearn.train.bsp import local_backward
+    from omnilearn.train.bsp import share_loss
     from omnilearn.train.workload import gather, load_workload, make_optimizer
 
     cfg = JobSpec.load(job_file).config
@@ -48,7 +48,7 @@ def speed(job_file: Path) -> None:
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=False)
         x, y = gather(work.train, idx)
-        local_backward(work, model, x, y, batch)
+        share_loss(work, model, x, y)[0].backward()
         optimizer.step()
         return time.perf_counter() - t0
 

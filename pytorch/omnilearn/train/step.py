@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from omnilearn.control.loop import pass_done, probe_time
+from omnilearn.control.loop import pass_end, probe_time
 from omnilearn.train.quota_clock import QuotaClock, quota_seconds
 
 
@@ -214,6 +214,8 @@ class ProbeRounds:
     threads: int = 1
     wall: dict[int, list[float]] = field(default_factory=dict)
     cpu_s: dict[int, list[float]] = field(default_factory=dict)
+    cut: bool = False
+    """The pass was cut short: another round would have cost more than it could win."""
 
     def __post_init__(self) -> None:
         self._t0, self._c0 = time.perf_counter(), time.process_time()
@@ -226,11 +228,20 @@ class ProbeRounds:
         self.wall.setdefault(batch, []).append(time.perf_counter() - t0)
         self.cpu_s.setdefault(batch, []).append(time.process_time() - c0)
 
-    def run(self, step: Callable[[int], None], sizes: Sequence[int], at_least: int) -> None:
-        """Rounds of ``step`` at ``sizes`` in turn, timed, until :func:`~omnilearn.control.loop.pass_done` (rounds already
-        timed, the memory probe's, count)."""
-        while not pass_done(min(len(self.wall.get(b, [])) for b in sizes), time.perf_counter() - self._t0, at_least,
-                             self.quota):
+    def run(self, step: Callable[[int], None], sizes: Sequence[int], at_least: int, share: float,
+            steps: int | None) -> None:
+        """Rounds of ``step`` at the two ``sizes`` in turn, timed, until :func:`~omnilearn.control.loop.pass_done`
+        (rounds already timed, the memory probe's, count). Beyond ``at_least`` rounds (the first carries
+        one-off costs, and the least of two is a probe time), a round that would take the pass past what
+        it can win (:func:`~omnilearn.control.loop.pass_worth`, at the equal ``share`` over a job of
+        ``steps``) is not run: the pass is cut short (:attr:`cut`)."""
+        small, large = sizes
+        while True:
+            end = pass_end(small, large, self.wall.get(small, []), self.wall.get(large, []),
+                           time.perf_counter() - self._t0, at_least, self.quota, share, steps)
+            if end is not None:
+                self.cut = end == "cut"
+                return
             for b in sizes:
                 self.time(step, b)
 
@@ -238,11 +249,12 @@ class ProbeRounds:
         """This worker's reading of its pass, the floats every rank gathers (:func:`~omnilearn.control.loop.probe_times` reads
         them): its rounds at ``small`` and ``large`` (:func:`~omnilearn.control.loop.probe_time`: CPU seconds under a quota, else
         wall seconds), the pass's own seconds so far, the CPU rate the whole pass got (0: wall seconds),
-        its threads and its kind of core (:func:`core_kind`)."""
+        its threads, its kind of core (:func:`core_kind`), and 1 where its pass was cut short (else 0)."""
         elapsed = time.perf_counter() - self._t0
+        cut = float(self.cut)
         if self.quota:  # CPU seconds, and the rate the whole pass got them at
             ran = (time.process_time() - self._c0) / max(elapsed, 1e-9)
             return [probe_time(self.cpu_s[small]), probe_time(self.cpu_s[large]), elapsed, ran, float(self.threads),
-                    float(core_kind())]
+                    float(core_kind()), cut]
         return [probe_time(self.wall[small]), probe_time(self.wall[large]), elapsed, 0.0, float(self.threads),
-                float(core_kind())]
+                float(core_kind()), cut]
