@@ -92,9 +92,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "under CPU quotas the median CPU seconds of the workers on the same kind of core with as many "
          "threads, at each one's own rate), `probe_own_ms` (each worker's own rounds alone), `speeds`, "
          "`probe_s`, `warm` (false where a framework's first step still carries its one-off costs and is "
-         "left out), `cut_short` (true where a worker's pass stopped after `control.probe_steps` rounds, short of "
-         "the rounds a CPU quota adds: another would have cost more than balancing could win over the steps "
-         "the pass serves), `kinds` (each worker's threads and kind of core); `dynamic`: `k_by_worker` (each "
+         "left out), `cut_short` (true where a worker's pass stopped after `control.probe_steps` rounds: the whole "
+         "pass would have cost more than balancing can win over the job's steps; the controller was not "
+         "told its times), `kinds` (each worker's threads and kind of core); `dynamic`: `k_by_worker` (each "
          "worker's k, where workers of more than one kind tell theirs apart)"),
     Kind(MEASUREMENT, "BSP rank 0",
          ("step", "times_s", "due", "steps_left"), ("cost_s", "threads"),

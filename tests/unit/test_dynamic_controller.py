@@ -171,12 +171,11 @@ def test_a_pass_without_a_quota_keeps_its_rounds_and_reads_wall_times(monkeypatc
 def test_a_pass_that_would_cost_more_than_balancing_can_win_is_cut_short(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rounds of 1 and 2 samples under a CPU quota, 1 ms of CPU a sample, each waiting 10 ms for the quota:
     their wall times (11 and 12 ms) read k = 10, so a step at an equal share of 8 samples takes 18/23 of
-    a 23-ms round, 18 ms, and balancing the steps a pass serves (PRIORS.pass_serves, 3) can win at most
-    54 ms. A third round would take the pass past that, short of PRIORS.min_pass_s (0.1 s): it stops after
-    the two rounds of control.probe_steps, says so, and still reads its times. A job of one step stops
-    there too (never before them: the first round carries one-off costs); shares of 200 samples keep the
-    pass to its end."""
-    def run(share: int, steps: int | None) -> tuple[ProbeRounds, list[int]]:
+    a 23-ms round, 18 ms. A job of 3 such steps can win at most 54 ms by balancing, less than a pass
+    of PRIORS.min_pass_s (0.1 s): the pass stops after the two rounds of control.probe_steps (never
+    before them: the first carries one-off costs) and says so. A job of 200 steps keeps its pass to its
+    end; so does one whose steps are not known."""
+    def run(steps: int | None) -> tuple[ProbeRounds, list[int]]:
         wall, cpu = FakeClock(), FakeClock(0.0)
         monkeypatch.setattr(step_module, "time", types.SimpleNamespace(perf_counter=wall, process_time=cpu))
         rounds, ran = ProbeRounds(quota=True), []
@@ -186,26 +185,45 @@ def test_a_pass_that_would_cost_more_than_balancing_can_win_is_cut_short(monkeyp
             cpu.advance(1e-3 * b)
             wall.advance(1e-3 * b + 0.01)
 
-        rounds.run(step, (1, 2), 2, share=share, steps=steps)
+        rounds.run(step, (1, 2), 2, share=8, steps=steps)
         return rounds, ran
 
-    rounds, ran = run(8, None)
+    rounds, ran = run(3)
     reading = rounds.own(1, 2)
     assert rounds.cut and reading[6] == 1.0 and reading[2] < PRIORS.min_pass_s and ran == [1, 2, 1, 2]
-    (small,), (large,), _, _ = probe_times([reading])
-    assert large > small > 0
-    rounds, _ = run(8, 1)  # a job of one step: the pass stops at its rounds
-    assert rounds.cut and len(rounds.wall[1]) == 2
-    rounds, ran = run(200, None)
-    assert not rounds.cut and rounds.own(1, 2)[6] == 0.0 and rounds.own(1, 2)[2] >= PRIORS.min_pass_s
+    for steps in (200, None):
+        rounds, ran = run(steps)
+        assert not rounds.cut and rounds.own(1, 2)[6] == 0.0 and rounds.own(1, 2)[2] >= PRIORS.min_pass_s
 
 
-def test_pass_worth_is_the_served_steps_at_the_equal_share_on_the_rounds_line() -> None:
+def test_a_pass_cut_short_leaves_the_controller_untold_and_says_so() -> None:
+    """Every worker's reading of a pass one worker cut short: the probe's record says ``cut_short`` and
+    keeps the equal split, the controller learns nothing from it (it waits for steps, as without a
+    probe), and a replay of the records decides alike."""
+    records: list[dict] = []
+    ctl = DynamicController(ControlConfig(policy="dynamic"), 64, Bounds.make(2, 1, None, 64))
+    loop = ControlLoop(ctl, lambda kind, **f: records.append({"kind": kind, **f}))
+    loop.start(lambda: [None, None], False, step=0)
+    readings = [[0.010, 0.020, 0.05, 0.0, 1.0, 7.0, 0.0], [0.040, 0.080, 0.05, 0.0, 1.0, 7.0, 1.0]]
+    assert loop.probe_readings(4, 8, readings, step=0) is None
+    probe = [r for r in records if r.get("reason") == "probe"]
+    assert probe and probe[0]["cut_short"] and probe[0]["batch"] == [32, 32]
+    assert not ctl.probed and ctl.batch == [32, 32]
+    readings[1][6] = 0.0  # the same pass, not cut: the slower worker gets less
+    told = DynamicController(ControlConfig(policy="dynamic"), 64, Bounds.make(2, 1, None, 64))
+    ControlLoop(told, lambda kind, **f: None).probe_readings(4, 8, readings, step=0)
+    assert told.probed and told.batch[1] < told.batch[0]
+    replayed = replay(DynamicController(ControlConfig(policy="dynamic"), 64, Bounds.make(2, 1, None, 64)),
+                      records)
+    assert [(r["reason"], r["batch"]) for r in replayed] == [(r["reason"], r["batch"]) for r in records]
+
+
+def test_pass_worth_is_the_jobs_steps_at_the_equal_share_on_the_rounds_line() -> None:
     """A round of 0.3 s at 1 and 2 samples whose times say k = 1 (t = c (b + 1)): a step at a share of 7
-    samples takes (7 + 1) / (1 + 2 + 2) of a round, 0.48 s; the pass serves PRIORS.pass_serves steps, or
-    the job's steps where fewer. Times that do not grow with the batch read as a pure fixed cost."""
-    assert pass_worth(1, 2, 0.1, 0.15, 0.3, 7, None) == pytest.approx(PRIORS.pass_serves * 0.48)
-    assert pass_worth(1, 2, 0.1, 0.15, 0.3, 7, 2) == pytest.approx(2 * 0.48)
+    samples takes (7 + 1) / (1 + 2 + 2) of a round, 0.48 s, and a pass is worth at most the job's steps of
+    it; with the steps unknown, no bound. Times that do not grow with the batch read as a pure fixed cost."""
+    assert pass_worth(1, 2, 0.1, 0.15, 0.3, 7, 10) == pytest.approx(10 * 0.48)
+    assert pass_worth(1, 2, 0.1, 0.15, 0.3, 7, None) == float("inf")
     assert pass_worth(1, 2, 0.1, 0.09, 0.3, 7, 1) == pytest.approx(0.15)
 
 

@@ -42,34 +42,38 @@ def probe_time(times: Sequence[float], rate: float = 1.0) -> float:
 
 def pass_worth(small: int, large: int, t_small: float, t_large: float, round_s: float, share: float,
                steps: int | None) -> float:
-    """The most a start-up pass can win, in this worker's seconds: what balancing saves over the steps it
-    balances that ``dynamic`` without it runs at the equal split (:attr:`~omnilearn.control.priors.Priors.pass_serves`,
-    or the job's ``steps`` where fewer; None: unknown), and a step cannot save more than it takes. A
-    step at the equal ``share`` takes what a round of the pass took (``round_s``: its seconds at the
-    ``small`` and ``large`` sizes, waits for the CPU quota included) scaled by the line ``c (b + k)``
-    through the round's two sizes (``t_small``, ``t_large``: their least times; ``k`` at least 0)."""
+    """The most a start-up pass can win, in this worker's seconds: what balancing can save over the job's
+    ``steps`` (None: unknown, no bound), a step saving at most its whole time. It is the rule every move
+    obeys (gain over the steps it serves against its cost) before anything is measured: the gain of a
+    split no worker has timed is bounded by the step alone. A step at the equal ``share`` takes what a
+    round of the pass took (``round_s``: its seconds at the ``small`` and ``large`` sizes, waits for the
+    CPU quota included) scaled by the line ``c (b + k)`` through the rounds' two sizes (``t_small``,
+    ``t_large``: their least times; ``k`` at least 0)."""
+    if steps is None:
+        return float("inf")
     c = (t_large - t_small) / (large - small)
     k = max(t_small / c - small, 0.0) if c > 0 else float("inf")
     scale = 0.5 if k == float("inf") else (share + k) / (small + large + 2 * k)
-    serves = PRIORS.pass_serves if steps is None else min(steps, PRIORS.pass_serves)
-    return serves * round_s * scale
+    return steps * round_s * scale
 
 
 def pass_end(small: int, large: int, wall_small: Sequence[float], wall_large: Sequence[float], elapsed_s: float,
              at_least: int, quota: bool, share: float, steps: int | None) -> str | None:
     """Whether a worker's start-up pass ends before another round: ``done`` (:func:`pass_done`), ``cut``
-    (beyond ``at_least`` rounds, where another would take the pass past what it can win,
-    :func:`pass_worth` at the equal ``share`` over a job of ``steps``), or None (another round).
+    (after ``at_least`` rounds, where the whole pass would cost more than balancing can win over the
+    job's ``steps``: :func:`pass_worth` at the equal ``share``), or None (another round).
     ``wall_small``, ``wall_large``: its rounds' seconds at each size so far; ``elapsed_s``: the pass's.
-    The first round carries one-off costs: a round's seconds are the pass's since it. The trainers'
-    passes and the simulators' models of them end alike."""
+    The first round carries one-off costs: a round's seconds are the pass's since it. Under a CPU quota
+    the pass lasts at least ``Priors.min_pass_s``. The trainers' passes and the simulators' models of
+    them end alike."""
     rounds = min(len(wall_small), len(wall_large))
     if pass_done(rounds, elapsed_s, at_least, quota):
         return "done"
     if rounds >= max(at_least, 1):
         first = wall_small[0] + wall_large[0]
         per_round = (elapsed_s - first) / (rounds - 1) if rounds > 1 else elapsed_s
-        if elapsed_s + per_round > pass_worth(small, large, min(wall_small), min(wall_large), per_round, share, steps):
+        whole = max(elapsed_s + per_round, PRIORS.min_pass_s if quota else 0.0)
+        if whole > pass_worth(small, large, min(wall_small), min(wall_large), per_round, share, steps):
             return "cut"
     return None
 
@@ -189,10 +193,12 @@ class ControlLoop:
         the probe ran the loop's own step (the trainer's), so its first step carries no one-off costs.
         ``own``: each worker's times from its own rounds alone, recorded beside (``probe_own_ms``);
         ``kinds``: each worker's threads and kind of core (recorded); ``cut_short``: a worker's pass stopped
-        short of the rounds a CPU quota adds, where another would have cost more than it could win
-        (recorded where true)."""
+        after ``control.probe_steps`` rounds, where the whole pass would cost more than balancing can win
+        over the job's steps: the controller is not told the times (recorded, where true)."""
         t0 = time.perf_counter()
-        new = self.controller.observe_probe(small, large, t_small, t_large, warm, kinds)
+        # a pass cut short read its CPU rate over too short a while: the controller is not told, and
+        # learns the speeds from the steps as without a probe
+        new = None if cut_short else self.controller.observe_probe(small, large, t_small, t_large, warm, kinds)
         self.overhead_s += time.perf_counter() - t0
         ctl = self.controller
         self.write("batch_change", **where, batch=self.batch, reason="probe", sizes=[small, large],

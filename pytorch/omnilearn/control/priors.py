@@ -114,12 +114,6 @@ class Priors:
     rounds."""
     max_rounds: int = 256
     """The most rounds a size gets in the start-up pass, however short its steps."""
-    pass_serves: int = 3
-    """The steps a start-up pass balances that ``dynamic`` without it runs at the equal split: the run's
-    first step (its one-off costs say nothing of speeds) and the two measured before its first decision.
-    Later steps are balanced either way, so a pass is worth at most these steps' whole time: its rounds
-    beyond ``control.probe_steps`` that would cost more (steps of milliseconds under :attr:`min_pass_s`)
-    are not run (:func:`~omnilearn.control.loop.pass_worth`)."""
 
 
 PRIORS = Priors()

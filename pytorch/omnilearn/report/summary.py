@@ -255,8 +255,8 @@ def controller_cost(end: dict[str, Any], batch_changes: list[dict[str, Any]]) ->
     step, observing and deciding), ``controller_steps_measured`` (the steps it measured: fewer than
     the run's when measuring each would cost more than its budget), ``holds`` (decisions considered that kept the split: count and
     reasons), and ``probe`` (dynamic's start-up probe: its seconds, sizes, the k it measured, and
-    ``cut_short``: whether a worker's pass stopped early, where another round would have cost more than
-    balancing could win over the steps the pass serves)."""
+    ``cut_short``: whether a worker's pass stopped early, where the whole pass would have cost more than
+    balancing can win over the job's steps; its times were then not the controller's)."""
     probe = next((b for b in batch_changes if b.get("reason") == "probe"), None)
     return {"controller_overhead_ms": end.get("controller_overhead_ms"),
             "controller_steps_measured": end.get("controller_steps_measured"),
@@ -336,7 +336,8 @@ def summarize(out_dir: Path) -> dict[str, Any]:
     }
     if summary["probe"] is not None:  # what the run knew: its times at two sizes before step 1 too
         summary["policy_knows"] += (f"; a start-up probe at batch sizes {summary['probe']['sizes']} before step 1"
-                                    + (" (cut short: it could not pay for more)" if summary["probe"]["cut_short"]
+                                    + (" (cut short: the whole pass would have cost more than balancing can win over "
+                                       "the job's steps; its times were not used)" if summary["probe"]["cut_short"]
                                        else ""))
     summary = {**summary, **emulated(out_dir)}
     write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))

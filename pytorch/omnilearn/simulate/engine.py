@@ -165,22 +165,25 @@ def start_up(loop: ControlLoop, c: ControlConfig, global_batch: int, n: int, tim
     probe = [_pass(lambda b, r=r: timed(r, b), small, large, rounds, wanted, quota(r), global_batch / n, steps)
              for r in range(n)]
     if wanted:
-        loop.probe(small, large, [probe_time(a) for a, _ in probe], [probe_time(b) for _, b in probe],
-                   max(sum(a) + sum(b) for a, b in probe), step=0, time=0.0)
+        loop.probe(small, large, [probe_time(a) for a, _, _ in probe], [probe_time(b) for _, b, _ in probe],
+                   max(sum(a) + sum(b) for a, b, _ in probe), cut_short=any(cut for _, _, cut in probe), step=0,
+                   time=0.0)
 
 
 def _pass(timed: Callable[[int], float], small: int, large: int, rounds: int, probe: bool, quota: bool,
-          share: float, steps: int) -> tuple[list[float], list[float]]:
+          share: float, steps: int) -> tuple[list[float], list[float], bool]:
     """One worker's start-up pass as the trainers run it: ``rounds`` at each size and, where ``dynamic``
     times it (``probe``), more until :func:`~omnilearn.control.loop.pass_end` (``quota``: the worker
-    is under a CPU quota; ``share``, ``steps``: the equal share and the job's steps); its round times."""
+    is under a CPU quota; ``share``, ``steps``: the equal share and the job's steps); its round times,
+    and whether it was cut short."""
     a: list[float] = []
     b: list[float] = []
-    while len(a) < rounds or (probe and pass_end(small, large, a, b, sum(a) + sum(b), rounds, quota, share, steps)
-                              is None):
+    while True:
+        end = pass_end(small, large, a, b, sum(a) + sum(b), rounds, quota, share, steps) if probe and a else None
+        if len(a) >= rounds and (not probe or end is not None):
+            return a, b, end == "cut"
         a.append(timed(small))
         b.append(timed(large))
-    return a, b
 
 
 def write_steps(rec: Recorder, fields: list[tuple[str, int]], level: str, epoch: int, step: int, sizes: list[int],

@@ -197,9 +197,10 @@ def run_policy(world: World, policy: str, oracle_step_s: np.ndarray, oracle_expe
     # The start-up pass every policy runs (the memory probe, BSPTrainer.start_up); dynamic times it.
     small, large = probe_sizes(B, n, ctl.bounds)
     wanted = loop.probe_sizes() is not None
-    t_small, t_large, cost = world.probe(small, large, max(cfg.probe_steps, 2) if wanted else 2, wanted)
+    t_small, t_large, cost, cut = world.probe(small, large, max(cfg.probe_steps, 2) if wanted else 2, wanted)
     if wanted:
-        loop.probe(small, large, t_small, t_large, cost, kinds=[[t, 0.0] for t in world.threads(0)], step=0)
+        loop.probe(small, large, t_small, t_large, cost, kinds=[[t, 0.0] for t in world.threads(0)], cut_short=cut,
+                   step=0)
     total = probe = cost
     gaps = np.empty(sc.steps)
     decisions = np.empty(sc.steps + 1, int)

@@ -300,16 +300,16 @@ class World:
             t[worker] += share * self.sc.steps * fluid_step_s
         return t
 
-    def probe(self, small: int, large: int, rounds: int, timed: bool) -> tuple[list[float], list[float], float]:
+    def probe(self, small: int, large: int, rounds: int, timed: bool) -> tuple[list[float], list[float], float, bool]:
         """The start-up pass on the first shares (BSPTrainer.start_up: ``rounds`` steps at each size and,
         where ``dynamic`` times it (``timed``), more until the worker's pass is over,
         :func:`~omnilearn.control.loop.pass_end`): every worker's time at each size as the trainers
-        take it from every worker's rounds (:func:`~omnilearn.control.loop.probe_times`), and its wall cost (the
-        slowest worker's)."""
+        take it from every worker's rounds (:func:`~omnilearn.control.loop.probe_times`), its wall cost (the
+        slowest worker's), and whether a worker's pass was cut short."""
         n, shares = self.sc.workers, self.line.shares[0]
         quota = self.sc.cfs_period_ms is not None  # the workers' shares are CFS quotas, not slower cores
         rows, cpu = [], []
-        count, elapsed, done = np.zeros(n, int), np.zeros(n), np.zeros(n, bool)
+        count, elapsed, done, cut = np.zeros(n, int), np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
         while not done.all():
             for b in (small, large):
                 r = len(rows) % len(self.probe_noise)
@@ -318,10 +318,11 @@ class World:
             elapsed += np.where(done, 0.0, rows[-2] + rows[-1])
             count += ~done
             walls = np.asarray(rows)
-            done = done | np.array([
-                pass_end(small, large, walls[0:2 * k:2, i].tolist(), walls[1:2 * k:2, i].tolist(), float(e), rounds,
-                         quota, self.sc.global_batch / n, self.sc.steps) is not None if timed else k >= rounds
-                for i, (k, e) in enumerate(zip(count, elapsed, strict=True))])
+            ends = [pass_end(small, large, walls[0:2 * k:2, i].tolist(), walls[1:2 * k:2, i].tolist(), float(e),
+                             rounds, quota, self.sc.global_batch / n, self.sc.steps) if timed and not done[i] else None
+                    for i, (k, e) in enumerate(zip(count, elapsed, strict=True))]
+            cut |= np.array([end == "cut" for end in ends])
+            done = done | (np.array([end is not None for end in ends]) if timed else count >= rounds)
         t, c, threads = np.asarray(rows), np.asarray(cpu), self.threads(0)
         readings = []
         for i, m in enumerate(count):
@@ -332,7 +333,7 @@ class World:
             readings.append([probe_time(x[0::2].tolist()), probe_time(x[1::2].tolist()), float(elapsed[i]), rate,
                              float(threads[i]), 0.0])
         t_small, t_large, _, _ = probe_times(readings)
-        return t_small, t_large, float(elapsed.max())
+        return t_small, t_large, float(elapsed.max()), bool(cut.any())
 
 
 def cfs_time(work: np.ndarray, shares: np.ndarray, period: float, phase: np.ndarray) -> np.ndarray:

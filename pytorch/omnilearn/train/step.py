@@ -215,7 +215,7 @@ class ProbeRounds:
     wall: dict[int, list[float]] = field(default_factory=dict)
     cpu_s: dict[int, list[float]] = field(default_factory=dict)
     cut: bool = False
-    """The pass was cut short: another round would have cost more than it could win."""
+    """The pass was cut short: the whole of it would have cost more than balancing can win."""
 
     def __post_init__(self) -> None:
         self._t0, self._c0 = time.perf_counter(), time.process_time()
@@ -230,11 +230,10 @@ class ProbeRounds:
 
     def run(self, step: Callable[[int], None], sizes: Sequence[int], at_least: int, share: float,
             steps: int | None) -> None:
-        """Rounds of ``step`` at the two ``sizes`` in turn, timed, until :func:`~omnilearn.control.loop.pass_done`
-        (rounds already timed, the memory probe's, count). Beyond ``at_least`` rounds (the first carries
-        one-off costs, and the least of two is a probe time), a round that would take the pass past what
-        it can win (:func:`~omnilearn.control.loop.pass_worth`, at the equal ``share`` over a job of
-        ``steps``) is not run: the pass is cut short (:attr:`cut`)."""
+        """Rounds of ``step`` at the two ``sizes`` in turn, timed, until :func:`~omnilearn.control.loop.pass_end`
+        (rounds already timed, the memory probe's, count): the pass is done, or after ``at_least`` rounds it
+        is cut short (:attr:`cut`) where the whole of it would cost more than balancing can win over the
+        job's ``steps`` at the equal ``share``."""
         small, large = sizes
         while True:
             end = pass_end(small, large, self.wall.get(small, []), self.wall.get(large, []),
