@@ -1,6 +1,7 @@
 """Docker jobs that lose a worker or their launcher go on from their checkpoint, and see every sample
-once per epoch: a kill -9 of a worker's container restarts the job (``fault.max_restarts``), a kill -9 of
-the launcher leaves a job that ``omnilearn cleanup`` clears and ``omnilearn run --resume`` completes."""
+once per epoch: a kill -9 of a worker's container restarts the job (``fault.max_restarts``); a kill -9 of
+the launcher, and a restart of the daemon, each leave a job that ``omnilearn cleanup`` clears and
+``omnilearn run --resume`` completes (one job, stopped both ways in turn)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from omnilearn.files import read_records
 
 pytestmark = pytest.mark.docker
 
-EPOCHS, TRAIN_SAMPLES, BATCH = 3, 2048, 64  # data.synthetic_size 2560: 2048 training samples, 32 steps/epoch
+EPOCHS, TRAIN_SAMPLES, BATCH = 3, 1024, 64  # data.synthetic_size 1280: 1024 training samples, 16 steps/epoch
 
 
 def docker_job(out: Path, *extra: str) -> list[str]:
@@ -89,42 +90,6 @@ def test_rank_0_lost_twice_in_a_row_leaves_the_job_to_the_other_container(tmp_pa
     assert not job_containers(docker_client, cleanup[0])
 
 
-def test_a_killed_launcher_leaves_a_job_that_cleanup_clears_and_resume_completes(
-        tmp_path: Path, docker_client, worker_image: str, cleanup: list[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from omnilearn.launch import pidfile
-
-    monkeypatch.setenv(pidfile.STATE_ENV, str(tmp_path / "state"))
-    out = tmp_path / "run"
-    proc = subprocess.Popen(docker_job(out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    job_id = job_id_of(out)
-    cleanup.append(job_id)
-    wait_for_record(proc, out, 0, '"kind":"checkpoint"')
-    t0 = time.time()
-    proc.kill()
-    proc.communicate()
-    while any(c.status == "running" for c in job_containers(docker_client, job_id)) and time.time() - t0 < 10:
-        time.sleep(0.1)
-    stopped_after = time.time() - t0
-    print(f"no container of the job ran {stopped_after:.1f} s after kill -9 of the launcher")
-    assert not any(c.status == "running" for c in job_containers(docker_client, job_id))
-    # The reaper writes its line once its stop calls returned, which may be after the test saw the
-    # containers stopped: wait for the line, with a deadline.
-    reaped = out / "logs" / "reaper.log"
-    while not (reaped.exists() and "died: " in reaped.read_text()) and time.time() - t0 < 30:
-        time.sleep(0.1)
-    assert "died: stopped worker" in reaped.read_text()
-    r = subprocess.run([sys.executable, "-m", "omnilearn", "cleanup"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "container worker1" in r.stdout, r.stdout + r.stderr
-    assert not job_containers(docker_client, job_id)
-    assert not docker_client.networks.list(filters={"label": f"omnilearn.job={job_id}"})
-    r = subprocess.run([sys.executable, "-m", "omnilearn", "run", "--resume", str(out), "--no-progress"],
-                       capture_output=True, text=True, timeout=400)
-    assert r.returncode == 0, r.stdout + r.stderr
-    summary = assert_whole_run(out)
-    assert [x["cause"] for x in summary["restarts"]] == ["resumed (--resume)"]
-
-
 # ------------------------------------------------------------------ a daemon restart (last: it stops every container)
 
 DOCKERD_PID = Path("/var/run/docker.pid")
@@ -149,20 +114,30 @@ def start_dockerd(client) -> None:
         time.sleep(0.5)
 
 
-def test_a_daemon_restart_ends_the_job_with_one_message_and_resume_completes(
-        tmp_path: Path, docker_client, worker_image: str, cleanup: list[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def kill_the_launcher(proc: subprocess.Popen, out: Path, client, job_id: str) -> None:
+    """kill -9 of the launcher: its reaper stops the job's containers and says so in its log."""
+    t0 = time.time()
+    proc.kill()
+    proc.communicate()
+    while any(c.status == "running" for c in job_containers(client, job_id)) and time.time() - t0 < 10:
+        time.sleep(0.1)
+    stopped_after = time.time() - t0
+    print(f"no container of the job ran {stopped_after:.1f} s after kill -9 of the launcher")
+    assert not any(c.status == "running" for c in job_containers(client, job_id))
+    # The reaper writes its line once its stop calls returned, which may be after the test saw the
+    # containers stopped: wait for the line, with a deadline.
+    reaped = out / "logs" / "reaper.log"
+    while not (reaped.exists() and "died: " in reaped.read_text()) and time.time() - t0 < 30:
+        time.sleep(0.1)
+    assert "died: stopped worker" in reaped.read_text()
+
+
+def restart_the_daemon(proc: subprocess.Popen, client) -> tuple[str, float]:
+    """SIGTERM to the local daemon while the job runs, and the daemon started again; returns the
+    launcher's output and how long it took to say that the daemon stopped answering."""
     import fcntl
     import os
 
-    from omnilearn.launch import pidfile
-
-    monkeypatch.setenv(pidfile.STATE_ENV, str(tmp_path / "state"))
-    out = tmp_path / "run"
-    proc = subprocess.Popen(docker_job(out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    job_id = job_id_of(out)
-    cleanup.append(job_id)
-    wait_for_record(proc, out, 0, '"kind":"checkpoint"')
     with open(RESTART_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one daemon restart at a time on this host
         try:
@@ -182,7 +157,44 @@ def test_a_daemon_restart_ends_the_job_with_one_message_and_resume_completes(
                     pytest.fail("dockerd did not stop within 60 s of SIGTERM")
                 time.sleep(0.2)
         finally:
-            start_dockerd(docker_client)
+            start_dockerd(client)
+    return output, detected
+
+
+def cleanup_clears(client, job_id: str, *expected: str) -> None:
+    """``omnilearn cleanup`` removes what the job left: its containers and its network."""
+    r = subprocess.run([sys.executable, "-m", "omnilearn", "cleanup"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for text in expected:
+        assert text in r.stdout, r.stdout + r.stderr
+    assert not job_containers(client, job_id)
+    assert not client.networks.list(filters={"label": f"omnilearn.job={job_id}"})
+
+
+def test_a_killed_launcher_and_a_daemon_restart_each_leave_a_job_that_cleanup_clears_and_resume_completes(
+        tmp_path: Path, docker_client, worker_image: str, cleanup: list[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One job, stopped twice: kill -9 of its launcher after the first checkpoint (the reaper stops the
+    containers, cleanup removes them), then, once ``run --resume`` has its workers going again, a restart of
+    the daemon (one message, the job left for cleanup). A second ``--resume`` completes the run: every step
+    once, every sample once per epoch."""
+    from omnilearn.launch import pidfile
+
+    monkeypatch.setenv(pidfile.STATE_ENV, str(tmp_path / "state"))
+    out = tmp_path / "run"
+    proc = subprocess.Popen(docker_job(out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job_id = job_id_of(out)
+    cleanup.append(job_id)
+    wait_for_record(proc, out, 0, '"kind":"checkpoint"')
+    kill_the_launcher(proc, out, docker_client, job_id)
+    cleanup_clears(docker_client, job_id, "container worker1")
+
+    resume = [sys.executable, "-m", "omnilearn", "run", "--resume", str(out), "--no-progress"]
+    proc = subprocess.Popen(resume, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_record(proc, out, 0, '"kind":"resume"')  # the workers go on from the checkpoint
+    job_id = json.loads((out / "job.json").read_text())["job_id"]  # the resumed run's own
+    cleanup.append(job_id)
+    output, detected = restart_the_daemon(proc, docker_client)
     print(f"daemon stop reported after {detected:.1f} s")
     assert proc.returncode == 1, output
     assert "the Docker daemon at unix:///var/run/docker.sock stopped answering" in output, output
@@ -190,11 +202,9 @@ def test_a_daemon_restart_ends_the_job_with_one_message_and_resume_completes(
     assert "restarting" not in output
     assert (out / "checkpoints" / "checkpoint.pt").is_file()
     assert [r["job_id"] for _, r in pidfile.records()] == [job_id]  # left for cleanup
-    r = subprocess.run([sys.executable, "-m", "omnilearn", "cleanup"], capture_output=True, text=True, timeout=120)
+    cleanup_clears(docker_client, job_id)
+
+    r = subprocess.run(resume, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert not job_containers(docker_client, job_id)
-    assert not docker_client.networks.list(filters={"label": f"omnilearn.job={job_id}"})
-    r = subprocess.run([sys.executable, "-m", "omnilearn", "run", "--resume", str(out), "--no-progress"],
-                       capture_output=True, text=True, timeout=400)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert_whole_run(out)
+    summary = assert_whole_run(out)
+    assert [x["cause"] for x in summary["restarts"]] == ["resumed (--resume)"] * 2

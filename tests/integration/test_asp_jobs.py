@@ -22,7 +22,7 @@ JOB = """
 mode: asp
 workers: 3
 model: {name: smallcnn}
-data: {name: synthetic, image_size: 64, synthetic_size: 1536}
+data: {name: synthetic, image_size: 64, synthetic_size: 1024}
 train: {epochs: EPOCHS, global_batch: 192, lr: 0.02, momentum: 0.0}
 control: {policy: dynamic}
 asp: {worker_timeout_s: TIMEOUT, eval_interval: 1, delay_tolerance: 4}

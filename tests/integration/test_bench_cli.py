@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
 from test_bench import write_matrix
 
 REQUIRED = ("mode", "policy", "level", "seed", "wall_time_s", "samples_per_s", "fraction_of_ideal", "final_metric",
@@ -39,8 +40,9 @@ def test_bench_runs_a_tiny_matrix_and_resumes(tmp_path: Path) -> None:
     assert [(r["mode"], r["policy"]) for r in rows] == [("bsp", "uniform"), ("bsp", "dynamic"), ("bsp", "ddp"),
                                                         ("asp", "uniform")]
     assert set(REQUIRED) <= set(rows[0])
+    budget = yaml.safe_load(matrix.read_text())["time_budget_s"]
     for r in rows:  # the budget, not the 500 epochs, ended every run, BSP and ASP alike
-        assert 3 <= float(r["wall_time_s"]) < 60 and float(r["epochs"]) < 500, r
+        assert budget <= float(r["wall_time_s"]) < 60 and float(r["epochs"]) < 500, r
         assert r["final_metric"] and r["level"] == "SKEW" and r["seed"] == "1"
     for mode in ("bsp", "asp"):  # the target is 95% of the best final metric: the best run reached it
         best = max((r for r in rows if r["mode"] == mode), key=lambda r: float(r["final_metric"]))

@@ -20,7 +20,7 @@ from omnilearn.launch.job import resumed_members
 
 def _job(out: Path, restarts: int) -> list[str]:
     return [sys.executable, "-m", "omnilearn", "run", "--model", "smallcnn", "--dataset", "synthetic", "--workers",
-            "3", "--epochs", "3", "--global-batch", "96", "--policy", "uniform", "--set", "data.synthetic_size=2560",
+            "3", "--epochs", "3", "--global-batch", "96", "--policy", "uniform", "--set", "data.synthetic_size=1280",
             "--set", "checkpoint.every=1", "--set", f"fault.max_restarts={restarts}", "--out", str(out),
             "--no-progress"]
 

@@ -64,23 +64,40 @@ def workload(config):
 }
 
 
-@pytest.mark.parametrize("case", ["import", "type", "raises"])
-def test_a_broken_workload_is_one_clear_error(tmp_path: Path, case: str) -> None:
+def _write_broken(folder: Path, case: str) -> list[str]:
+    """``folder/mine.py`` broken as ``case`` says; returns the words its error must hold."""
     source, *expected = BROKEN[case]
     if case == "import":
         source += "def workload(config):\n    pass\n"
-    (tmp_path / "mine.py").write_text(source)
+    (folder / "mine.py").write_text(source)
+    return [f"{folder / 'mine.py'}:workload", *(text for text in expected if text)]
+
+
+def test_a_broken_workload_is_one_clear_error(tmp_path: Path) -> None:
+    """Through the command line (the workload named relative to the working folder): one line, status 2,
+    nothing started. The other breakages take the same path (the launcher's preflight, a UserError);
+    their messages are checked in test_each_breakage_of_a_workload_is_named."""
+    expected = _write_broken(tmp_path, "raises")
     out = tmp_path / "run"
     proc = omnilearn("run", "--set", "workload=mine.py:workload", "--workers", "2", "--out", str(out),
                      "--no-progress", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
-    assert f"{tmp_path / 'mine.py'}:workload" in lines[0]
     for text in expected:
-        if text:
-            assert text in lines[0]
+        assert text in lines[0]
     assert not out.exists()  # nothing started
+
+
+@pytest.mark.parametrize("case", ["import", "type", "raises"])
+def test_each_breakage_of_a_workload_is_named(tmp_path: Path, case: str) -> None:
+    expected = _write_broken(tmp_path, case)
+    cfg = config.build(None, [("workload", f"{tmp_path / 'mine.py'}:workload"), ("workers", 2)])
+    with pytest.raises(UserError) as e:
+        preflight(cfg)
+    assert len(str(e.value).splitlines()) == 1, e.value
+    for text in expected:
+        assert text in str(e.value)
 
 
 def test_model_not_a_module_and_iterable_data_are_refused(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ modes:
 levels: [SKEW]
 seeds: [1]
 epochs: 500            # a cap the budget comes before
-time_budget_s: 3
+time_budget_s: 1.5
 """
 
 
