@@ -107,3 +107,30 @@ def test_a_forwards_samples_are_its_first_tensors_first_dimension() -> None:
     assert first_batch_size(({"pixel_values": torch.zeros(3, 1, 2, 2)},), {}) == 3
     assert first_batch_size(([torch.zeros(6, 2), torch.zeros(6)], 0), {}) == 6  # Lightning: (batch, batch_idx)
     assert first_batch_size((torch.tensor(1.0), [1, 2]), {}) == 0  # no batched tensor: no samples
+
+
+def test_the_pending_reduce_callback_holds_no_reference_to_the_hooks_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The callback runs on, and is dropped by, one of the process group's threads: were it the last
+    holder of the hook's state (DDP's: the process group), the group's teardown would join that thread."""
+    import gc
+    import weakref
+
+    from omnilearn.torch.autoload import Timed, timed_hook
+
+    class State:  # stands for the process group
+        pass
+
+    times, _, records = _times(monkeypatch)
+    times.forward(8, training=True)
+    pending: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    state = State()
+    timed = Timed(lambda s, bucket: pending, state, times)
+    bucket = types.SimpleNamespace(is_last=lambda: True)
+    reduced = timed_hook(timed, bucket)
+    gone = weakref.ref(state)
+    del timed, state
+    gc.collect()
+    assert gone() is None  # the script dropped its model and group: nothing of ours keeps the group
+    pending.set_result(torch.zeros(3))
+    assert reduced.wait().shape == (3,)
+    assert [r["kind"] for r in records] == ["step"]

@@ -19,7 +19,11 @@ torch). Once ``import torch`` has run (the script's), :func:`install` has :func:
 
 The wrapped hook calls the script's (or DDP's) on every bucket; at the last bucket of a step it marks
 the end of the rank's work, and the end of that bucket's all-reduce ends the step
-(:class:`~omnilearn.torch.hook_timing.StepTimes`).
+(:class:`~omnilearn.torch.hook_timing.StepTimes`). That callback runs on one of the process group's own
+threads, and is dropped there once it has run: it must hold no reference to the hook's state (DDP's own
+hook's state is the process group), or a script that drops its model and process group meanwhile leaves
+it the last one, and the group's teardown then joins the thread it runs on ("Resource deadlock
+avoided": the rank aborts at its exit).
 """
 
 from __future__ import annotations
@@ -56,9 +60,10 @@ def timed_hook(timed, bucket):  # noqa: ANN001, ANN201 - DDP checks a hook's ann
     future = timed.hook(timed.state, bucket)
     if not last:
         return future
+    times = timed.times  # the callback holds the step times only, never the hook's state (see below)
 
     def reduced(done):  # noqa: ANN001, ANN202
-        timed.times.reduced()
+        times.reduced()
         return done.value()
 
     return future.then(reduced)
