@@ -8,6 +8,8 @@ so that the fitted models can be checked against the lines that made them.
 from __future__ import annotations
 
 import json
+import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -26,8 +28,9 @@ BATCHES = [[32, 32]] * 4 + [[13, 51]] * 8  # uniform for 4 steps, then a split (
 SYNC_S = 0.030
 
 
-def make_run(folder: Path) -> Path:
-    """A finished 2-worker BSP run (2 epochs of 6 steps, B = 64) with exact compute times."""
+def make_run(folder: Path, shared: list[float] | None = None) -> Path:
+    """A finished 2-worker BSP run (2 epochs of 6 steps, B = 64) with exact compute times (``shared``:
+    each step's factor on both workers' times, a host that slows whole steps)."""
     cfg = config.build(None, [("workers", 2), ("model.name", "smallcnn"), ("data.name", "synthetic"),
                               ("data.synthetic_size", 384), ("train.epochs", 2), ("train.global_batch", 64),
                               ("emulation.allocation", "quota"),
@@ -44,7 +47,7 @@ def make_run(folder: Path) -> Path:
         w.write("batch_change", step=0, batch=BATCHES[0], reason="initial", time=clock)
     start = clock
     for k, batch in enumerate(BATCHES):
-        times = [a + c * b for (a, c), b in zip(LINES, batch, strict=True)]
+        times = [(a + c * b) * (shared[k] if shared else 1.0) for (a, c), b in zip(LINES, batch, strict=True)]
         clock += max(times) + SYNC_S
         for r, w in enumerate(writers):
             w.write("step", step=k + 1, epoch=k // 6, batch=batch[r], global_batch=64,
@@ -131,3 +134,19 @@ def test_the_simulators_decisions_replay_through_the_one_loop(run: Path, tmp_pat
     recorded, replayed = decisions_replay(tmp_path / "sim")
     assert [r["reason"] for r in recorded][:2] == ["initial", "probe"] and recorded[1]["batch"] != recorded[0]["batch"]
     assert recorded == replayed
+
+
+def test_a_slowdown_every_worker_of_a_step_shares_is_replayed_as_one_draw_a_step(tmp_path: Path) -> None:
+    """Noise the workers of a step share is the step's, not each worker's: drawn for each worker apart, it
+    would make every balanced step wait for the slower of two draws (+4% here, the all-reduce aside)."""
+    rng = random.Random(1)
+    run = make_run(tmp_path / "run", shared=[rng.lognormvariate(0.0, 0.2) for _ in BATCHES])
+    models = load_run(run)
+    assert 0.1 < models.common["SKEW"] < 0.4
+    assert all(models.model(r, "SKEW").sigma < 0.01 for r in (0, 1))  # no worker's own scatter
+    calm = simulate(run, tmp_path / "calm", policy="static", noise=0.0, figures=False)["train_time_s"]
+    noisy = [simulate(run, tmp_path / f"s{seed}", policy="static", seed=seed, figures=False)["train_time_s"]
+             for seed in range(30)]
+    # one draw a step: the mean step is the calm one times the draws' mean, exp(sigma^2 / 2): 1.005 here
+    # (seeded), where a draw for each worker gave 1.042
+    assert 1.0 < statistics.fmean(noisy) / calm < 1.025

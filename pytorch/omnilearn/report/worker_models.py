@@ -67,6 +67,10 @@ class WorkerModels:
     (over its median at its batch) less the step's median over the workers, scaled back by
     ``sqrt(n / (n - 1))``. A host that slows a whole step is left out: it slows every split alike,
     where a worker's own scatter makes a step wait for the slowest of the workers' draws."""
+    common: dict[str, float] = field(default_factory=dict)
+    """Per level, the scatter a whole step shares (a host that slows every worker of it): robust sd of the
+    steps' median over the workers of their log times (over their medians at their batches). With
+    :attr:`spread` it splits :attr:`sigma`: a recorded step's noise is the step's and each worker's own."""
     runs: list[dict[str, Any]] = field(default_factory=list)
     """``{"run": name, "steps": kept steps}`` per run the fit used, in order."""
     mean_batch: float = 0.0
@@ -145,10 +149,11 @@ def fit_worker_models(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], names:
     steps = {cell: sum(len(ts) for ts in by_batch[cell].values()) for cell in cells}
     job = fit.mean(np.asarray([steps[cell] for cell in cells], float))
     logs = {cell: [math.log(t / medians[cell][b]) for b, ts in by_batch[cell].items() for t in ts] for cell in cells}
+    spread, common = _scatter(runs, medians)
     return WorkerModels(c={cell: math.exp(v) for cell, v in zip(cells, fit.log_c, strict=True)}, k=job.k,
                         k_se=job.se, k_status=job.status,
                         sigma={cell: robust_sigma(np.asarray(v)) for cell, v in logs.items()}, steps=steps,
-                        spread=_spread(runs, medians), runs=used,
+                        spread=spread, common=common, runs=used,
                         mean_batch=statistics.fmean(batches_seen) if batches_seen else 0.0,
                         k_model=fit.model, k_why=fit.why,
                         k_cell={cell: float(k) for cell, k in zip(cells, fit.k, strict=True)},
@@ -217,12 +222,13 @@ def _by_kind(fit: KModel, cells: list[Cell]) -> list[dict[str, Any]]:
             for kind, f in fit.fits.items()]
 
 
-def _spread(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], medians: dict[Cell, dict[int, float]]
-            ) -> dict[Cell, float]:
-    """:attr:`WorkerModels.spread` from each run's kept steps (``medians``: each worker-level's median
-    time per batch): the steps every rank kept, matched by their step number. ASP runs, whose workers
-    share no step (their records have no global batch), give none."""
+def _scatter(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], medians: dict[Cell, dict[int, float]]
+             ) -> tuple[dict[Cell, float], dict[str, float]]:
+    """:attr:`WorkerModels.spread` and :attr:`WorkerModels.common` from each run's kept steps (``medians``:
+    each worker-level's median time per batch): the steps every rank kept, matched by their step number.
+    ASP runs, whose workers share no step (their records have no global batch), give neither."""
     own: dict[Cell, list[float]] = {}
+    shared: dict[str, list[float]] = {}
     for per_rank in runs:
         kept = _kept(per_rank)
         n = len(kept)
@@ -233,9 +239,11 @@ def _spread(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], medians: dict[Ce
             row = [d[step] for d in by_step]
             logs = [math.log(r["compute_ms"] / 1e3 / medians[(i, r["level"])][r["batch"]]) for i, r in enumerate(row)]
             centre = statistics.median(logs)
+            shared.setdefault(row[0]["level"], []).append(centre)
             for i, (r, x) in enumerate(zip(row, logs, strict=True)):
                 own.setdefault((i, r["level"]), []).append((x - centre) * math.sqrt(n / (n - 1)))
-    return {cell: robust_sigma(np.asarray(v)) for cell, v in own.items()}
+    return ({cell: robust_sigma(np.asarray(v)) for cell, v in own.items()},
+            {level: robust_sigma(np.asarray(v)) for level, v in shared.items()})
 
 
 def run_steps(run: Path) -> tuple[JobSpec, list[list[dict[str, Any]]]]:

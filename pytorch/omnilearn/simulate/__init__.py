@@ -100,6 +100,7 @@ def simulate(replay: Path, out: Path, workers: int | None = None, policy: str | 
         "compute_models": {f"worker{r + 1}@{lv}": {"a_ms": round(m.a * 1e3, 3), "c_ms": round(m.c * 1e3, 4),
                                                    "sigma": round(m.sigma, 4), "steps": m.steps}
                            for (r, lv), m in sorted(models.compute.items())},
+        "common_sigma": {lv: round(v, 4) for lv, v in sorted(models.common.items())},
     }
     if figures:  # a figure of a thousand lines says nothing: the first PLOTTED workers
         drawn = f"the first {PLOTTED} of " if n > PLOTTED else ""

@@ -120,7 +120,7 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
                                   position, out.steps)
             level = state["level"]
             sizes = sampler.step_sizes(step, ctl.batch)
-            times = [timed(r, level, sizes[r]) for r in range(n)]
+            times = step_times(models, level, sizes, timed, rng, noise)
             slowest = max(times) + stall
             reduce_s = models.allreduce.seconds(n)
             clock += slowest + reduce_s + models.overhead_s
@@ -150,6 +150,14 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
                   steps=out.steps, batch=list(ctl.batch), level=state["level"], epochs=out.steps / sampler.steps_per_epoch,
                   out_of_time=False, time=out.wall_time_s, **loop.summary())
     return out
+
+
+def step_times(models: RunModels, level: str, sizes: list[int], timed: Callable[[int, str, int], float],
+               rng: random.Random, noise: float) -> list[float]:
+    """Every worker's compute seconds in one step: its own draw (``timed``) times the step's one draw,
+    which all its workers share (:meth:`~omnilearn.simulate.models.RunModels.step_draw`)."""
+    shared = models.step_draw(level, rng, noise)
+    return [timed(r, level, b) * shared for r, b in enumerate(sizes)]
 
 
 def start_up(loop: ControlLoop, c: ControlConfig, global_batch: int, n: int, timed: Callable[[int, int], float],

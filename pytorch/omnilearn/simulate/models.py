@@ -5,8 +5,14 @@
   :mod:`omnilearn.report.worker_models` (a fixed cost ``k`` in samples, one for every worker and level
   or one per kind of worker (its threads) where the data tell each kind's, fitted where the batches
   changed, else 0; medians per batch size; the first step after a change
-  and partial last steps left out). ``sigma``: the step-to-step noise, the robust standard
-  deviation of ``log(t / median)`` at a batch.
+  and partial last steps left out). Step-to-step noise, log-normal, in two parts: each worker's own
+  (``sigma``: the robust sd of its log time less the step's median over the workers,
+  :attr:`~omnilearn.report.worker_models.WorkerModels.spread`) and the step's, one draw for every
+  worker of a step (``RunModels.common``, per level: a host that slows a whole step). Drawn for
+  each worker apart, a shared slowdown would make every balanced step wait for the slowest of
+  independent draws, which a recorded run at one split does not say: on the demo job's ``uniform``
+  runs most of the scatter is shared (0.05-0.14 against 0.02-0.06 a worker's own).
+  Where the run has no steps shared by its ranks (ASP), ``sigma`` is the whole scatter.
 - **All-reduce** against size and workers, ring: ``latency * (N - 1) + 2 (N - 1) / N * bytes / bandwidth``.
   From the run alone only one point is known (its own cost at its worker count: the sync time of the
   rank that waited least, median over steps), so it is scaled by the ring's bandwidth term; a
@@ -17,7 +23,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +83,14 @@ class RunModels:
     overhead_s: float
     eval_s: float
     train_samples: int
+    common: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Per level, the log-normal sd of the noise a step's workers share (see the module)."""
+
+    def step_draw(self, level: str, rng: random.Random, noise: float) -> float:
+        """A step's factor at ``level``, shared by its workers (``noise``: the scale on the measured sd);
+        a level the run did not measure takes the largest measured."""
+        sigma = self.common.get(level, max(self.common.values(), default=0.0)) * noise
+        return rng.lognormvariate(0.0, sigma) if sigma > 0 else 1.0
 
     @property
     def workers(self) -> int:
@@ -107,13 +123,16 @@ def busy_steps(per_rank: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]
     return [[{**r, "compute_ms": busy_ms(r)} for r in steps] for steps in per_rank]
 
 
-def fit_compute(per_rank: list[list[dict[str, Any]]]) -> dict[tuple[int, str], ComputeModel]:
-    """``(rank, level) -> ComputeModel`` from every rank's step records: the run's per-worker models
-    (:func:`~omnilearn.report.worker_models.fit_worker_models`, ``t = c (b + k)``, ``k`` the job's or the
-    worker's kind's) on the ranks' busy times (:func:`busy_steps`), as lines ``a + c b`` with ``a = c k``."""
+def fit_compute(per_rank: list[list[dict[str, Any]]]
+                ) -> tuple[dict[tuple[int, str], ComputeModel], dict[str, float]]:
+    """``(rank, level) -> ComputeModel`` from every rank's step records, and per level the noise a step's
+    workers share: the run's per-worker models (:func:`~omnilearn.report.worker_models.fit_worker_models`,
+    ``t = c (b + k)``, ``k`` the job's or the worker's kind's) on the ranks' busy times (:func:`busy_steps`),
+    as lines ``a + c b`` with ``a = c k``, each with its own noise (see the module)."""
     models = fit_worker_models([busy_steps(per_rank)], ["replayed run"])
-    return {key: ComputeModel(c * models.k_of(*key), c, models.sigma[key], models.steps[key])
-            for key, c in models.c.items()}
+    compute = {key: ComputeModel(c * models.k_of(*key), c, models.spread.get(key, models.sigma[key]),
+                                 models.steps[key]) for key, c in models.c.items()}
+    return compute, dict(models.common)
 
 
 def allreduce_from_run(per_rank: list[list[dict[str, Any]]], params: int) -> AllReduceModel:
@@ -176,7 +195,8 @@ def load_run(run: Path, calibration: Path | None = None) -> RunModels:
     params = int(start["params"])
     allreduce = (allreduce_from_calibration(calibration, params) if calibration
                  else allreduce_from_run(records, params))
-    return RunModels(job=job, records=records, compute=fit_compute([_steps(s) for s in records]),
+    compute, common = fit_compute([_steps(s) for s in records])
+    return RunModels(job=job, records=records, compute=compute, common=common,
                      allreduce=allreduce, overhead_s=step_overhead(records[0]),
                      eval_s=(end["wall_time_s"] - end["train_time_s"]) / len(evals) if evals else 0.0,
                      # an unmodified DDP script's start knows no dataset: the samples its steps trained on

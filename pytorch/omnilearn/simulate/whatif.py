@@ -25,7 +25,8 @@ For the job, its training seconds (``train_time_s`` of its end record):
 - ``balanced_s``: every step split in proportion to the fitted speeds (each step the balanced time of
   :func:`~omnilearn.report.ideal.balanced_time` at its level, plus ``C_j``);
 - ``dynamic_s``: the real ``dynamic`` controller replayed through the simulator on the fitted models
-  with the recorded noise (:func:`~omnilearn.simulate.simulate`), as a ratio to the simulator's replay
+  with the recorded noise (:func:`~omnilearn.simulate.simulate`: the step's, one draw for all its ranks,
+  and each rank's own, ``models.noise``), as a ratio to the simulator's replay
   of the run's own policy, times ``recorded_s``: what the simulator gets wrong of both cancels;
 - ``static_s``: the same for ``static`` (the split of the allocations the run's plan gives each level).
 
@@ -159,7 +160,9 @@ def whatif(run: Path | str, out: Path | str | None = None, figure: bool = True) 
         "models": {"k": round(models.k, 3), "k_status": models.k_status, "k_source": k_source,
                    "k_se": None if models.k_se is None else round(models.k_se, 3), "k_model": models.k_model,
                    **({"k_by_kind": [dict(g) for g in models.k_by_kind]} if models.k_by_kind else {}),
-                   "c_ms_per_sample": {f"rank{r}@{lv}": round(v * 1e3, 5) for (r, lv), v in sorted(models.c.items())}},
+                   "c_ms_per_sample": {f"rank{r}@{lv}": round(v * 1e3, 5) for (r, lv), v in sorted(models.c.items())},
+                   "noise": {"step": {lv: round(v, 4) for lv, v in sorted(models.common.items())},
+                             "own": {f"rank{r}@{lv}": round(v, 4) for (r, lv), v in sorted(models.spread.items())}}},
         "exchange_s": round(float(exchange.mean()), 6),
         "outside_steps_s": round(outside, 4),
     }
