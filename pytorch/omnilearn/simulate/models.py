@@ -10,9 +10,10 @@
   :attr:`~omnilearn.report.worker_models.WorkerModels.spread`) and the step's, one draw for every
   worker of a step (``RunModels.common``, per level: a host that slows a whole step). Drawn for
   each worker apart, a shared slowdown would make every balanced step wait for the slowest of
-  independent draws, which a recorded run at one split does not say: on the demo job's ``uniform``
-  runs most of the scatter is shared (0.05-0.14 against 0.02-0.06 a worker's own).
-  Where the run has no steps shared by its ranks (ASP), ``sigma`` is the whole scatter.
+  independent draws, which a recorded run at one split does not say (on the demo job's ``uniform``
+  runs most of the scatter is shared: ``results/2026-12-06_2cpu_whatif-noise-and-hook-teardown.md``).
+  The start-up pass draws each worker's own only. Where the run has no steps shared by its ranks
+  (ASP), ``sigma`` is the whole scatter.
 - **All-reduce** against size and workers, ring: ``latency * (N - 1) + 2 (N - 1) / N * bytes / bandwidth``.
   From the run alone only one point is known (its own cost at its worker count: the sync time of the
   rank that waited least, median over steps), so it is scaled by the ring's bandwidth term; a
@@ -23,11 +24,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ class RunModels:
     overhead_s: float
     eval_s: float
     train_samples: int
-    common: dict[str, float] = dataclasses.field(default_factory=dict)
+    common: dict[str, float] = field(default_factory=dict)
     """Per level, the log-normal sd of the noise a step's workers share (see the module)."""
 
     def step_draw(self, level: str, rng: random.Random, noise: float) -> float:

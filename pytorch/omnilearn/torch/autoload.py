@@ -60,7 +60,7 @@ def timed_hook(timed, bucket):  # noqa: ANN001, ANN201 - DDP checks a hook's ann
     future = timed.hook(timed.state, bucket)
     if not last:
         return future
-    times = timed.times  # the callback holds the step times only, never the hook's state (see below)
+    times = timed.times  # the callback holds the step times only, never the hook's state (see the module)
 
     def reduced(done):  # noqa: ANN001, ANN202
         times.reduced()
