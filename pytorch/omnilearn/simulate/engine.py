@@ -120,7 +120,7 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
                                   position, out.steps)
             level = state["level"]
             sizes = sampler.step_sizes(step, ctl.batch)
-            times = step_times(models, level, sizes, timed, rng, noise)
+            times = compute_draws(models, level, sizes, timed, rng, noise)
             slowest = max(times) + stall
             reduce_s = models.allreduce.seconds(n)
             clock += slowest + reduce_s + models.overhead_s
@@ -152,8 +152,8 @@ def run_replay(models: RunModels, cfg: JobConfig, plan: EmulationPlan, rec: Reco
     return out
 
 
-def step_times(models: RunModels, level: str, sizes: list[int], timed: Callable[[int, str, int], float],
-               rng: random.Random, noise: float) -> list[float]:
+def compute_draws(models: RunModels, level: str, sizes: list[int], timed: Callable[[int, str, int], float],
+                  rng: random.Random, noise: float) -> list[float]:
     """Every worker's compute seconds in one step: its own draw (``timed``) times the step's one draw,
     which all its workers share (:meth:`~omnilearn.simulate.models.RunModels.step_draw`)."""
     shared = models.step_draw(level, rng, noise)
