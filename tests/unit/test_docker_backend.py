@@ -17,7 +17,7 @@ from omnilearn.train.distributed import select_interface
 
 
 def test_update_kwargs_quota_cpuset_and_unlimited() -> None:
-    assert update_kwargs(Allocation(cpus=0.25), 2) == {"cpu_period": 10_000, "cpu_quota": 2_500,
+    assert update_kwargs(Allocation(cpus=0.25), 2) == {"cpu_period": 10_000, "cpu_quota": 2_500, "cpu_shares": 256,
                                                        "cpuset_cpus": "0-1"}
     # A quota under the kernel's 1 ms stretches the period; a period asked for is kept otherwise.
     assert update_kwargs(Allocation(cpus=0.05), 2)["cpu_period"] == 20_000
@@ -25,10 +25,11 @@ def test_update_kwargs_quota_cpuset_and_unlimited() -> None:
     assert update_kwargs(Allocation(cpus=0.25), 2, period_us=100_000)["cpu_quota"] == 25_000
     assert update_kwargs(Allocation(cpuset="1"), 2)["cpuset_cpus"] == "1"
     assert update_kwargs(Allocation(cpuset="1"), 2)["cpu_quota"] == -1  # lifts a previous quota
+    assert update_kwargs(Allocation(cpuset="1"), 2)["cpu_shares"] == 1024  # and weighs one process
     assert update_kwargs(Allocation(cpus=1.0, memory=2**30), 4)["mem_limit"] == 2**30
-    assert run_kwargs(Allocation()) == {}
-    assert run_kwargs(Allocation(cpus=1.3333)) == {"cpu_period": 10_000, "cpu_quota": 13_333}
-    assert run_kwargs(Allocation(cpus=1.3333), 50_000) == {"cpu_period": 50_000, "cpu_quota": 66_665}
+    assert run_kwargs(Allocation()) == {"cpu_shares": 1024}
+    assert run_kwargs(Allocation(cpus=1.3333)) == {"cpu_period": 10_000, "cpu_quota": 13_333, "cpu_shares": 1365}
+    assert run_kwargs(Allocation(cpus=1.3333), 50_000) == {"cpu_period": 50_000, "cpu_quota": 66_665, "cpu_shares": 1365}
 
 
 def test_effective_allocation_prefers_the_kernel() -> None:
