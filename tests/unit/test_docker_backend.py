@@ -82,15 +82,19 @@ def test_user_containers_keep_their_form_of_cpu_limit_and_get_it_back() -> None:
     from omnilearn.emulator.backends.docker_user import Limits, cpu_update, restore_update
 
     nano = Limits.of({"HostConfig": {"NanoCpus": 1_500_000_000, "CpuQuota": 0, "CpuPeriod": 0}})
-    quota = Limits.of({"HostConfig": {"CpuQuota": 75_000, "CpuPeriod": 50_000, "CpusetCpus": "0"}})
+    quota = Limits.of({"HostConfig": {"CpuQuota": 75_000, "CpuPeriod": 50_000, "CpusetCpus": "0", "CpuShares": 512}})
     free = Limits.of({"HostConfig": {}})
-    assert cpu_update(nano, 0.25, 2) == {"NanoCpus": 250_000_000}  # Docker refuses a quota once --cpus is set
-    assert cpu_update(nano, None, 2) == {"NanoCpus": 2_000_000_000}  # NanoCpus cannot be lifted: the whole host
-    assert cpu_update(quota, 0.25, 2) == {"CpuQuota": 12_500}  # against the container's own period
-    assert cpu_update(free, 1.3333, 2) == {"CpuQuota": 133_330} and cpu_update(free, None, 2) == {"CpuQuota": -1}
-    assert restore_update(nano, 2) == {"NanoCpus": 1_500_000_000, "CpusetCpus": "0-1"}
-    assert restore_update(quota, 2) == {"CpuQuota": 75_000, "CpusetCpus": "0"}
-    assert restore_update(free, 4) == {"CpuQuota": -1, "CpusetCpus": "0-3"}
+    # Docker refuses a quota once --cpus is set; a level also weighs the container by its share (1024 a CPU)
+    assert cpu_update(nano, 0.25, 2) == {"NanoCpus": 250_000_000, "CpuShares": 256}
+    # NanoCpus cannot be lifted: the whole host; no share, one process's weight
+    assert cpu_update(nano, None, 2) == {"NanoCpus": 2_000_000_000, "CpuShares": 1024}
+    assert cpu_update(quota, 0.25, 2) == {"CpuQuota": 12_500, "CpuShares": 256}  # against its own period
+    assert cpu_update(free, 1.3333, 2) == {"CpuQuota": 133_330, "CpuShares": 1365}
+    assert cpu_update(free, None, 2) == {"CpuQuota": -1, "CpuShares": 1024}
+    # back to its own weight, or (never set) to one process's
+    assert restore_update(nano, 2) == {"NanoCpus": 1_500_000_000, "CpusetCpus": "0-1", "CpuShares": 1024}
+    assert restore_update(quota, 2) == {"CpuQuota": 75_000, "CpusetCpus": "0", "CpuShares": 512}
+    assert restore_update(free, 4) == {"CpuQuota": -1, "CpusetCpus": "0-3", "CpuShares": 1024}
 
 
 def test_overlay_interface_is_found_by_subnet() -> None:
