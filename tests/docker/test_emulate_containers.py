@@ -24,7 +24,7 @@ pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "pytorch")}
-FIELDS = ("NanoCpus", "CpuQuota", "CpuPeriod", "CpusetCpus", "CpuShares")
+FIELDS = ("NanoCpus", "CpuQuota", "CpuPeriod", "CpusetCpus")
 
 # What the user gave each container: Docker's two forms of a CPU limit, a cpuset alone, nothing.
 STARTED_WITH = [{"nano_cpus": 1_500_000_000}, {"cpu_period": 50_000, "cpu_quota": 75_000},
@@ -39,7 +39,7 @@ client = docker.from_env()
 seen = {}
 for name in sys.argv[1:]:
     c = client.containers.get(name)
-    seen[name] = {k: c.attrs["HostConfig"][k] for k in ("NanoCpus", "CpuQuota", "CpuPeriod", "CpusetCpus", "CpuShares")}
+    seen[name] = {k: c.attrs["HostConfig"][k] for k in ("NanoCpus", "CpuQuota", "CpuPeriod", "CpusetCpus")}
     seen[name]["kernel"] = read_kernel(c.id)
 burn = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.3: pass"
 code, _ = client.containers.get(sys.argv[-1]).exec_run(["python", "-c", burn])
@@ -81,13 +81,12 @@ def emulate(names: list[str], out: Path, *command: str) -> subprocess.CompletedP
 
 def assert_restored(client, names: list[str], before: dict[str, dict]) -> None:
     """The kernel's limits exactly as before; the daemon's record too, but that a quota never set (0)
-    comes back as -1, Docker's other "no limit", and a weight never set (0) as 1024, the default one
-    (its update call reads 0 as "leave as is")."""
+    comes back as -1, Docker's other "no limit" (its update call reads 0 as "leave as is")."""
     for name in names:
         after = limits(client, name)
         assert after["kernel"] == before[name]["kernel"], name
         quota = before[name]["CpuQuota"] or (-1 if before[name]["NanoCpus"] == 0 else 0)
-        assert after == {**before[name], "CpuQuota": quota, "CpuShares": before[name]["CpuShares"] or 1024}, name
+        assert after == {**before[name], "CpuQuota": quota}, name
 
 
 def test_emulate_gives_user_containers_the_level_and_their_limits_back(tmp_path: Path, docker_client,
@@ -122,7 +121,6 @@ def test_emulate_gives_user_containers_the_level_and_their_limits_back(tmp_path:
             period = before[name]["CpuPeriod"] or 100_000
             assert (now["CpuQuota"], now["CpuPeriod"]) == (round(cpus * period), before[name]["CpuPeriod"])
         assert now["CpusetCpus"] == before[name]["CpusetCpus"]  # HL8 has no cpusets: the user's is kept
-        assert now["CpuShares"] == round(1024 * cpus)  # weighed by its share while the level holds
     assert summary["cpu_seconds"][3] >= 0.25 and max(summary["cpu_seconds"][:3]) < 0.1
 
     assert_restored(docker_client, names, before)

@@ -49,20 +49,17 @@ def test_v2_writes_the_unified_files(tmp_path: Path) -> None:
 
     eff = b.apply("w0", Allocation(cpuset="1", cpus=0.25, memory=2**28))
     assert (w0 / "cpu.max").read_text() == "2500 10000"
-    assert (w0 / "cpu.weight").read_text() == "25"  # weighed by its share: one process's weight a CPU
     assert (w0 / "cpuset.cpus").read_text() == "1"
     assert (w0 / "memory.max").read_text() == str(2**28)
     assert eff == Allocation(cpuset="1", cpus=0.25, memory=2**28)
 
     eff = b.apply("w1", Allocation(cpus=1.5))
     assert (w1 / "cpu.max").read_text() == "15000 10000"
-    assert (w1 / "cpu.weight").read_text() == "150"
     assert (w1 / "cpuset.cpus").read_text() == ""
     assert (w1 / "memory.max").read_text() == "max"
     assert eff == Allocation(cpus=1.5) == b.current("w1")  # read back again, unchanged
     assert b.apply("w1", Allocation()) == Allocation()
     assert (w1 / "cpu.max").read_text() == "max 10000"
-    assert (w1 / "cpu.weight").read_text() == "100"  # no quota: one process's weight
 
     b.add_process("w0", os.getpid())
     assert (w0 / "cgroup.procs").read_text() == str(os.getpid())

@@ -17,7 +17,7 @@ from omnilearn.train.distributed import select_interface
 
 
 def test_update_kwargs_quota_cpuset_and_unlimited() -> None:
-    assert update_kwargs(Allocation(cpus=0.25), 2) == {"cpu_period": 10_000, "cpu_quota": 2_500, "cpu_shares": 256,
+    assert update_kwargs(Allocation(cpus=0.25), 2) == {"cpu_period": 10_000, "cpu_quota": 2_500,
                                                        "cpuset_cpus": "0-1"}
     # A quota under the kernel's 1 ms stretches the period; a period asked for is kept otherwise.
     assert update_kwargs(Allocation(cpus=0.05), 2)["cpu_period"] == 20_000
@@ -25,11 +25,10 @@ def test_update_kwargs_quota_cpuset_and_unlimited() -> None:
     assert update_kwargs(Allocation(cpus=0.25), 2, period_us=100_000)["cpu_quota"] == 25_000
     assert update_kwargs(Allocation(cpuset="1"), 2)["cpuset_cpus"] == "1"
     assert update_kwargs(Allocation(cpuset="1"), 2)["cpu_quota"] == -1  # lifts a previous quota
-    assert update_kwargs(Allocation(cpuset="1"), 2)["cpu_shares"] == 1024  # and weighs one process
     assert update_kwargs(Allocation(cpus=1.0, memory=2**30), 4)["mem_limit"] == 2**30
-    assert run_kwargs(Allocation()) == {"cpu_shares": 1024}
-    assert run_kwargs(Allocation(cpus=1.3333)) == {"cpu_period": 10_000, "cpu_quota": 13_333, "cpu_shares": 1365}
-    assert run_kwargs(Allocation(cpus=1.3333), 50_000) == {"cpu_period": 50_000, "cpu_quota": 66_665, "cpu_shares": 1365}
+    assert run_kwargs(Allocation()) == {}
+    assert run_kwargs(Allocation(cpus=1.3333)) == {"cpu_period": 10_000, "cpu_quota": 13_333}
+    assert run_kwargs(Allocation(cpus=1.3333), 50_000) == {"cpu_period": 50_000, "cpu_quota": 66_665}
 
 
 def test_effective_allocation_prefers_the_kernel() -> None:
@@ -82,19 +81,15 @@ def test_user_containers_keep_their_form_of_cpu_limit_and_get_it_back() -> None:
     from omnilearn.emulator.backends.docker_user import Limits, cpu_update, restore_update
 
     nano = Limits.of({"HostConfig": {"NanoCpus": 1_500_000_000, "CpuQuota": 0, "CpuPeriod": 0}})
-    quota = Limits.of({"HostConfig": {"CpuQuota": 75_000, "CpuPeriod": 50_000, "CpusetCpus": "0", "CpuShares": 512}})
+    quota = Limits.of({"HostConfig": {"CpuQuota": 75_000, "CpuPeriod": 50_000, "CpusetCpus": "0"}})
     free = Limits.of({"HostConfig": {}})
-    # Docker refuses a quota once --cpus is set; a level also weighs the container by its share (1024 a CPU)
-    assert cpu_update(nano, 0.25, 2) == {"NanoCpus": 250_000_000, "CpuShares": 256}
-    # NanoCpus cannot be lifted: the whole host; no share, one process's weight
-    assert cpu_update(nano, None, 2) == {"NanoCpus": 2_000_000_000, "CpuShares": 1024}
-    assert cpu_update(quota, 0.25, 2) == {"CpuQuota": 12_500, "CpuShares": 256}  # against its own period
-    assert cpu_update(free, 1.3333, 2) == {"CpuQuota": 133_330, "CpuShares": 1365}
-    assert cpu_update(free, None, 2) == {"CpuQuota": -1, "CpuShares": 1024}
-    # back to its own weight, or (never set) to one process's
-    assert restore_update(nano, 2) == {"NanoCpus": 1_500_000_000, "CpusetCpus": "0-1", "CpuShares": 1024}
-    assert restore_update(quota, 2) == {"CpuQuota": 75_000, "CpusetCpus": "0", "CpuShares": 512}
-    assert restore_update(free, 4) == {"CpuQuota": -1, "CpusetCpus": "0-3", "CpuShares": 1024}
+    assert cpu_update(nano, 0.25, 2) == {"NanoCpus": 250_000_000}  # Docker refuses a quota once --cpus is set
+    assert cpu_update(nano, None, 2) == {"NanoCpus": 2_000_000_000}  # NanoCpus cannot be lifted: the whole host
+    assert cpu_update(quota, 0.25, 2) == {"CpuQuota": 12_500}  # against the container's own period
+    assert cpu_update(free, 1.3333, 2) == {"CpuQuota": 133_330} and cpu_update(free, None, 2) == {"CpuQuota": -1}
+    assert restore_update(nano, 2) == {"NanoCpus": 1_500_000_000, "CpusetCpus": "0-1"}
+    assert restore_update(quota, 2) == {"CpuQuota": 75_000, "CpusetCpus": "0"}
+    assert restore_update(free, 4) == {"CpuQuota": -1, "CpusetCpus": "0-3"}
 
 
 def test_overlay_interface_is_found_by_subnet() -> None:

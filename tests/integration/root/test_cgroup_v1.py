@@ -143,7 +143,6 @@ def test_v1_quota_and_cpuset_are_enforced(v1: CgroupV1Backend, job: str, spawn) 
     cpu_dir = CGROUP_ROOT / "cpu/omnilearn" / job / "w0"
     assert (cpu_dir / "cpu.cfs_quota_us").read_text().strip() == "2500"
     assert (cpu_dir / "cpu.cfs_period_us").read_text().strip() == "10000"
-    assert (cpu_dir / "cpu.shares").read_text().strip() == "256"  # weighed by its share: 1024 a CPU
     # The kernel's own count of the periods it cut the busy child short: the quota is enforced. How fast
     # the child then runs on a shared host is a measurement (omnilearn calibrate), not a test.
     wait_for(lambda: int(dict(line.split() for line in (cpu_dir / "cpu.stat").read_text().splitlines())
@@ -156,23 +155,6 @@ def test_v1_quota_and_cpuset_are_enforced(v1: CgroupV1Backend, job: str, spawn) 
     # Back to unlimited: the cpuset widens to the parent's again.
     assert v1.apply("w0", Allocation()) == Allocation()
     assert os.sched_getaffinity(child.pid) == set(os.sched_getaffinity(0))
-
-
-@needs_v1
-@two_cpus
-def test_v1_workers_sharing_a_cpu_split_it_by_their_shares(v1: CgroupV1Backend, job: str, spawn) -> None:
-    """Two busy workers on one CPU, allocated 1 and 0.5 CPUs: the kernel gives them its time 2 to 1 (at
-    equal weights, 1 to 1: the faster would get half a CPU while the slower still had quota left)."""
-    children = [spawn(BUSY), spawn(BUSY)]
-    for target, child, cpus in zip(("w0", "w1"), children, (1.0, 0.5), strict=True):
-        v1.add_process(target, child.pid)
-        v1.apply(target, Allocation(cpuset="1", cpus=cpus))
-    with boosted_cgroup(job):  # the job's pair against the host's other processes as one heavy entity
-        time.sleep(0.2)
-        c0, t0 = [cpu_seconds(c.pid) for c in children], time.monotonic()
-        time.sleep(2.0)
-        rates = [(cpu_seconds(ch.pid) - before) / (time.monotonic() - t0) for ch, before in zip(children, c0, strict=True)]
-    assert rates[0] > 1.5 * rates[1], rates
 
 
 @needs_v1

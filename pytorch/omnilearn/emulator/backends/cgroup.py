@@ -12,13 +12,10 @@ from pathlib import Path
 from omnilearn.emulator.backends.cgroupfs import (
     CGROUP_ROOT,
     PERIOD_US,
-    SHARES,
     TOP,
     UNLIMITED_MEMORY,
-    WEIGHT,
     cfs_limits,
     check_name,
-    cpu_weight,
     membership,
     move_out,
     read,
@@ -90,7 +87,7 @@ class CgroupV1Backend(_CgroupBackend):
         try:
             for ctrl in ("cpu", "cpuset"):
                 self._make(ctrl)
-            _weigh([self.root / "cpu" / TOP, self._dir("cpu")], "cpu.shares", SHARES[0], SHARES[2], len(targets))
+            _weigh([self.root / "cpu" / TOP, self._dir("cpu")], "cpu.shares", 1024, 262144, len(targets))
         except OSError as e:
             self.close()
             raise UserError(f"cannot create cgroups under {self.root} ({e.strerror}): "
@@ -137,7 +134,6 @@ class CgroupV1Backend(_CgroupBackend):
             quota, period = cfs_limits(allocation.cpus, self.period_us)
             write(cpu / "cpu.cfs_period_us", str(period))
             write(cpu / "cpu.cfs_quota_us", str(quota))
-        write(cpu / "cpu.shares", str(cpu_weight(allocation.cpus, SHARES)))
         full = read(self._dir("cpuset") / "cpuset.cpus")
         write(cpuset / "cpuset.cpus", allocation.cpuset if allocation.cpuset is not None else full)
         if allocation.memory is not None and not self._memory:
@@ -218,7 +214,7 @@ class CgroupV2Backend(_CgroupBackend):
                 self._enable(parent)
             for t in self.targets:
                 self._dir(t).mkdir(exist_ok=True)
-            _weigh([self.root / TOP, self._dir()], "cpu.weight", WEIGHT[0], WEIGHT[2], len(targets))
+            _weigh([self.root / TOP, self._dir()], "cpu.weight", 100, 10000, len(targets))
         except OSError as e:
             self.close()
             raise UserError(f"cannot set up cgroups under {self.root} ({e.strerror}): "
@@ -251,7 +247,6 @@ class CgroupV2Backend(_CgroupBackend):
         d = self._dir(target)
         quota, period = ("max", self.period_us) if allocation.cpus is None else cfs_limits(allocation.cpus, self.period_us)
         write(d / "cpu.max", f"{quota} {period}")
-        write(d / "cpu.weight", str(cpu_weight(allocation.cpus, WEIGHT)))
         # An empty cpuset.cpus means "the parent's CPUs".
         write(d / "cpuset.cpus", allocation.cpuset or "")
         if allocation.memory is not None and "memory" not in self.controllers:

@@ -142,26 +142,6 @@ def cfs_limits(cpus: float, period_us: int = PERIOD_US) -> tuple[int, int]:
     return max(MIN_QUOTA_US, round(cpus * period)), period
 
 
-SHARES = (1024, 2, 262144)  # v1 cpu.shares (and Docker's --cpu-shares): one process's, the least, the most
-WEIGHT = (100, 1, 10000)  # v2 cpu.weight: one process's, the least, the most
-
-
-def cpu_weight(cpus: float | None, scale: tuple[int, int, int]) -> int:
-    """The scheduling weight of a worker allocated ``cpus`` CPUs on the kernel's ``scale`` (one process's
-    weight, the least, the most: :data:`SHARES`, :data:`WEIGHT`): one process's weight a CPU (None: no
-    quota, one process's).
-
-    A quota caps what a worker gets over a period; the weight decides who runs first where workers
-    share a CPU. At equal weights a worker that slept (a fast one, waiting for the others in the
-    all-reduce) wakes onto a CPU a slow one is using and gets half of it until the load balancer
-    moves one of them away, so it runs slower than its share exactly when it waits most; weighted by
-    its share, it takes the CPU first, as a machine of its own would give it
-    (``results/2026-12-06_2cpu_cpu-weight.md``).
-    """
-    one, least, most = scale
-    return one if cpus is None else min(max(round(one * cpus), least), most)
-
-
 def sweep_stale(root: Path = CGROUP_ROOT, jobs: Iterable[str] | None = None, min_age: float = 60.0) -> list[str]:
     """Remove ``omnilearn/<job>`` cgroups left by a killed launcher; returns the removed paths.
 

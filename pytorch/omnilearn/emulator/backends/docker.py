@@ -16,14 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omnilearn.emulator.backends.cgroupfs import (
-    KERNEL_PERIOD_US,
-    PERIOD_US,
-    SHARES,
-    cfs_limits,
-    cpu_weight,
-    try_read,
-)
+from omnilearn.emulator.backends.cgroupfs import KERNEL_PERIOD_US, PERIOD_US, cfs_limits, try_read
 from omnilearn.emulator.backends.pauses import Pauses
 from omnilearn.emulator.spec.levels import Allocation
 from omnilearn.errors import UserError
@@ -48,7 +41,6 @@ def update_kwargs(allocation: Allocation, host_cpus: int, period_us: int = PERIO
     kwargs: dict[str, Any] = {
         "cpu_period": period,
         "cpu_quota": quota,
-        "cpu_shares": cpu_weight(allocation.cpus, SHARES),
         "cpuset_cpus": allocation.cpuset if allocation.cpuset is not None else f"0-{host_cpus - 1}",
     }
     if allocation.memory is not None:
@@ -59,7 +51,7 @@ def update_kwargs(allocation: Allocation, host_cpus: int, period_us: int = PERIO
 
 def run_kwargs(allocation: Allocation, period_us: int = PERIOD_US) -> dict[str, Any]:
     """``containers.run`` arguments giving a new container its first allocation."""
-    kwargs: dict[str, Any] = {"cpu_shares": cpu_weight(allocation.cpus, SHARES)}
+    kwargs: dict[str, Any] = {}
     if allocation.cpus is not None:
         quota, period = cfs_limits(allocation.cpus, period_us)
         kwargs.update(cpu_period=period, cpu_quota=quota)

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnilearn.emulator.backends.cgroupfs import KERNEL_PERIOD_US, SHARES, cpu_weight
+from omnilearn.emulator.backends.cgroupfs import KERNEL_PERIOD_US
 from omnilearn.emulator.backends.docker import DockerBackend, cpu_usage_seconds, docker_sdk
 from omnilearn.emulator.spec.levels import Allocation
 from omnilearn.errors import UserError
@@ -38,37 +38,32 @@ class Limits:
     cpu_quota: int = 0
     cpu_period: int = 0
     cpuset_cpus: str = ""
-    cpu_shares: int = 0
 
     @classmethod
     def of(cls, attrs: dict[str, Any]) -> Limits:
         hc = attrs.get("HostConfig") or {}
         return cls(nano_cpus=int(hc.get("NanoCpus") or 0), cpu_quota=int(hc.get("CpuQuota") or 0),
-                   cpu_period=int(hc.get("CpuPeriod") or 0), cpuset_cpus=hc.get("CpusetCpus") or "",
-                   cpu_shares=int(hc.get("CpuShares") or 0))
+                   cpu_period=int(hc.get("CpuPeriod") or 0), cpuset_cpus=hc.get("CpusetCpus") or "")
 
 
 def cpu_update(original: Limits, cpus: float | None, host_cpus: int) -> dict[str, int]:
     """The update body (Engine API names) that limits a container first limited by ``original`` to
-    ``cpus`` (None: no limit), in the form Docker lets it change, and weighs it by that share
-    (:func:`~omnilearn.emulator.backends.cgroupfs.cpu_weight`)."""
-    weight = {"CpuShares": cpu_weight(cpus, SHARES)}
+    ``cpus`` (None: no limit), in the form Docker lets it change."""
     if original.nano_cpus > 0:  # set with --cpus: NanoCpus cannot be lifted, only widened to the host
-        return {"NanoCpus": round((cpus if cpus is not None else host_cpus) * NANO), **weight}
+        return {"NanoCpus": round((cpus if cpus is not None else host_cpus) * NANO)}
     # A quota against the container's own period (0: the kernel's default); -1 lifts it.
-    return {"CpuQuota": round(cpus * (original.cpu_period or KERNEL_PERIOD_US)) if cpus is not None else -1, **weight}
+    return {"CpuQuota": round(cpus * (original.cpu_period or KERNEL_PERIOD_US)) if cpus is not None else -1}
 
 
 def restore_update(original: Limits, host_cpus: int) -> dict[str, Any]:
     """The update body that gives a container back its ``original`` limits.
 
     The update call reads 0 and "" as "leave as is", so a limit that was never set is written as its
-    equivalent: quota -1 (no limit), the cpuset of every CPU of the host, one process's weight.
+    equivalent: quota -1 (no limit), the cpuset of every CPU of the host.
     """
     body: dict[str, Any] = ({"NanoCpus": original.nano_cpus} if original.nano_cpus > 0
                             else {"CpuQuota": original.cpu_quota or -1})
     body["CpusetCpus"] = original.cpuset_cpus or f"0-{host_cpus - 1}"
-    body["CpuShares"] = original.cpu_shares or SHARES[0]
     return body
 
 
