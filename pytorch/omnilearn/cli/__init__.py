@@ -45,7 +45,6 @@ from omnilearn.cli.manage import (
     cmd_whatif,
 )
 from omnilearn.cli.run import DEFAULT_COMPARE, cmd_bench, cmd_run, cmd_worker
-from omnilearn.config.sections import PLACEMENTS, EmulationConfig
 from omnilearn.errors import UserError
 
 
@@ -60,8 +59,7 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if containers is None:
         check_local_prerequisites()
     out = Path(args.out) if args.out else Path("runs") / time.strftime("emulate-%Y%m%d-%H%M%S")
-    status = emulate(command, args.hl, args.schedule, args.workers, out, containers, args.tensorboard,
-                     args.placement)
+    status = emulate(command, args.hl, args.schedule, args.workers, out, containers, args.tensorboard)
     if containers is None:  # the timing module runs in the command's own processes, not in containers
         from omnilearn.launch.record import steps_line
 
@@ -137,8 +135,6 @@ def _add_worker(sub: Any) -> None:
 def _add_levels(sub: Any) -> None:
     lv = sub.add_parser("levels", help="print the heterogeneity levels as allocated on this host")
     lv.add_argument("--allocation", choices=["quota", "cpuset", "none"], default="quota")
-    lv.add_argument("--placement", choices=list(PLACEMENTS), default=EmulationConfig().placement,
-                    help="where quota workers run (emulation.placement)")
     lv.set_defaults(func=cmd_levels)
 
 
@@ -170,9 +166,6 @@ def _add_emulate(sub: Any) -> None:
     em.add_argument("--schedule", help="named schedule or a YAML file (in seconds; in epochs with omnilearn.torch)")
     em.add_argument("--workers", type=int, help="ranks of the command (default 4, or one per --containers name)")
     em.add_argument("--out", help="run folder (default: a new folder under runs/)")
-    em.add_argument("--placement", choices=list(PLACEMENTS), default=EmulationConfig().placement,
-                    help="where the ranks run under CPU quotas (emulation.placement): spread over every CPU, "
-                         "or packed, each on CPUs of its own where its quota allows")
     em.add_argument("--containers", metavar="A,B,...",
                     help="containers you started (docker run), rank i the i-th: levels by docker update, "
                          "their own limits restored at the end")

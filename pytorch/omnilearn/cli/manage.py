@@ -105,25 +105,20 @@ def cmd_toggle(args: argparse.Namespace) -> int:
 
 def cmd_levels(args: argparse.Namespace) -> int:
     from omnilearn.config.sections import EmulationConfig
-    from omnilearn.emulator.spec.levels import host_cpus, load_tables, pack_levels, resolve_level
+    from omnilearn.emulator.spec.levels import host_cpus, load_tables, resolve_level
 
     tables = load_tables()
     host = host_cpus()
     share = EmulationConfig().host_share
     out: dict[str, Any] = {}
     for mode, table in tables.items():
-        levels = {}
+        rows = {}
         for level in table.levels:
             workers, server = resolve_level(table, level, table.workers, args.allocation, host, share)
-            levels[level] = {**({"server": server} if server else {}),
-                             **{f"worker{i + 1}": a for i, a in enumerate(workers)}}
-        if args.allocation == "quota" and args.placement == "packed":
-            levels = pack_levels(levels, host)
-        out[mode] = {level: {"workers": [a.describe() for t, a in allocs.items() if t != "server"],
-                             **({"server": allocs["server"].describe()} if "server" in allocs else {})}
-                     for level, allocs in levels.items()}
-    print(json.dumps({"host_cpus": len(host), "host_share": share, "allocation": args.allocation,
-                      **({"placement": args.placement} if args.allocation == "quota" else {}), "levels": out},
+            rows[level] = {"workers": [a.describe() for a in workers],
+                           **({"server": server.describe()} if server else {})}
+        out[mode] = rows
+    print(json.dumps({"host_cpus": len(host), "host_share": share, "allocation": args.allocation, "levels": out},
                      indent=2))
     return 0
 

@@ -15,7 +15,6 @@ PEERS = ("ddp",)
 the peer a user would otherwise run."""
 BACKENDS = ("auto", "cgroup", "affinity", "docker", "none")
 ALLOCATION_MODES = ("auto", "cpuset", "quota")
-PLACEMENTS = ("spread", "packed")
 
 POLICIES = ("uniform", "static", "dynamic", "dynamic+prior", "paper")
 RETIRED = {"dynamic-v1": "results/2026-11-29_2cpu_fresh-clone-bounds.md"}
@@ -269,11 +268,6 @@ class EmulationConfig:
     all-reduce's own threads. Quotas that add up to every CPU are not met whenever anything else runs,
     and each worker's step time jitters with it: on 2 CPUs, a worker's time about the others' read
     0.045 (sd of the log) at 1.0 and 0.027 at 0.85 (``results/2026-11-29_2cpu_host-share.md``)."""
-    placement: str = "spread"
-    """Quota allocation: where the workers run. ``spread``: every worker on every CPU of the host, the
-    CPUs shared. ``packed``: a worker of more than one CPU on whole CPUs of its own, the others each on
-    one CPU, as few shared as their quotas allow, every quota scaled down by one factor where they do not
-    fit so (emulator/spec/levels.py, ``pack_levels``; ``omnilearn levels --placement packed`` prints them)."""
 
     def check(self, bad: Bad) -> None:
         """This section's own checks (keys relative to it)."""
@@ -287,8 +281,6 @@ class EmulationConfig:
             raise bad("cpu_period_us", f"must be in 1000-1000000 (microseconds), not {self.cpu_period_us}")
         if not 0 < self.host_share <= 1:
             raise bad("host_share", f"must be in (0, 1], not {self.host_share}")
-        if self.placement not in PLACEMENTS:
-            raise bad("placement", f"must be one of {', '.join(PLACEMENTS)}, not {self.placement!r}")
 
 
 LR_SCALINGS = ("auto", "linear", "sqrt", "none")

@@ -156,12 +156,11 @@ def container_backend(job_id: str, targets: list[str], names: list[str]) -> User
 
 
 def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int | None, out: Path,
-            containers: list[str] | None = None, tensorboard: bool = False, placement: str | None = None) -> int:
+            containers: list[str] | None = None, tensorboard: bool = False) -> int:
     """Run ``argv`` under the levels; returns its exit status. ``containers``: the user's, one per rank
     (``workers`` defaults to their count, else to 4). ``tensorboard``: scalars in ``OUT/tensorboard/``
-    while it runs (a script's steps, and each rank's straggler scores from busy time). ``placement``:
-    ``emulation.placement`` (default: the config's)."""
-    job = emulation_job(argv, hl, schedule, workers, out, containers, placement)
+    while it runs (a script's steps, and each rank's straggler scores from busy time)."""
+    job = emulation_job(argv, hl, schedule, workers, out, containers)
     plan, cfg = job.plan, job.config
     backend: Backend = (container_backend(job.job_id, list(plan.targets), containers) if containers
                         else select_backend("auto", job.job_id, list(plan.targets), period_us=cfg.emulation.cpu_period_us))
@@ -223,7 +222,7 @@ def live_board(job: JobSpec) -> Any:  # noqa: ANN401 - observe.tensorboard.LiveT
 
 
 def emulation_job(argv: list[str], hl: str | None, schedule: str | None, workers: int | None, out: Path,
-                  containers: list[str] | None, placement: str | None = None) -> JobSpec:
+                  containers: list[str] | None) -> JobSpec:
     """The job ``emulate`` runs the command as: its config, plan and run folder, checked before anything starts."""
     if not argv:
         raise UserError("omnilearn emulate: give a command after --, e.g. -- torchrun --nproc-per-node 4 train.py")
@@ -233,7 +232,6 @@ def emulation_job(argv: list[str], hl: str | None, schedule: str | None, workers
         workers = len(containers) if containers else 4
     overrides: list[tuple[str, Any]] = [("workers", workers), ("emulation.backend", "auto")]
     overrides += [("emulation.hl", hl)] if hl else [("emulation.schedule", schedule or "demo")]
-    overrides += [("emulation.placement", placement)] if placement else []
     cfg = config.build(None, overrides)
     plan = build_plan(cfg)
     if out.exists() and any(out.iterdir()):

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -192,91 +191,6 @@ def _clusters(raw: Any, levels: dict[str, list[str]], server_cores: int, path: P
             raise UserError(f"{path}: bsp_clusters.{name}: expected {per} positive core counts summing to at "
                             f"most {server_cores}")
     return {"clusters": clusters, "per_server": per}
-
-
-_FIT = 1e-6  # float slack when a share is compared with whole CPUs
-
-
-def _placement(shares: Sequence[float], n: int) -> list[list[int]] | None:
-    """CPU indices (0..n-1) for each share, or None where they do not fit ``n`` CPUs.
-
-    A share over one CPU gets whole CPUs of its own (its threads then meet no other worker's), largest
-    first; each other share, largest first, goes to the least loaded of the remaining CPUs it fits
-    (capacity 1), so that workers share a CPU only where the CPUs run out.
-    """
-    sets: list[list[int]] = [[] for _ in shares]
-    order = sorted(range(len(shares)), key=lambda i: -shares[i])
-    cpu = 0
-    for i in order:
-        if shares[i] > 1 + _FIT:
-            whole = math.ceil(shares[i] - _FIT)
-            sets[i], cpu = list(range(cpu, cpu + whole)), cpu + whole
-    if cpu > n:
-        return None
-    load = dict.fromkeys(range(cpu, n), 0.0)
-    for i in order:
-        if shares[i] > 1 + _FIT:
-            continue
-        fits = [c for c in load if load[c] + shares[i] <= 1 + _FIT]
-        if not fits:
-            return None
-        c = min(fits, key=lambda c: (load[c], c))
-        load[c] += shares[i]
-        sets[i] = [c]
-    return sets
-
-
-def _largest_scale(shares: Sequence[float], n: int) -> float:
-    """The largest factor (at most 1) by which ``shares`` fit :func:`_placement` on ``n`` CPUs."""
-    if _placement(shares, n) is not None:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _placement([s * mid for s in shares], n) is not None else (lo, mid)
-    sets = _placement([s * lo for s in shares], n)
-    assert sets is not None
-    # The placement found holds up to the scale that fills its fullest CPU (not the search's last step).
-    load: dict[tuple[int, ...], float] = {}
-    for s, cpus in zip(shares, sets, strict=True):
-        load[tuple(cpus)] = load.get(tuple(cpus), 0.0) + s
-    return min(1.0, min(len(cpus) / total for cpus, total in load.items()))
-
-
-def pack_levels(levels: dict[str, dict[str, Allocation]], host: Sequence[int]) -> dict[str, dict[str, Allocation]]:
-    """The quota levels placed on ``host``'s CPUs (``emulation.placement: packed``).
-
-    Spread over every CPU, a worker shares each CPU with the others, and one that wakes from its wait in
-    the all-reduce onto a CPU another worker is using gets part of it until the kernel moves one of them:
-    its speed then depends on how much of each step it waits, which no worker of a real cluster sees
-    (``results/2026-12-06_2cpu_cpu-weight.md``). Packed, a worker of more than one CPU gets whole CPUs
-    of its own and the others share as few CPUs as their quotas allow, each on one. Where the shares
-    do not fit so (on 2 CPUs at HL8 the fastest worker's 1.13 CPUs would need both), every quota of
-    every level is scaled down by one factor, the ratios kept, until they do. Allocations without a
-    quota, or with a cpuset of their own, are left as they are.
-    """
-    n = len(host)
-
-    def quotas(allocs: dict[str, Allocation]) -> list[str]:
-        return [t for t, a in allocs.items() if a.cpus is not None and a.cpuset is None]
-
-    scale = min((_largest_scale([allocs[t].cpus for t in quotas(allocs)], n)  # type: ignore[misc]
-                 for allocs in levels.values() if quotas(allocs)), default=1.0)
-    out: dict[str, dict[str, Allocation]] = {}
-    for level, allocs in levels.items():
-        placed = dict(allocs)
-        targets = quotas(allocs)
-        shares = [round(allocs[t].cpus * scale, 4) for t in targets]  # type: ignore[operator]
-        sets = _placement(shares, n)
-        if sets is None:  # first fit is not monotone in the scale; this level's own largest one fits
-            shares = [round(allocs[t].cpus * _largest_scale(shares, n) * (1 - _FIT), 4)  # type: ignore[operator]
-                      for t in targets]
-            sets = _placement(shares, n)
-            assert sets is not None
-        for t, share, cpus in zip(targets, shares, sets, strict=True):
-            placed[t] = replace(allocs[t], cpus=share, cpuset=format_cpuset([host[c] for c in cpus]))
-        out[level] = placed
-    return out
 
 
 def _scaled_share(cores: int, server_cores: int, host: float) -> float:

@@ -17,7 +17,6 @@ from omnilearn.emulator.spec.levels import (
     format_cpuset,
     host_cpus,
     load_tables,
-    pack_levels,
     parse_cpuset,
     resolve_level,
 )
@@ -232,8 +231,6 @@ def build_plan(cfg: JobConfig, host: list[int] | None = None, tables: dict[str, 
         links = parse_links(e.links, all_targets, targets, list(levels), f"{where}: emulation.links")
     if e.backend == "none":
         links, stalls = {}, {}  # emulation off: checked, not applied
-    if mode == "quota" and e.placement == "packed":
-        levels = pack_levels(levels, host)
     return EmulationPlan(mode=mode, targets=all_targets, levels=levels, schedule=schedule, links=links,
                          stalls=stalls)
 
