@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from omnilearn.control.asp import AsyncController, expected_factor
+from omnilearn.control.asp import AsyncController, expected_factor, shrunk
 from omnilearn.control.policies import Bounds
 
 
@@ -245,3 +245,34 @@ def test_slow_workers_at_their_floor_leave_the_fast_workers_their_share() -> Non
     worth, _, _ = ctl.worth(splits.astype(float), c, o)
     now = ctl.worth(np.asarray([ctl.batch], float), c, o)[0][0]
     assert worth.max() > 1.15 * now  # the model sees what the fixed splits show (best-fixed: [2, ..., 8])
+
+
+def test_estimates_that_differ_by_their_noise_alone_are_taken_as_equal() -> None:
+    noise = np.full(4, 0.01)
+    assert shrunk(np.asarray([0.05, -0.08, 0.11, -0.02]), noise) == pytest.approx([0.015] * 4)
+    apart = np.log([1.0, 1.0, 0.5, 8.0])  # HL8's spread: each keeps about its own
+    assert shrunk(apart, noise) == pytest.approx(apart, abs=0.02)
+    between = shrunk(np.asarray([0.3, -0.3, 0.2, -0.2]), noise)  # spread 0.067 against noise 0.01
+    assert abs(between[0]) < 0.3 and between[0] > 0.2 and between.sum() == pytest.approx(0.0, abs=1e-12)
+
+
+def noisy_feed(ctl: AsyncController, c: float, sd: float, rounds: int, seed: int) -> list[list[int]]:
+    """Equal workers push ``rounds`` times, each time ``c (b + 1)`` and a cycle's overhead of 10 ms, both
+    scattered by ``sd`` in log."""
+    rng, moves = np.random.default_rng(seed), []
+    for _ in range(rounds):
+        for i in range(len(ctl.batch)):
+            b = ctl.batch[i]
+            t, o = np.exp(np.log([c * (b + 1.0), 0.01]) + sd * rng.standard_normal(2))
+            if (new := ctl.push(i, b, t, t + o)) is not None:
+                moves.append(new)
+    return moves
+
+
+def test_equal_workers_on_a_noisy_host_keep_equal_pushes() -> None:
+    """The ASP demo at HL1: four equal workers whose times scatter by 0.25 a push (as on a shared host)
+    move to equal pushes and stay: neither the scatter of their speeds and overheads nor an outlier taken
+    for a change of speed moves the split."""
+    moves = [m for seed in range(10)
+             for m in noisy_feed(controller(rho=0.5, batch_tolerance=1.0, reference_batch=16.0), 0.004, 0.25, 200, seed)]
+    assert sum(len(set(m)) > 1 for m in moves) <= 1 and len(moves) <= 25

@@ -68,6 +68,10 @@ class AsyncPriors:
     change: float = 0.3
     """A worker whose time per sample departs this far from its window's median twice running has
     changed speed: its older measurements are dropped."""
+    change_sds: float = 3.0
+    """Where the measured noise is larger, a departure counts only beyond this many of its sds (log):
+    equal workers on a shared host scatter by 0.2-0.3 a push, and a cut at 0.3 read a change in one
+    push of ten, kept the outlier as the worker's only time, and moved the split on it."""
     trust: float = 4.0
     """A decision moves each worker's batch at most this factor up or down: a fixed cost ``k`` not yet
     measured (at one batch size per worker it cannot be) shows in the times the move brings."""
@@ -75,10 +79,12 @@ class AsyncPriors:
     """The most of its time the server may spend applying updates: a split that needs more is not taken."""
     gammas: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     """The powers of the speeds the candidate splits follow (0: equal batches; 1: equal compute times)."""
-    totals: tuple[float, ...] = (1.0, 0.75, 0.5, 0.375, 0.25)
+    totals: tuple[float, ...] = (1.0, 0.75, 0.5, 0.375, 0.25, 0.1875, 0.125)
     """The fractions of the global batch the candidate splits sum to (a decision moves the sum at most
-    ``trust`` times, as every batch): smaller pushes are fresher, at the throughput small batches lose."""
-    fastest: tuple[float, ...] = (1.0, 0.75, 0.5, 0.375, 0.25)
+    ``trust`` times, as every batch): smaller pushes are fresher, at the throughput small batches lose.
+    They reach an eighth of ``B``, two samples a worker at the ASP demo's 64 over 4: equal workers choose
+    among equal pushes down to the floor, not among the roundings of unequal ones."""
+    fastest: tuple[float, ...] = (1.0, 0.75, 0.5, 0.375, 0.25, 0.1875, 0.125)
     """The fastest worker's batch, in units of the step's cap, of the candidates scaled from it (``b_i =
     b_fast (s_i / max s)^γ``, each in its bounds): where the slow workers' batches are at their floor,
     a split fitted to a sum spends it on them, and these keep the fast worker's share."""
@@ -98,6 +104,42 @@ def expected_factor(mean: np.ndarray, var: np.ndarray, rho: float) -> np.ndarray
         return np.ones_like(mean)
     tau = np.maximum(mean[:, None] + np.sqrt(np.maximum(var, 0.0))[:, None] * _NODES[None, :], 0.0)
     return (np.minimum(1.0, rho / np.maximum(tau, 1e-12)) * _WEIGHTS[None, :]).sum(axis=1)
+
+
+OVERHEAD_FLOOR = 1e-4
+"""The smallest scatter of a cycle's overhead believed, in seconds: a timer's and a scheduler's."""
+MEDIAN_EFFICIENCY = math.pi / 2
+"""The variance of the median of ``m`` normal draws over ``σ² / m`` (large ``m``)."""
+
+
+def shrunk(x: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """Each estimate ``x_i`` (sampling variance ``var_i``; infinite: no estimate) drawn toward their
+    precision-weighted mean by the share of its spread its noise explains: ``m + B_i (x_i − m)``, ``B_i =
+    s² / (s² + var_i)``, ``s²`` the spread between the true values (the estimates' variance less the mean
+    noise, at least 0). The positive-part empirical Bayes (James-Stein) estimate: where the workers differ
+    by no more than their noise (equal shares), every worker gets the same value; where they differ by far
+    more (HL8), each keeps its own."""
+    known = np.isfinite(var)
+    if known.sum() < 2:
+        return np.where(known, x, x[known].mean() if known.any() else 0.0)
+    w = np.where(known, var[known].min() / var, 0.0)  # the precisions, relative to the largest
+    mean = float((w * np.where(known, x, 0.0)).sum() / w.sum())
+    between = max(float(np.var(x[known], ddof=1) - var[known].mean()), 0.0)
+    return np.where(known, mean + between / (between + var) * (x - mean), mean)
+
+
+def pooled_medians(samples: list[np.ndarray], unknown: float, floor: float) -> tuple[np.ndarray, float]:
+    """Each worker's median of its samples, :func:`shrunk` by the noise of that median; and the variance
+    of one sample about its worker's median, pooled over the workers (their degrees of freedom: each
+    window less one), ``unknown`` where no window has two, and at least ``floor``."""
+    sizes = np.asarray([len(x) for x in samples], float)
+    centres = np.asarray([float(np.median(x)) if len(x) else 0.0 for x in samples])
+    dof = float(sizes.sum() - (sizes > 0).sum())
+    within = max(sum(float(((x - m) ** 2).sum()) for x, m in zip(samples, centres, strict=True)) / dof
+                 if dof >= 1 else unknown, floor)
+    with np.errstate(divide="ignore"):
+        var = np.where(sizes > 0, within * MEDIAN_EFFICIENCY / sizes, np.inf)
+    return shrunk(centres, var), within
 
 
 @dataclass
@@ -173,6 +215,9 @@ class AsyncController:
         self.k = self.k_prior
         """The fixed cost per step in samples, as last fitted (:meth:`_fit_k`)."""
         self._wait = self.priors.fresh  # measurements every worker needs before the next decision
+        self._noise_cut = 0.0
+        """Beside the priors' ``change``, the departure (log) a change of speed must pass: ``change_sds``
+        sds of the noise measured at the last decision."""
 
     policy = property(lambda self: "dynamic")
     knows_allocation = False  # measured times only
@@ -197,7 +242,8 @@ class AsyncController:
         per = compute_s / (batch + self.k)
         if len(w.times) >= 3:
             mid = statistics.median(t / (b + self.k) for b, t in w.times)
-            w.strikes = w.strikes + 1 if abs(per / mid - 1) > self.priors.change else 0
+            far = abs(per / mid - 1) > self.priors.change and abs(math.log(per / mid)) > self._noise_cut
+            w.strikes = w.strikes + 1 if far else 0
             if w.strikes >= 2:  # a new speed: the older measurements are of another worker
                 w.restart()
                 w.strikes = 0
@@ -252,13 +298,19 @@ class AsyncController:
 
     def estimates(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Every worker's seconds per sample ``c_i`` and cycle overhead ``o_i``; None until every
-        worker has a measurement."""
+        worker has a measurement. Each is the median of its window, shrunk toward the others' by the
+        noise of that median (:func:`pooled_medians`): speeds and overheads that differ by their noise
+        alone are taken as equal, or the candidates scaled from them, and the split of equal cycles,
+        would follow the noise (equal workers' splits wandering among [4, 3, 3, 2], [2, 3, 4, 2], ...
+        every few pushes). A worker with no overhead measured yet takes the others'."""
         if any(not w.times for w in self.workers):
             return None
         k = self.k
-        c = np.asarray([statistics.median(t / (b + k) for b, t in w.times) for w in self.workers])
-        o = np.asarray([statistics.median(w.overheads) if w.overheads else 0.0 for w in self.workers])
-        return c, o
+        log_c, within = pooled_medians([np.log([t / (b + k) for b, t in w.times]) for w in self.workers],
+                                       PRIORS.noise ** 2, PRIORS.noise_floor ** 2)
+        self._noise_cut = self.priors.change_sds * math.sqrt(within)
+        o, _ = pooled_medians([np.asarray(w.overheads, float) for w in self.workers], 0.0, OVERHEAD_FLOOR ** 2)
+        return np.exp(log_c), o
 
     def worth(self, splits: np.ndarray, c: np.ndarray, o: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For each row of ``splits`` (candidates x workers): ``P`` (effective samples a second), each
