@@ -70,8 +70,10 @@ class AsyncPriors:
     changed speed: its older measurements are dropped."""
     change_sds: float = 3.0
     """Where the measured noise is larger, a departure counts only beyond this many of its sds (log):
-    equal workers on a shared host scatter by 0.2-0.3 a push, and a cut at 0.3 read a change in one
-    push of ten, kept the outlier as the worker's only time, and moved the split on it."""
+    equal workers on a shared host scatter by 0.15-0.3 a push, and a cut at 0.3 read a change in about
+    one push of twenty, kept the outlier as the worker's only time, and moved the split on it."""
+    overhead_floor: float = 1e-4
+    """The smallest scatter of a cycle's overhead believed, in seconds: a timer's and a scheduler's."""
     trust: float = 4.0
     """A decision moves each worker's batch at most this factor up or down: a fixed cost ``k`` not yet
     measured (at one batch size per worker it cannot be) shows in the times the move brings."""
@@ -106,8 +108,6 @@ def expected_factor(mean: np.ndarray, var: np.ndarray, rho: float) -> np.ndarray
     return (np.minimum(1.0, rho / np.maximum(tau, 1e-12)) * _WEIGHTS[None, :]).sum(axis=1)
 
 
-OVERHEAD_FLOOR = 1e-4
-"""The smallest scatter of a cycle's overhead believed, in seconds: a timer's and a scheduler's."""
 MEDIAN_EFFICIENCY = math.pi / 2
 """The variance of the median of ``m`` normal draws over ``σ² / m`` (large ``m``)."""
 
@@ -309,7 +309,8 @@ class AsyncController:
         log_c, within = pooled_medians([np.log([t / (b + k) for b, t in w.times]) for w in self.workers],
                                        PRIORS.noise ** 2, PRIORS.noise_floor ** 2)
         self._noise_cut = self.priors.change_sds * math.sqrt(within)
-        o, _ = pooled_medians([np.asarray(w.overheads, float) for w in self.workers], 0.0, OVERHEAD_FLOOR ** 2)
+        o, _ = pooled_medians([np.asarray(w.overheads, float) for w in self.workers], 0.0,
+                              self.priors.overhead_floor ** 2)
         return np.exp(log_c), o
 
     def worth(self, splits: np.ndarray, c: np.ndarray, o: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
