@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from omnilearn.control import policies
-from omnilearn.control.fixed_cost import FixedCost, profile_log_c, t_logpdf
+from omnilearn.control.fixed_cost import MEDIAN_EFFICIENCY, FixedCost, profile_log_c, t_logpdf
 from omnilearn.control.policies import Bounds
 from omnilearn.control.priors import PRIORS
 
@@ -106,10 +106,6 @@ def expected_factor(mean: np.ndarray, var: np.ndarray, rho: float) -> np.ndarray
         return np.ones_like(mean)
     tau = np.maximum(mean[:, None] + np.sqrt(np.maximum(var, 0.0))[:, None] * _NODES[None, :], 0.0)
     return (np.minimum(1.0, rho / np.maximum(tau, 1e-12)) * _WEIGHTS[None, :]).sum(axis=1)
-
-
-MEDIAN_EFFICIENCY = math.pi / 2
-"""The variance of the median of ``m`` normal draws over ``σ² / m`` (large ``m``)."""
 
 
 def shrunk(x: np.ndarray, var: np.ndarray) -> np.ndarray:

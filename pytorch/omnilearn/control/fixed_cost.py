@@ -146,6 +146,10 @@ ONE_K = "one k for the job's workers"
 PER_KIND = "one k per kind of worker"
 
 
+MEDIAN_EFFICIENCY = math.pi / 2
+"""The variance of the median of ``n`` normal draws over ``σ² / n`` (large ``n``)."""
+
+
 def robust_sigma(x: np.ndarray) -> float:
     """1.4826 median absolute deviation: a standard deviation that outliers do not move (0 under three)."""
     if len(x) < 3:
@@ -256,7 +260,7 @@ def fit_k(data: Medians, global_batch: float) -> KFit:
     dof = len(data.b) - data.cells - 1
     # A median of n steps has about pi/2 sigma^2 / n variance: weighted by n, each point's unit variance
     # is pi/2 sigma^2, from the steps' scatter, or from the residuals when they say more.
-    scatter = (math.pi / 2) * robust_sigma(data.dev) ** 2
+    scatter = MEDIAN_EFFICIENCY * robust_sigma(data.dev) ** 2
     return KFit(k, _k_se(data, k, max(_rss(data, k) / dof if dof > 0 else 0.0, scatter)), "fitted")
 
 
