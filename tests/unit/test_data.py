@@ -229,6 +229,28 @@ def test_split_indices_is_stratified_disjoint_and_complete() -> None:
     assert np.bincount(labels[test]).tolist() == [5, 5, 5, 5]
 
 
+@pytest.mark.parametrize("classes,fraction", [(2, 0.1), (3, 0.2), (7, 0.33), (10, 0.2), (25, 0.5)])
+def test_split_indices_draws_what_scikit_learns_stratified_split_draws(classes: int, fraction: float) -> None:
+    """Every run folder's held-out samples stay those scikit-learn's train_test_split chose: the same
+    labels, fraction and seed give the same split, ties among the remainders included."""
+    from sklearn.model_selection import train_test_split
+
+    rng = np.random.default_rng(classes)
+    for seed in range(8):
+        labels = rng.integers(0, classes, size=int(rng.integers(8 * classes, 40 * classes)))
+        labels[:2 * classes] = np.repeat(np.arange(classes), 2)  # every class at least twice
+        want = train_test_split(np.arange(len(labels)), test_size=fraction, random_state=seed, stratify=labels)
+        got = split_indices(labels, fraction, seed)
+        assert [g.tolist() for g in got] == [np.sort(w).tolist() for w in want], (classes, fraction, seed)
+
+
+def test_a_split_without_every_class_on_both_sides_is_refused() -> None:
+    with pytest.raises(UserError, match="each need a sample of every class"):
+        split_indices(np.repeat(np.arange(10), 3), 0.1, seed=0)  # 3 test samples for 10 classes
+    with pytest.raises(UserError, match="the smallest has 1"):
+        split_indices(np.asarray([0, 0, 0, 0, 1]), 0.4, seed=0)
+
+
 @pytest.mark.parametrize("num_classes", [10, 100])
 def test_cifar_loads_fixture_through_torchvision(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, num_classes: int

@@ -23,9 +23,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from omnilearn.launch.forked import forks, preload, warm
     from omnilearn.launch.job import check_launcher, run_job, with_policy
     from omnilearn.launch.runfolder import check_out, prepare_out
-    from omnilearn.report.plot import plot_compare
-    from omnilearn.report.summary import compare
-    from omnilearn.report.table import print_report, targets_line
 
     if args.resume:
         cfg, out = resume_config(args)
@@ -62,6 +59,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             console.print(str(e), style="red", markup=False, soft_wrap=True)
             return 1
         runs[policy] = run_dir
+    from omnilearn.report.plot import plot_compare  # matplotlib: after the runs (launch/job.py)
+    from omnilearn.report.summary import compare
+    from omnilearn.report.table import print_report, targets_line
+
     result = None
     if args.compare:
         result = compare(out, runs, cfg.report.target, cfg.report.target_fraction)

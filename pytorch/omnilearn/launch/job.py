@@ -18,9 +18,6 @@ from omnilearn.emulator.spec.plan import EmulationPlan
 from omnilearn.emulator.spec.trace import TRACE_PREFIX
 from omnilearn.errors import UserError
 from omnilearn.jobfile import JobSpec, new_job_id
-from omnilearn.launch.restart import run_with_restarts
-from omnilearn.report.plot import plot_run, plot_trace
-from omnilearn.report.summary import summarize
 
 
 def with_policy(cfg: JobConfig, policy: str) -> JobConfig:
@@ -64,6 +61,12 @@ def run_job(cfg: JobConfig, plan: EmulationPlan, run_dir: Path, console: Console
 
     Raises WorkerFailed (a worker died) or UserError (a worker found a user error).
     """
+    # Here, not at the top: scipy (the controllers) and matplotlib take a second of CPU that a launcher
+    # spends while its fork server imports torch, not before it starts one (cli/run.py).
+    from omnilearn.launch.restart import run_with_restarts
+    from omnilearn.report.plot import plot_run, plot_trace
+    from omnilearn.report.summary import summarize
+
     job = JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=run_dir.resolve(), backend="", resume=resume,
                   members=resumed_members(run_dir, cfg) if resume else None)
     live = contextlib.nullcontext()

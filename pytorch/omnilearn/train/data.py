@@ -17,6 +17,8 @@ Both kinds share the interface the trainers use (:class:`BatchData`).
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -213,26 +215,66 @@ def load_dataset(
 
 
 def split_indices(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified, seeded train/test split of ``range(len(labels))``: same seed, same split."""
-    from sklearn.model_selection import train_test_split
+    """Stratified, seeded train/test split of ``range(len(labels))``: same seed, same split.
 
-    try:
-        train_idx, test_idx = train_test_split(
-            np.arange(len(labels)), test_size=test_fraction, random_state=seed, stratify=labels
-        )
-    except ValueError as err:  # e.g. fewer test samples than classes
-        raise UserError(f"cannot split {len(labels)} samples with test_fraction={test_fraction}: {err}") from err
-    return np.sort(train_idx), np.sort(test_idx)
+    scikit-learn's ``train_test_split(range(n), test_size=test_fraction, random_state=seed,
+    stratify=labels)`` draw for draw (``tests/unit/test_data.py`` holds them equal), written out here:
+    importing scikit-learn takes 0.75 CPU-seconds and 900 modules, which every launcher and worker
+    would spend before its first step."""
+    labels = np.asarray(labels)
+    n_test = math.ceil(test_fraction * len(labels))
+    n_train = len(labels) - n_test
+    classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    if min(n_train, n_test) < len(classes) or counts.min() < 2:
+        raise UserError(f"cannot split {len(labels)} samples of {len(classes)} classes (the smallest has "
+                        f"{counts.min()}) with test_fraction={test_fraction}: the training and the test "
+                        f"split ({n_train} and {n_test} samples) each need a sample of every class")
+    by_class = np.split(np.argsort(inverse.ravel(), kind="stable"), np.cumsum(counts)[:-1])
+    rng = np.random.RandomState(seed)
+    n_i = _approximate_mode(counts, n_train, rng)
+    t_i = _approximate_mode(counts - n_i, n_test, rng)
+    train, test = [], []
+    for i, members in enumerate(by_class):
+        drawn = members.take(rng.permutation(counts[i]), mode="clip")
+        train.append(drawn[: n_i[i]])
+        test.append(drawn[n_i[i] : n_i[i] + t_i[i]])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def _approximate_mode(counts: np.ndarray, draws: int, rng: np.random.RandomState) -> np.ndarray:
+    """How many of ``draws`` each class gets: its share rounded down, the samples left given by the
+    largest remainders, ties broken at random (scikit-learn's ``_approximate_mode``)."""
+    continuous = counts / counts.sum() * draws
+    floored = np.floor(continuous)
+    need = int(draws - floored.sum())
+    remainder = continuous - floored
+    for value in np.sort(np.unique(remainder))[::-1]:
+        if need <= 0:
+            break
+        (tied,) = np.where(remainder == value)
+        add = min(len(tied), need)
+        floored[rng.choice(tied, size=add, replace=False)] += 1
+        need -= add
+    return floored.astype(int)
+
+
+def digits_file() -> Path:
+    """scikit-learn's bundled 8x8 digits (1,797 rows of 64 pixels and the label), found without
+    importing scikit-learn."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("dataset 'digits' is scikit-learn's bundled digits: install scikit-learn (make install)")
+    return Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
 
 
 def _load_digits(image_size: int, test_fraction: float, seed: int) -> LoadedData:
     """scikit-learn's bundled 8x8 digits (no download), upsampled and standardised on the train split."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    images = torch.from_numpy(bunch.images.astype(np.float32)).unsqueeze(1)  # (N, 1, 8, 8), 0..16
-    labels = torch.from_numpy(bunch.target.astype(np.int64))
-    train_idx, test_idx = split_indices(bunch.target, test_fraction, seed)
+    with gzip.open(digits_file(), "rt", encoding="utf-8") as f:
+        table = np.loadtxt(f, delimiter=",")
+    target = table[:, -1].astype(np.int64)
+    images = torch.from_numpy(table[:, :-1].reshape(-1, 1, 8, 8).astype(np.float32))  # (N, 1, 8, 8), 0..16
+    labels = torch.from_numpy(target)
+    train_idx, test_idx = split_indices(target, test_fraction, seed)
     x_train, x_test = images[train_idx], images[test_idx]
     # Statistics of the upsampled training images (upsampling smooths, so it changes the std).
     mean, std = _grey_stats(x_train, image_size)
