@@ -69,9 +69,8 @@ class AsyncPriors:
     """A worker whose time per sample departs this far from its window's median twice running has
     changed speed: its older measurements are dropped."""
     change_sds: float = 3.0
-    """Where the measured noise is larger, a departure counts only beyond this many of its sds (log):
-    equal workers on a shared host scatter by 0.15-0.3 a push, and a cut at 0.3 read a change in about
-    one push of twenty, kept the outlier as the worker's only time, and moved the split on it."""
+    """Where the measured noise is larger, a departure counts only beyond this many of its sds (log): a
+    fixed cut inside the noise reads changes of speed in it (``results/2026-12-06_2cpu_asp-shrunk-speeds.md``)."""
     overhead_floor: float = 1e-4
     """The smallest scatter of a cycle's overhead believed, in seconds: a timer's and a scheduler's."""
     trust: float = 4.0
@@ -297,8 +296,7 @@ class AsyncController:
         worker has a measurement. Each is the median of its window, shrunk toward the others' by the
         noise of that median (:func:`pooled_medians`): speeds and overheads that differ by their noise
         alone are taken as equal, or the candidates scaled from them, and the split of equal cycles,
-        would follow the noise (equal workers' splits wandering among [4, 3, 3, 2], [2, 3, 4, 2], ...
-        every few pushes). A worker with no overhead measured yet takes the others'."""
+        would follow the noise. A worker with no overhead measured yet takes the others'."""
         if any(not w.times for w in self.workers):
             return None
         k = self.k
