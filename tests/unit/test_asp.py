@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from omnilearn.emulator.spec.plan import SERVER_TARGET, build_plan
 from omnilearn.errors import UserError
 from omnilearn.files import read_records as read_jsonl
 from omnilearn.jobfile import JobSpec
+from omnilearn.train import parameter_server
 from omnilearn.train.asp import IndexStream
 from omnilearn.train.distributed import flat_state
 from omnilearn.train.parameter_server import LockedWriter, ParameterServer
@@ -279,3 +281,23 @@ def test_the_final_snapshot_is_timed_at_the_end_of_training_not_when_it_is_saved
 
 
 # ---------------------------------------------------------------------------------------- whole jobs
+
+
+def test_an_idle_worker_waits_until_a_move_gives_it_a_batch(tmp_path: Path) -> None:
+    """An idle worker's call returns its batch of 0 after the poll, having told the watchdog it lives; and
+    as soon as a push's decision gives it a batch, with that batch."""
+    server = make_server(tmp_path, ("control.policy", "dynamic"))
+    server.controller._adopt([0, 16])
+    server.last_contact[0] = 0.0
+    assert server.idle(1)["batch"] == 0 and server.last_contact[0] > 0.0
+    answers: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: answers.append(server.idle(1)))
+    parameter_server.IDLE_POLL_S, poll = 60.0, parameter_server.IDLE_POLL_S
+    try:
+        waiter.start()
+        server.controller._adopt([2, 14])  # as a decision would, then the push that took it
+        push(server, 2, 1, 0, torch.zeros_like(server.state), batch=16)
+        waiter.join(timeout=30)
+    finally:
+        parameter_server.IDLE_POLL_S = poll
+    assert not waiter.is_alive() and answers[0]["batch"] == 2

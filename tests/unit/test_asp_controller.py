@@ -276,3 +276,59 @@ def test_equal_workers_on_a_noisy_host_keep_equal_pushes() -> None:
     moves = [m for seed in range(10)
              for m in noisy_feed(controller(rho=0.5, batch_tolerance=1.0, reference_batch=16.0), 0.004, 0.25, 200, seed)]
     assert sum(len(set(m)) > 1 for m in moves) <= 1 and len(moves) <= 25
+
+
+HL8_16 = np.asarray([0.5] * 6 + [1.0, 4.0] + [0.5] * 6 + [1.0, 4.0])  # 16 workers at HL8: shares of a CPU
+
+
+def test_an_idle_worker_adds_nothing_to_the_others_staleness_or_the_servers_load() -> None:
+    ctl = controller(rho=4.0, server_s=0.001)
+    ctl.k = 0.0
+    c, o = np.asarray([0.004, 0.004, 0.006, 0.0008]), np.full(4, 0.002)
+    worth, lam, busy = ctl.worth(np.asarray([[8.0, 8.0, 0.0, 40.0], [8.0, 8.0, 8.0, 40.0]]), c, o)
+    three = controller(n=3, rho=4.0, server_s=0.001, reference_batch=16.0)  # the same unit
+    three.k = 0.0
+    worth3, lam3, busy3 = three.worth(np.asarray([[8.0, 8.0, 40.0]]), c[[0, 1, 3]], o[[0, 1, 3]])
+    assert lam[0, [0, 1, 3]] == pytest.approx(lam3[0]) and busy[0] == pytest.approx(busy3[0])
+    assert worth[0] == pytest.approx(worth3[0]) and busy[1] > busy[0]
+
+
+def test_many_slow_workers_are_idled_and_measured_again_now_and_then() -> None:
+    """At 16 workers the pushes of the twelve slowest (and of the two next), late and cut, add more to the
+    fast workers' staleness than they count: the controller idles them. An idle worker is given one push at
+    the smallest batch after ``probe_after`` decisions, and that push is measured."""
+    ctl = controller(n=16, batch=256)
+    moves = feed(ctl, list(0.002 / HL8_16), rounds=200)
+    idle = [m for m in moves if 0 in m]
+    assert idle and all(m[i] == 0 for m in idle for i in np.flatnonzero(HL8_16 < 1.0))
+    assert all(m[i] > 0 for m in moves for i in np.flatnonzero(HL8_16 == 4.0))
+    probes = [(a, b) for a, b in zip(moves, moves[1:], strict=False) if 0 in a and 0 not in b]
+    assert probes and all(b[i] == 2 for a, b in probes for i in np.flatnonzero(np.asarray(a) == 0))
+    probed = ctl.workers[0]
+    assert any(batch == 2 for batch, _ in probed.times)  # the probe's push was measured
+    assert len(probed.overheads) < len(ctl.workers[7].overheads)  # a woken worker's first cycle holds its idle time
+
+
+def test_four_workers_at_hl8_keep_every_worker() -> None:
+    for ctl in (controller(), controller(rho=0.5, batch_tolerance=1.0, reference_batch=16.0)):
+        moves = feed(ctl, [0.016, 0.016, 0.016, 0.0023], rounds=100)
+        assert moves and all(0 not in m for m in moves)
+
+
+def test_an_idle_worker_stays_idle_through_a_state_round_trip() -> None:
+    ctl = controller(n=16, batch=256)
+    for _ in range(50):
+        if 0 in ctl.batch:
+            break
+        feed(ctl, list(0.002 / HL8_16), rounds=1)
+    assert 0 in ctl.batch
+    back = controller(n=16, batch=256)
+    back.load_state_dict(ctl.state_dict())
+    assert back.batch == ctl.batch
+    assert [w.last_batch for w in back.workers] == [w.last_batch for w in ctl.workers]
+    survivors = controller(n=15, batch=256)
+    survivors.load_state_dict(ctl.state_dict(), keep=list(range(1, 16)))
+    assert survivors.batch == ctl.batch[1:]
+    alone = controller(n=2, batch=256)
+    alone.load_state_dict(ctl.state_dict(), keep=[0, 1])  # two idle workers left: both take a batch
+    assert all(b > 0 for b in alone.batch) and all(w.woken for w in alone.workers)

@@ -89,6 +89,14 @@ class AsyncPriors:
     """The fastest worker's batch, in units of the step's cap, of the candidates scaled from it (``b_i =
     b_fast (s_i / max s)^γ``, each in its bounds): where the slow workers' batches are at their floor,
     a split fitted to a sum spends it on them, and these keep the fast worker's share."""
+    idle_below: tuple[float, ...] = (0.125, 0.25, 0.5)
+    """Every candidate is also weighed with the workers slower than each of these fractions of the fastest
+    worker's speed idle (batch 0: they push nothing). Each push waits for the others' pushes: where many slow
+    workers' pushes, late and cut, add more to the fast workers' staleness than their own samples count, the
+    split without them is worth more (``results/2026-12-06_2cpu_asp-idle-workers.md``)."""
+    probe_after: int = 8
+    """Decisions a worker stays idle before one push at the smallest batch measures it again: its speed may
+    have changed while it computed nothing."""
 
 
 ASYNC_PRIORS = AsyncPriors()
@@ -145,6 +153,12 @@ class Worker:
     overheads: deque[float]  # cycle seconds less compute seconds
     fresh: int = 0
     strikes: int = 0
+    idle_for: int = 0
+    """Decisions taken since the controller idled this worker (while its batch is 0)."""
+    last_batch: int = 0
+    """Its batch before it was idled: where a move that wakes it may start from."""
+    woken: bool = False
+    """Idle until the last move: the cycle of its first push since holds its idle time."""
     _scatter: list[float] | None = None
 
     def record(self, batch: int, compute_s: float) -> None:
@@ -225,11 +239,12 @@ class AsyncController:
         """One push applied: its worker, batch, compute time and cycle (seconds since that worker's
         last push was applied; 0 for its first). Returns a new split, or None."""
         w = self.workers[worker]
-        if batch == self.batch[worker] and compute_s > 0:
+        if batch == self.batch[worker] and batch > 0 and compute_s > 0:
             self._observe(w, batch, compute_s)
-            if cycle_s > compute_s:
+            if cycle_s > compute_s and not w.woken:
                 w.overheads.append(cycle_s - compute_s)
-        if any(w.fresh < self._wait for w in self.workers):
+            w.woken = False
+        if any(w.fresh < self._wait for w, b in zip(self.workers, self.batch, strict=True) if b > 0):
             return None
         return self.decide()
 
@@ -308,8 +323,8 @@ class AsyncController:
         return np.exp(log_c), o
 
     def worth(self, splits: np.ndarray, c: np.ndarray, o: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For each row of ``splits`` (candidates x workers): ``P`` (effective samples a second), each
-        worker's predicted mean staleness, and the server's predicted share of time busy."""
+        """For each row of ``splits`` (candidates x workers; a batch of 0: an idle worker): ``P`` (effective
+        samples a second), each worker's predicted mean staleness, and the server's predicted share of time busy."""
         cycle = c * (splits + self.k) + o  # (C, n)
         x = cycle[:, :, None] / cycle[:, None, :]
         x[:, np.arange(x.shape[1]), np.arange(x.shape[1])] = 0.0
@@ -318,7 +333,7 @@ class AsyncController:
         lam = (x * kappa).sum(axis=2)
         f = x - np.floor(x)
         var = (f * (1 - f) * kappa * kappa).sum(axis=2)
-        rate = 1.0 / cycle
+        rate = np.where(splits > 0, 1.0 / cycle, 0.0)  # an idle worker pushes nothing
         a = expected_factor(lam.ravel(), var.ravel(), self.delay_tolerance).reshape(lam.shape)
         return (moved * rate * a).sum(axis=1), lam, rate.sum(axis=1) * self.server_s
 
@@ -328,9 +343,10 @@ class AsyncController:
         long as the others': equal update rates) and the ways a quarter, half and three quarters to
         them from the current split's shape, and ``b_i ∝ s_i^γ`` for each of the priors' powers (``s_i =
         1 / c_i``, the speeds): a faster worker never gets less than a slower one. Every one but the
-        current split is cut to the step's cap."""
+        current split is cut to the step's cap. Each is also weighed with the slowest workers idle
+        (:meth:`_idle_masks`); a worker idle now is woken by every candidate that gives it a batch."""
         speed = 1.0 / c
-        now = np.asarray(self.batch, float)
+        now = self._anchor()
         weights, totals = [], []
         for total in self._totals():
             shape = now * (total / now.sum())
@@ -340,7 +356,25 @@ class AsyncController:
             totals += [total] * (4 + len(self.priors.gammas))
         fits = self._fit(np.asarray(weights), np.asarray(totals, float))
         rows = self._capped(np.concatenate([[self.batch], fits, self._from_fastest(speed)]))
-        return np.concatenate([[self.batch], rows[rows.sum(axis=1) <= self.global_batch]])
+        rows = rows[rows.sum(axis=1) <= self.global_batch]
+        idle = [np.where(mask[None, :], 0, rows) for mask in self._idle_masks(speed)]
+        return np.concatenate([[self.batch], rows, *idle])
+
+    def _idle_masks(self, speed: np.ndarray) -> list[np.ndarray]:
+        """The workers a candidate may idle: for each of the priors' ``idle_below``, those slower than that
+        fraction of the fastest worker's speed (each set once, never every worker)."""
+        out: list[np.ndarray] = []
+        for q in self.priors.idle_below:
+            mask = speed < q * speed.max()
+            if mask.any() and not any((mask == m).all() for m in out):
+                out.append(mask)
+        return out
+
+    def _anchor(self) -> np.ndarray:
+        """The current split with each idle worker at its batch before it was idled: where the trust
+        region and the candidates' shapes start from."""
+        return np.asarray([b if b > 0 else max(w.last_batch, self.bounds.min_batch)
+                           for b, w in zip(self.batch, self.workers, strict=True)], float)
 
     def _from_fastest(self, speed: np.ndarray) -> np.ndarray:
         """The candidates scaled from the fastest worker's batch (:attr:`AsyncPriors.fastest`), each batch
@@ -360,8 +394,9 @@ class AsyncController:
         return np.minimum(splits, max(self.bounds.min_batch, math.ceil(self._cap_units * self.b_ref)))
 
     def _trust_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each worker's least and most batch of a move: a factor ``trust`` of its batch, within its bounds."""
-        now = np.asarray(self.batch, float)
+        """Each worker's least and most batch of a move: a factor ``trust`` of its batch (an idle worker's:
+        its batch before), within its bounds."""
+        now = self._anchor()
         lo = np.maximum(np.floor(now / self.priors.trust), float(self.bounds.min_batch))
         hi = np.minimum(np.ceil(now * self.priors.trust), np.asarray(self.bounds.max_batch, float))
         return lo, hi
@@ -369,7 +404,7 @@ class AsyncController:
     def _totals(self) -> list[int]:
         """The sums a decision's splits may have: the priors' fractions of ``B``, within the bounds and
         a factor ``trust`` of the current sum."""
-        now, n = sum(self.batch), len(self.batch)
+        now, n = float(self._anchor().sum()), len(self.batch)
         lo = max(n * self.bounds.min_batch, math.ceil(now / self.priors.trust))
         hi = min(self.global_batch, sum(self.bounds.max_batch), math.floor(now * self.priors.trust))
         return sorted({min(max(round(f * self.global_batch), lo), hi) for f in self.priors.totals}, reverse=True)
@@ -405,6 +440,10 @@ class AsyncController:
         c, o = found
         if self.parameters:
             return self._even_rates(c, o)
+        probe = self._due_probes()
+        if probe:
+            self.decision = {"probe": probe, "k": round(self.k, 3)}
+            return self._adopt([self.bounds.min_batch if i in probe else b for i, b in enumerate(self.batch)])
         splits = np.unique(self.candidates(c, o).astype(float), axis=0)
         worth, lam, busy = self.worth(splits, c, o)
         now = float(self.worth(np.asarray([self.batch], float), c, o)[0][0])
@@ -416,6 +455,17 @@ class AsyncController:
         self.decision = {"worth": round(now, 4), "worth_new": round(float(worth[best]), 4), "k": round(self.k, 3),
                          "staleness_predicted": [round(float(x), 2) for x in lam[best]]}
         return self._adopt([int(b) for b in splits[best]])
+
+    def _due_probes(self) -> list[int]:
+        """The idle workers that have been idle for the priors' ``probe_after`` decisions (this one counted):
+        each pushes once at the smallest batch, and the next decision weighs it again on that time."""
+        due = []
+        for i, (b, w) in enumerate(zip(self.batch, self.workers, strict=True)):
+            if b == 0:
+                w.idle_for += 1
+                if w.idle_for >= self.priors.probe_after:
+                    due.append(i)
+        return due
 
     def _even_rates(self, c: np.ndarray, o: np.ndarray) -> list[int] | None:
         """Parameter pushes: equal cycles, when the cycles' spread (max / min) passes ``1 + min_gain``."""
@@ -436,23 +486,30 @@ class AsyncController:
         return None
 
     def _adopt(self, new: list[int]) -> list[int]:
+        for w, old, b in zip(self.workers, self.batch, new, strict=True):
+            if old > 0 and b == 0:
+                w.last_batch, w.idle_for = old, 0
+            w.woken = w.woken or (old == 0 and b > 0)
         self.batch = list(new)
         self._wait = self.priors.fresh
         return list(new)
 
     def set_bounds(self, bounds: Bounds) -> list[int] | None:
-        """Adopt new bounds (memory); re-split if the current batch breaks them."""
+        """Adopt new bounds (memory); re-split if an active worker's batch breaks them (every worker then
+        takes a share: the next decision may idle some again)."""
         self.bounds = bounds
+        if bounds.admit([b if b > 0 else bounds.min_batch for b in self.batch]):
+            return None
         total = min(sum(self.batch), sum(bounds.max_batch))
-        return None if bounds.admit(self.batch) else self._adopt(policies.split(self.batch, total, bounds))
+        return self._adopt(policies.split(list(self._anchor()), total, bounds))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         return {"policy": "dynamic", "asp": True, "batch": list(self.batch), "holds": dict(self.holds),
                 "bounds": {"min_batch": self.bounds.min_batch, "max_batch": list(self.bounds.max_batch)},
                 "decision": self.decision, "server_s": self.server_s,
-                "workers": [{"times": [list(t) for t in w.times], "overheads": list(w.overheads)}
-                            for w in self.workers],
+                "workers": [{"times": [list(t) for t in w.times], "overheads": list(w.overheads),
+                             "idle_for": w.idle_for, "last_batch": w.last_batch} for w in self.workers],
                 "fixed_cost": {"grid": self.fixed.grid.tolist(), "log": self.fixed.log[0].tolist(), "told": self.told}}
 
     def load_state_dict(self, d: dict[str, Any], keep: list[int] | None = None) -> None:
@@ -465,8 +522,7 @@ class AsyncController:
         self.server_s = float(d.get("server_s", 0.0))
         if "fixed_cost" in d:  # a state saved before k's posterior was kept starts from its prior
             self._load_k(d["fixed_cost"])
-        total = min(sum(int(b) for b in d["batch"]), sum(self.bounds.max_batch))
-        self.batch = policies.split([float(d["batch"][i]) for i in keep], total, self.bounds)
+        self.batch = self._resplit([int(d["batch"][i]) for i in keep], sum(int(b) for b in d["batch"]))
         self.workers = []
         for i in keep:
             saved = d["workers"][i]
@@ -474,7 +530,20 @@ class AsyncController:
             for b, t in saved["times"]:
                 w.record(int(b), float(t))
             w.overheads.extend(float(x) for x in saved["overheads"])
+            w.idle_for, w.last_batch = int(saved.get("idle_for", 0)), int(saved.get("last_batch", 0))
+            w.woken = int(d["batch"][i]) == 0 and self.batch[len(self.workers)] > 0
             self.workers.append(w)
+
+    def _resplit(self, saved: list[int], total: int) -> list[int]:
+        """``saved``'s active workers' split scaled to ``total`` within the bounds, its idle workers kept idle
+        (every worker active where none of ``saved`` is)."""
+        active = [j for j, b in enumerate(saved) if b > 0] or list(range(len(saved)))
+        bounds = Bounds(self.bounds.min_batch, tuple(self.bounds.max_batch[j] for j in active))
+        share = policies.split([float(saved[j]) or 1.0 for j in active], min(total, sum(bounds.max_batch)), bounds)
+        out = [0] * len(saved)
+        for j, b in zip(active, share, strict=True):
+            out[j] = b
+        return out
 
     def _load_k(self, saved: dict[str, Any]) -> None:
         """``k``'s saved posterior, read onto this controller's grid (survivors have another ``b_ref``,

@@ -145,6 +145,10 @@ class AsyncRun:
         if not len(act):
             return False
         w = np.argmin(self.arrive[act], axis=1)
+        idle = self.batch[act, w] == 0
+        if idle.any():  # computed before the controller idled its worker: dropped; the worker waits to be woken
+            self.arrive[act[idle], w[idle]] = np.inf
+            return True
         t_app = np.maximum(self.arrive[act, w], self.server_free[act]) + self.server_s
         self.server_free[act] = t_app
         b = self.batch[act, w]
@@ -162,7 +166,7 @@ class AsyncRun:
         self.pulled[index, who] = self.theta[index]
         self.pulled_version[act, w] = self.version
         self.pulled_clock[act, w] = self.clock[act]
-        self._control(act, w, b, t_app - self.applied_at[act, w])
+        self._control(act, w, b, t_app - self.applied_at[act, w], t_app)
         self.applied_at[act, w] = t_app
         for i in np.unique(w):
             mine = act[w == i]
@@ -195,13 +199,21 @@ class AsyncRun:
         self.local_rule.apply(local, grad, kappa, 0.0, self.lr, rows=torch.from_numpy(act * self.n + w))
         self.theta[index] = local  # the last writer's parameters
 
-    def _control(self, act: np.ndarray, w: np.ndarray, b: np.ndarray, cycle: np.ndarray) -> None:
+    def _control(self, act: np.ndarray, w: np.ndarray, b: np.ndarray, cycle: np.ndarray, now: np.ndarray) -> None:
+        """Each seed's push to its controller; a move that wakes an idle worker starts its compute now."""
         if self.ctls is None:
             return
         for j, s in enumerate(act):
             new = self.ctls[s].push(int(w[j]), int(b[j]), float(self.compute[s, w[j]]), float(cycle[j]))
-            if new is not None:
-                self.batch[s] = new
+            if new is None:
+                continue
+            woken = [i for i in range(self.n) if self.batch[s, i] == 0 and new[i] > 0]
+            self.batch[s] = new
+            for i in woken:
+                rows = np.asarray([s])
+                self.compute[s, i] = self._times(i, rows)[0]
+                self.applied_at[s, i] = now[j]
+                self.arrive[s, i] = now[j] + self.compute[s, i] + self.sync
 
     def trace(self) -> Trace:
         holds: dict[str, int] = {}

@@ -11,7 +11,8 @@ and no waiting for the others:
    CPU quota put into its last push and this pull: :class:`~omnilearn.train.quota_clock.QuotaClock`).
    The reply gives the batch
    size of the next step (the controller runs at the server), the server's epoch and level, and
-   whether training is over; a new level is requested from the toggler like in BSP.
+   whether training is over; a new level is requested from the toggler like in BSP. A batch of 0
+   idles the worker: it calls the server's ``idle`` until it has a batch again, and pushes nothing.
 
 Memory: before registering, a worker probes its peak memory per sample (:mod:`omnilearn.train.memory`)
 and tells the server the largest batch its budget takes, again with every push (a level may change
@@ -162,6 +163,8 @@ def run_worker(job: JobSpec) -> None:
     own = local_rule(cfg, state[:n_params]) if cfg.asp.push == "parameters" else None
     while not control["stop"]:
         follow(control, step)
+        control = wait_for_batch(slot, control, follow, step, timeout)
+        batch = control["batch"]
         t0 = time.perf_counter()
         pulled, control = pull(slot, state, timeout)
         if pulled is None:  # training ended while this worker was busy
@@ -188,11 +191,21 @@ def run_worker(job: JobSpec) -> None:
                       loss=stats["loss"] / batch, train_acc=stats["correct"] / batch, lr=control["lr"],
                       epoch=control["epoch"], level=client.level, cpus=client.allocation.share,
                       threads=client.threads)
-        batch = control["batch"]
-    metrics.write("end", wall_time_s=time.time() - t_start, steps=step, pushes=seq, samples=samples, batch=batch,
-                  level=client.level)
+    metrics.write("end", wall_time_s=time.time() - t_start, steps=step, pushes=seq, samples=samples,
+                  batch=control["batch"], level=client.level)
     metrics.close()
     asp_rpc.shutdown_rpc()
+
+
+def wait_for_batch(slot: int, control: dict[str, Any], follow: LevelFollower, step: int, timeout: float
+                   ) -> dict[str, Any]:
+    """The server's orders once this worker has a batch again, or training is over: while the controller
+    keeps it idle (batch 0) it pulls and pushes nothing, and calls the server's ``idle`` (which answers at
+    least every ``IDLE_POLL_S``), following the level meanwhile."""
+    while control["batch"] == 0 and not control["stop"]:
+        control = _call(asp_rpc.rpc_idle, (slot,), timeout)
+        follow(control, step)
+    return control
 
 
 def pull(slot: int, state: torch.Tensor, timeout: float) -> tuple[torch.Tensor | None, dict[str, Any]]:

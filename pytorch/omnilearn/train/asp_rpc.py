@@ -64,6 +64,10 @@ def rpc_pull(slot: int) -> tuple[torch.Tensor | None, dict[str, Any]]:
     return _server().pull(slot)
 
 
+def rpc_idle(slot: int) -> dict[str, Any]:
+    return _server().idle(slot)
+
+
 def rpc_push(slot: int, seq: int, version: int, flat: torch.Tensor, batch: int, stats: dict[str, Any]
              ) -> dict[str, Any]:
     return _server().push(slot, seq, version, flat, batch, stats)

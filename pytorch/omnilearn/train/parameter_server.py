@@ -44,7 +44,10 @@ per update, the split that maximises the effective samples a second its model pr
 baselines (:mod:`omnilearn.control.baselines`) are given each push's time; ``paper`` decides when the
 server's epoch passes an integer (its ``per_epoch``). Each worker learns its new size in its next
 push reply. The sum of the batch sizes is at most ``train.global_batch`` (``dynamic`` may make the
-pushes smaller, and so fresher). The server runs the
+pushes smaller, and so fresher). A batch of 0 idles a worker: ``dynamic`` takes the slowest workers'
+pushes away where they add more staleness to the others' than their samples are worth; an idle worker
+calls ``idle`` until it has a batch again (at least every ``IDLE_POLL_S``, so the watchdog hears from
+it), and the controller gives it one small push now and then to measure it again. The server runs the
 schedule, but only the policies named for the allocations (``static``, ``dynamic+prior``) are told
 of a level change; the others see it in the times the workers measure.
 
@@ -93,6 +96,10 @@ from omnilearn.train.memory import enforce_bounds
 from omnilearn.train.workload import make_optimizer
 
 log = logging.getLogger("omnilearn.server")
+
+IDLE_POLL_S = 0.5
+"""The longest an idle worker's call waits before it is answered (its batch still 0): the worker then
+follows the level and calls again."""
 
 
 class WorkerTimeout(Exception):
@@ -241,6 +248,16 @@ class ParameterServer:
                 self.pulled_state[i] = state[:self.n_params]
             return state, control
 
+    def idle(self, slot: int) -> dict[str, Any]:
+        """An idle worker's call (its batch is 0: the controller found the split better without its pushes):
+        returns its orders once it has a batch again, training is over, or ``IDLE_POLL_S`` passed."""
+        i = self._index(slot)
+        with self.ready:
+            self.last_contact[i] = time.time()
+            self.ready.wait_for(lambda: self.controller.batch[i] > 0 or self.stopping, timeout=IDLE_POLL_S)
+            self.last_contact[i] = time.time()
+            return self._control(i)
+
     def push(self, slot: int, seq: int, version: int, flat: torch.Tensor, batch: int, stats: dict[str, Any]
              ) -> dict[str, Any]:
         """Apply one gradient (once), feed the controller, answer with the worker's next orders.
@@ -297,6 +314,7 @@ class ParameterServer:
                 self.apply_memory_bounds()
             self._observe(i, batch, stats, now, apply_s)
             self.advance()
+            self.ready.notify_all()  # an idle worker the move woke, or the end of training
             reply = {**self._control(i), "staleness": staleness, "lr": base * weight}
             self.replies[i] = reply
             return reply
