@@ -16,6 +16,7 @@ from omnilearn.emulator.spec.plan import SERVER_TARGET, build_plan
 from omnilearn.errors import UserError
 from omnilearn.files import read_records as read_jsonl
 from omnilearn.jobfile import JobSpec
+from omnilearn.train import asp as asp_worker
 from omnilearn.train import parameter_server
 from omnilearn.train.asp import IndexStream
 from omnilearn.train.distributed import flat_state
@@ -301,3 +302,21 @@ def test_an_idle_worker_waits_until_a_move_gives_it_a_batch(tmp_path: Path) -> N
     finally:
         parameter_server.IDLE_POLL_S = poll
     assert not waiter.is_alive() and answers[0]["batch"] == 2
+
+
+def test_an_idle_worker_calls_idle_following_the_level_until_it_has_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = iter([{"batch": 0, "stop": False}, {"batch": 3, "stop": False}])
+    calls: list[tuple[Any, tuple]] = []
+    followed: list[dict[str, Any]] = []
+
+    def call(fn: Any, args: tuple, timeout: float) -> dict[str, Any]:  # noqa: ARG001
+        calls.append((fn, args))
+        return next(answers)
+
+    monkeypatch.setattr(asp_worker, "_call", call)
+    control = asp_worker.wait_for_batch(5, {"batch": 0, "stop": False}, lambda c, s: followed.append(c), 7, 1.0)
+    assert control["batch"] == 3 and len(calls) == 2 and len(followed) == 2
+    assert all(fn.__name__ == "rpc_idle" and args == (5,) for fn, args in calls)
+    assert asp_worker.wait_for_batch(5, {"batch": 0, "stop": True}, None, 7, 1.0)["stop"]  # over: no call
+    assert asp_worker.wait_for_batch(5, {"batch": 4, "stop": False}, None, 7, 1.0)["batch"] == 4
+    assert len(calls) == 2

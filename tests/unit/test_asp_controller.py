@@ -332,3 +332,12 @@ def test_an_idle_worker_stays_idle_through_a_state_round_trip() -> None:
     alone = controller(n=2, batch=256)
     alone.load_state_dict(ctl.state_dict(), keep=[0, 1])  # two idle workers left: both take a batch
     assert all(b > 0 for b in alone.batch) and all(w.woken for w in alone.workers)
+
+
+def test_a_split_leaves_at_least_two_workers_active() -> None:
+    ctl = controller(n=4, batch=256)
+    ctl.k = 0.0
+    speed = np.asarray([1.0, 1.0, 1.0, 8.0])
+    assert ctl._idle_masks(speed) == []  # idling the three slow workers would leave one
+    masks = ctl._idle_masks(np.asarray([1.0, 1.0, 8.0, 8.0]))
+    assert len(masks) == 1 and masks[0].tolist() == [True, True, False, False]

@@ -94,6 +94,10 @@ class AsyncPriors:
     worker's speed idle (batch 0: they push nothing). Each push waits for the others' pushes: where many slow
     workers' pushes, late and cut, add more to the fast workers' staleness than their own samples count, the
     split without them is worth more (``results/2026-12-06_2cpu_asp-idle-workers.md``)."""
+    min_active: int = 2
+    """The fewest workers a split leaves active. One worker alone is sequential training at the step's cap,
+    a regime the step configured for asynchronous pushes was not measured in: the image job at HL8 with its
+    three slow workers idle diverged on one seed of five (``results/2026-12-06_2cpu_asp-idle-workers.md``)."""
     probe_after: int = 8
     """Decisions a worker stays idle before one push at the smallest batch measures it again: its speed may
     have changed while it computed nothing."""
@@ -362,11 +366,11 @@ class AsyncController:
 
     def _idle_masks(self, speed: np.ndarray) -> list[np.ndarray]:
         """The workers a candidate may idle: for each of the priors' ``idle_below``, those slower than that
-        fraction of the fastest worker's speed (each set once, never every worker)."""
+        fraction of the fastest worker's speed (each set once, leaving at least ``min_active``)."""
         out: list[np.ndarray] = []
         for q in self.priors.idle_below:
             mask = speed < q * speed.max()
-            if mask.any() and not any((mask == m).all() for m in out):
+            if mask.any() and (~mask).sum() >= self.priors.min_active and not any((mask == m).all() for m in out):
                 out.append(mask)
         return out
 
