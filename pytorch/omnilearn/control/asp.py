@@ -347,8 +347,9 @@ class AsyncController:
         long as the others': equal update rates) and the ways a quarter, half and three quarters to
         them from the current split's shape, and ``b_i ∝ s_i^γ`` for each of the priors' powers (``s_i =
         1 / c_i``, the speeds): a faster worker never gets less than a slower one. Every one but the
-        current split is cut to the step's cap. Each is also weighed with the slowest workers idle
-        (:meth:`_idle_masks`); a worker idle now is woken by every candidate that gives it a batch."""
+        current split is cut to the step's cap. The current split and those scaled from the fastest worker's
+        batch are also weighed with the slowest workers idle (:meth:`_idle_masks`); a worker idle now is woken
+        by every candidate that gives it a batch."""
         speed = 1.0 / c
         now = self._anchor()
         weights, totals = [], []
@@ -359,10 +360,12 @@ class AsyncController:
             weights += [speed ** g for g in self.priors.gammas]
             totals += [total] * (4 + len(self.priors.gammas))
         fits = self._fit(np.asarray(weights), np.asarray(totals, float))
-        rows = self._capped(np.concatenate([[self.batch], fits, self._from_fastest(speed)]))
-        rows = rows[rows.sum(axis=1) <= self.global_batch]
-        idle = [np.where(mask[None, :], 0, rows) for mask in self._idle_masks(speed)]
-        return np.concatenate([[self.batch], rows, *idle])
+        fastest = self._capped(self._from_fastest(speed))
+        rows = np.concatenate([self._capped(np.asarray([self.batch, *fits])), fastest])
+        # the slowest workers idle, the others' batches the current ones or scaled from the fastest's
+        idle = [np.where(mask[None, :], 0, np.concatenate([[self.batch], fastest])) for mask in self._idle_masks(speed)]
+        rows = np.concatenate([rows, *idle])
+        return np.concatenate([[self.batch], rows[rows.sum(axis=1) <= self.global_batch]])
 
     def _idle_masks(self, speed: np.ndarray) -> list[np.ndarray]:
         """The workers a candidate may idle: for each of the priors' ``idle_below``, those slower than that
