@@ -332,6 +332,10 @@ def test_an_idle_worker_stays_idle_through_a_state_round_trip() -> None:
     alone = controller(n=2, batch=256)
     alone.load_state_dict(ctl.state_dict(), keep=[0, 1])  # two idle workers left: both take a batch
     assert all(b > 0 for b in alone.batch) and all(w.woken for w in alone.workers)
+    fast = int(np.flatnonzero(np.asarray(ctl.batch) > 0)[0])
+    one = controller(n=3, batch=256)
+    one.load_state_dict(ctl.state_dict(), keep=[0, 1, fast])  # one active worker left: every survivor takes a batch
+    assert all(b > 0 for b in one.batch)
 
 
 def test_a_split_leaves_at_least_two_workers_active() -> None:

@@ -90,8 +90,8 @@ class AsyncPriors:
     b_fast (s_i / max s)^γ``, each in its bounds): where the slow workers' batches are at their floor,
     a split fitted to a sum spends it on them, and these keep the fast worker's share."""
     idle_below: tuple[float, ...] = (0.125, 0.25, 0.5)
-    """Every candidate is also weighed with the workers slower than each of these fractions of the fastest
-    worker's speed idle (batch 0: they push nothing). Each push waits for the others' pushes: where many slow
+    """The current split and the candidates scaled from the fastest worker's batch are also weighed with the
+    workers slower than each of these fractions of the fastest worker's speed idle (batch 0: they push nothing). Each push waits for the others' pushes: where many slow
     workers' pushes, late and cut, add more to the fast workers' staleness than their own samples count, the
     split without them is worth more (``results/2026-12-06_2cpu_asp-idle-workers.md``)."""
     min_active: int = 2
@@ -543,8 +543,9 @@ class AsyncController:
 
     def _resplit(self, saved: list[int], total: int) -> list[int]:
         """``saved``'s active workers' split scaled to ``total`` within the bounds, its idle workers kept idle
-        (every worker active where none of ``saved`` is)."""
-        active = [j for j, b in enumerate(saved) if b > 0] or list(range(len(saved)))
+        (every worker active where fewer than ``min_active`` of ``saved`` are: survivors of a lost worker)."""
+        active = [j for j, b in enumerate(saved) if b > 0]
+        active = active if len(active) >= min(self.priors.min_active, len(saved)) else list(range(len(saved)))
         bounds = Bounds(self.bounds.min_batch, tuple(self.bounds.max_batch[j] for j in active))
         share = policies.split([float(saved[j]) or 1.0 for j in active], min(total, sum(bounds.max_batch)), bounds)
         out = [0] * len(saved)
