@@ -10,9 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from omnilearn.control.asp import AsyncController
+from omnilearn.control.policies import Bounds
 from omnilearn.errors import UserError
-from omnilearn.simulate.asp_problems import Logistic, Quadratic
-from omnilearn.simulate.asp_scenarios import COLUMNS, load_suite, run_suite
+from omnilearn.simulate.asp_problems import Logistic, Quadratic, make_problem
+from omnilearn.simulate.asp_scenarios import COLUMNS, load_suite, rule_maker, run_suite
+from omnilearn.simulate.asp_world import AsyncRun
+from omnilearn.simulate.truth import World, timeline
 
 SUITE = """
 defaults: {workers: 4, global_batch: 32, steps: 40, steps_per_epoch: 20, seeds: 6, sync_ms: 2.0, lr: 0.05}
@@ -171,3 +175,27 @@ def test_the_reference_processes_the_equal_splits_samples_a_second(tmp_path: Pat
     b = np.full(4, 8.0)
     cycles = world.fluid(0, b) + sc.sync_ms / 1e3  # each worker's compute and its pull and push
     assert ref.end[0] == pytest.approx(sc.steps * 32 / float((b / cycles).sum()))
+
+
+def test_many_slow_workers_are_idled_and_push_nothing_while_idle(tmp_path: Path) -> None:
+    """16 workers at HL8: dynamic idles the slowest (their late pushes cost the fast ones more than they
+    give); an idle worker pushes nothing until a move wakes it, and every seed's run still ends."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("defaults: {workers: 16, global_batch: 256, steps: 60, steps_per_epoch: 20, seeds: 4,"
+                     " sync_ms: 2.0, lr: 0.05}\nscenarios:\n  many: {level: HL8}\n")
+    sc = load_suite(suite)[0]
+    world = World(sc, timeline(sc, "test"), 0)
+    bounds = Bounds.make(16, sc.min_batch, sc.max_batch, 256)
+    run = AsyncRun(world, sc.seeds, make_problem(sc.problem, sc.gradient_noise), rule_maker(sc), sc.lr, 1, "dynamic",
+                   sc.push, sc.server_ms, lambda: AsyncController(256, bounds, sc.delay_tolerance), None)
+    shares = np.asarray(world.line.shares[0])
+    idle_seen = idle_pushes = 0
+    while True:
+        idle, applied = run.batch == 0, run.applied_at.copy()
+        if not run.event():
+            break
+        idle_seen += int(idle[:, shares < 1.0].sum())
+        assert not idle[:, shares == shares.max()].any()  # the fastest workers are never idle
+        # a worker idle before the event and still idle after it did not push in it (a woken one starts anew)
+        idle_pushes += int(((run.applied_at != applied) & idle & (run.batch == 0)).sum())
+    assert (run.samples >= run.total).all() and idle_seen > 0 and idle_pushes == 0
