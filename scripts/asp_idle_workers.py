@@ -21,7 +21,7 @@ import torch
 from omnilearn.control.asp import AsyncController
 from omnilearn.control.policies import Bounds
 from omnilearn.simulate.asp_problems import make_problem
-from omnilearn.simulate.asp_scenarios import _loss_at, _time_to, load_suite, rule_maker
+from omnilearn.simulate.asp_scenarios import _time_to, load_suite, rule_maker, target_loss
 from omnilearn.simulate.asp_world import AsyncRun, run_async, run_reference
 from omnilearn.simulate.truth import World, timeline
 
@@ -72,7 +72,7 @@ def scenario(sc) -> None:  # noqa: ANN001 - an AspScenario
     problem, make = make_problem(sc.problem, sc.gradient_noise), rule_maker(sc)
     seed = 1 + sum(map(ord, sc.name))  # the benchmark's
     ref = run_reference(world, sc.seeds, problem, make, sc.lr, seed)
-    target = max(float(np.median(_loss_at(ref, ref.end * sc.target))), 1.5 * float(np.median(ref.loss[-1])))
+    target = target_loss(ref, sc)
     shares = np.asarray(world.line.shares[0], float)
     b_ref = sc.global_batch / sc.workers
     uniform = _time_to(run_async(world, sc.seeds, problem, make, sc.lr, seed, "uniform", sc.push, sc.server_ms),

@@ -160,6 +160,13 @@ def _loss_at(trace: Trace, when: np.ndarray) -> np.ndarray:
     return out
 
 
+def target_loss(ref: Trace, sc: AspScenario) -> float:
+    """The scenario's target: the delay-free reference's median excess loss at ``sc.target`` of its run,
+    and above its floor (1.5 times its median at the end): a target its noise reaches by chance would time
+    luck, not progress."""
+    return max(float(np.median(_loss_at(ref, ref.end * sc.target))), 1.5 * float(np.median(ref.loss[-1])))
+
+
 def fixed_family(shares: Sequence[float], b_ref: float, bounds: Bounds, total: int) -> list[list[int]]:
     """best-fixed's candidates: ``b_i = f (s_i / max s) ** p`` for every ``f`` of :data:`FAST_BATCHES`
     (times ``b_ref``) and ``p`` of :data:`SHARE_POWERS`, rounded into the bounds, summing to at most
@@ -201,8 +208,7 @@ def run_scenario(sc: AspScenario, policies: Sequence[str]) -> tuple[list[dict[st
     seeds, seed = sc.seeds, 1 + sum(map(ord, sc.name))
     assert sc.global_batch is not None
     ref = run_reference(world, seeds, problem, make, sc.lr, seed)
-    # above the reference's floor: a target its noise reaches by chance would time luck, not progress
-    target = max(float(np.median(_loss_at(ref, ref.end * sc.target))), 1.5 * float(np.median(ref.loss[-1])))
+    target = target_loss(ref, sc)
     if not target < float(np.median(ref.loss[0])):
         raise UserError(f"ASP scenario {sc.name}: its target ({target:.3g}) is not below the delay-free reference's "
                         f"loss after its first update ({float(np.median(ref.loss[0])):.3g}): the step makes no "

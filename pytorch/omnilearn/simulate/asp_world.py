@@ -210,8 +210,7 @@ class AsyncRun:
             woken = [i for i in range(self.n) if self.batch[s, i] == 0 and new[i] > 0]
             self.batch[s] = new
             for i in woken:
-                rows = np.asarray([s])
-                self.compute[s, i] = self._times(i, rows)[0]
+                self.compute[s, i] = self._times(i, np.asarray([s]))[0]
                 self.applied_at[s, i] = now[j]
                 self.arrive[s, i] = now[j] + self.compute[s, i] + self.sync
 
