@@ -8,9 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-# ctypes.util.find_library runs ldconfig when a library (torch's tensorboard, for one) is first imported:
-# a lookup made by an import, not a process the code under test starts.
-LIBRARY_LOOKUPS = {"ldconfig"}
+# ctypes.util.find_library runs ldconfig when a library (torch's tensorboard, for one) is first imported,
+# and matplotlib runs fc-list when it first builds its font cache (a fresh machine's first import):
+# lookups made by an import, not processes the code under test starts.
+LIBRARY_LOOKUPS = {"ldconfig", "fc-list"}
 
 
 @pytest.fixture(autouse=True)

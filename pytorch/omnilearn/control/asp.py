@@ -81,10 +81,9 @@ class AsyncPriors:
     gammas: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     """The powers of the speeds the candidate splits follow (0: equal batches; 1: equal compute times)."""
     totals: tuple[float, ...] = (1.0, 0.75, 0.5, 0.375, 0.25, 0.1875, 0.125)
-    """The fractions of the global batch the candidate splits sum to (a decision moves the sum at most
-    ``trust`` times, as every batch): smaller pushes are fresher, at the throughput small batches lose.
-    They reach an eighth of ``B``, two samples a worker at the ASP demo's 64 over 4: equal workers choose
-    among equal pushes down to the floor, not among the roundings of unequal ones."""
+    """The fractions of ``B`` the candidate splits sum to (a decision moves the sum at most ``trust`` times):
+    smaller pushes are fresher, at the throughput small batches lose. Down to an eighth (two samples a worker
+    at the ASP demo's 64 over 4): equal workers choose among equal pushes, not unequal ones' roundings."""
     fastest: tuple[float, ...] = (1.0, 0.75, 0.5, 0.375, 0.25, 0.1875, 0.125)
     """The fastest worker's batch, in units of the step's cap, of the candidates scaled from it (``b_i =
     b_fast (s_i / max s)^γ``, each in its bounds): where the slow workers' batches are at their floor,
@@ -99,8 +98,7 @@ class AsyncPriors:
     a regime the step configured for asynchronous pushes was not measured in: the image job at HL8 with its
     three slow workers idle diverged on one seed of five (``results/2026-12-06_2cpu_asp-idle-workers.md``)."""
     probe_after: int = 8
-    """Decisions a worker stays idle before one push at the smallest batch measures it again: its speed may
-    have changed while it computed nothing."""
+    """Decisions a worker stays idle before one push at the smallest batch measures it again (its speed may have changed)."""
 
 
 ASYNC_PRIORS = AsyncPriors()
@@ -135,18 +133,28 @@ def shrunk(x: np.ndarray, var: np.ndarray) -> np.ndarray:
     return np.where(known, mean + between / (between + var) * (x - mean), mean)
 
 
-def pooled_medians(samples: list[np.ndarray], unknown: float, floor: float) -> tuple[np.ndarray, float]:
-    """Each worker's median of its samples, :func:`shrunk` by the noise of that median; and the variance
-    of one sample about its worker's median, pooled over the workers (their degrees of freedom: each
-    window less one), ``unknown`` where no window has two, and at least ``floor``."""
-    sizes = np.asarray([len(x) for x in samples], float)
-    centres = np.asarray([float(np.median(x)) if len(x) else 0.0 for x in samples])
+def pooled_medians(samples: np.ndarray, unknown: float, floor: float) -> tuple[np.ndarray, float]:
+    """Each worker's median of its samples (the rows of ``samples``, workers x window, NaN where a window
+    is short), :func:`shrunk` by the noise of that median; and the variance of one sample about its
+    worker's median, pooled over the workers (their degrees of freedom: each window less one),
+    ``unknown`` where no window has two, and at least ``floor``."""
+    held = ~np.isnan(samples)
+    sizes = held.sum(axis=1)
+    ordered = np.sort(samples, axis=1)  # NaN last
+    rows = np.arange(len(samples))
+    mid = ordered[rows, np.maximum(sizes - 1, 0) // 2] + ordered[rows, sizes // 2]
+    centres = np.where(sizes > 0, mid / 2, 0.0)
     dof = float(sizes.sum() - (sizes > 0).sum())
-    within = max(sum(float(((x - m) ** 2).sum()) for x, m in zip(samples, centres, strict=True)) / dof
+    within = max(float((np.where(held, samples - centres[:, None], 0.0) ** 2).sum()) / dof
                  if dof >= 1 else unknown, floor)
     with np.errstate(divide="ignore"):
         var = np.where(sizes > 0, within * MEDIAN_EFFICIENCY / sizes, np.inf)
     return shrunk(centres, var), within
+
+
+def padded(values: list[list[float]], width: int) -> np.ndarray:
+    """``values`` (one list a worker, each at most ``width`` long) as rows of one array, NaN after each."""
+    return np.asarray([[*v, *[np.nan] * (width - len(v))] for v in values], float).reshape(len(values), width)
 
 
 @dataclass
@@ -319,10 +327,11 @@ class AsyncController:
         if any(not w.times for w in self.workers):
             return None
         k = self.k
-        log_c, within = pooled_medians([np.log([t / (b + k) for b, t in w.times]) for w in self.workers],
+        width = self.priors.window
+        log_c, within = pooled_medians(np.log(padded([[t / (b + k) for b, t in w.times] for w in self.workers], width)),
                                        PRIORS.noise ** 2, PRIORS.noise_floor ** 2)
         self._noise_cut = self.priors.change_sds * math.sqrt(within)
-        o, _ = pooled_medians([np.asarray(w.overheads, float) for w in self.workers], 0.0,
+        o, _ = pooled_medians(padded([list(w.overheads) for w in self.workers], width), 0.0,
                               self.priors.overhead_floor ** 2)
         return np.exp(log_c), o
 
@@ -330,13 +339,13 @@ class AsyncController:
         """For each row of ``splits`` (candidates x workers; a batch of 0: an idle worker): ``P`` (effective
         samples a second), each worker's predicted mean staleness, and the server's predicted share of time busy."""
         cycle = c * (splits + self.k) + o  # (C, n)
-        x = cycle[:, :, None] / cycle[:, None, :]
-        x[:, np.arange(x.shape[1]), np.arange(x.shape[1])] = 0.0
         moved = np.minimum(splits, self._cap_units * self.b_ref)  # the step's cap
-        kappa = moved[:, None, :] / self.b_ref  # each other worker's step, in units: what its push adds to τ
-        lam = (x * kappa).sum(axis=2)
-        f = x - np.floor(x)
-        var = (f * (1 - f) * kappa * kappa).sum(axis=2)
+        kappa = moved / self.b_ref  # each worker's step, in units: what its push adds to the others' τ
+        lam = np.maximum(cycle * (kappa / cycle).sum(axis=1, keepdims=True) - kappa, 0.0)  # Σ_{j≠i} κ_j T_i / T_j
+        x = cycle[:, :, None] / cycle[:, None, :]
+        f = np.subtract(x, np.floor(x), out=x)  # the fractional part, 0 on the diagonal (x_ii = 1)
+        f *= 1.0 - f
+        var = np.matmul(f, (kappa * kappa)[:, :, None])[:, :, 0]
         rate = np.where(splits > 0, 1.0 / cycle, 0.0)  # an idle worker pushes nothing
         a = expected_factor(lam.ravel(), var.ravel(), self.delay_tolerance).reshape(lam.shape)
         return (moved * rate * a).sum(axis=1), lam, rate.sum(axis=1) * self.server_s
@@ -466,13 +475,10 @@ class AsyncController:
     def _due_probes(self) -> list[int]:
         """The idle workers that have been idle for the priors' ``probe_after`` decisions (this one counted):
         each pushes once at the smallest batch, and the next decision weighs it again on that time."""
-        due = []
-        for i, (b, w) in enumerate(zip(self.batch, self.workers, strict=True)):
-            if b == 0:
-                w.idle_for += 1
-                if w.idle_for >= self.priors.probe_after:
-                    due.append(i)
-        return due
+        idle = [(i, w) for i, (b, w) in enumerate(zip(self.batch, self.workers, strict=True)) if b == 0]
+        for _, w in idle:
+            w.idle_for += 1
+        return [i for i, w in idle if w.idle_for >= self.priors.probe_after]
 
     def _even_rates(self, c: np.ndarray, o: np.ndarray) -> list[int] | None:
         """Parameter pushes: equal cycles, when the cycles' spread (max / min) passes ``1 + min_gain``."""
@@ -490,7 +496,6 @@ class AsyncController:
         """Keep the split; the next decision waits for twice the measurements (up to the window)."""
         self.holds[reason] = self.holds.get(reason, 0) + 1
         self._wait = min(2 * self._wait, self.priors.window)
-        return None
 
     def _adopt(self, new: list[int]) -> list[int]:
         for w, old, b in zip(self.workers, self.batch, new, strict=True):
