@@ -345,3 +345,17 @@ def test_a_split_leaves_at_least_two_workers_active() -> None:
     assert ctl._idle_masks(speed) == []  # idling the three slow workers would leave one
     masks = ctl._idle_masks(np.asarray([1.0, 1.0, 8.0, 8.0]))
     assert len(masks) == 1 and masks[0].tolist() == [True, True, False, False]
+
+
+def test_no_candidate_leaves_fewer_than_two_workers_active_when_the_split_already_idles_some() -> None:
+    """The idle variant of a split that already idles a worker (here worker 1, idled at another speed) leaves
+    at least two active: idling workers 0 and 2 as well would leave worker 3 alone."""
+    ctl = controller(n=4, batch=256)
+    ctl.k = 0.0
+    ctl.batch = [4, 0, 2, 16]
+    ctl.workers[1].last_batch = 4
+    speed = np.asarray([1.0, 8.0, 1.0, 8.0])
+    assert [m.tolist() for m in ctl._idle_masks(speed)] == [[True, False, True, False]]
+    rows = ctl.candidates(1.0 / speed, np.full(4, 1e-3))
+    assert ((rows[1:] > 0).sum(axis=1) >= 2).all()
+    assert (rows[0] == ctl.batch).all()

@@ -358,7 +358,7 @@ class AsyncController:
         1 / c_i``, the speeds): a faster worker never gets less than a slower one. Every one but the
         current split is cut to the step's cap. The current split and those scaled from the fastest worker's
         batch are also weighed with the slowest workers idle (:meth:`_idle_masks`); a worker idle now is woken
-        by every candidate that gives it a batch."""
+        by every candidate that gives it a batch. No candidate sums past ``B`` or leaves fewer than ``min_active`` active."""
         speed = 1.0 / c
         now = self._anchor()
         weights, totals = [], []
@@ -373,12 +373,13 @@ class AsyncController:
         rows = np.concatenate([self._capped(np.asarray([self.batch, *fits])), fastest])
         # the slowest workers idle, the others' batches the current ones or scaled from the fastest's
         idle = [np.where(mask[None, :], 0, np.concatenate([[self.batch], fastest])) for mask in self._idle_masks(speed)]
-        rows = np.concatenate([rows, *idle])
-        return np.concatenate([[self.batch], rows[rows.sum(axis=1) <= self.global_batch]])
+        rows = np.concatenate([rows, *idle])  # below: the workers idle now count against min_active too
+        keep = (rows.sum(axis=1) <= self.global_batch) & ((rows > 0).sum(axis=1) >= min(self.priors.min_active, len(c)))
+        return np.concatenate([[self.batch], rows[keep]])
 
     def _idle_masks(self, speed: np.ndarray) -> list[np.ndarray]:
-        """The workers a candidate may idle: for each of the priors' ``idle_below``, those slower than that
-        fraction of the fastest worker's speed (each set once, leaving at least ``min_active``)."""
+        """The workers a candidate may idle: for each ``idle_below``, those slower than that share of the fastest's
+        speed (each set once, leaving at least ``min_active``); with those idle now, :meth:`candidates` checks."""
         out: list[np.ndarray] = []
         for q in self.priors.idle_below:
             mask = speed < q * speed.max()
@@ -387,8 +388,7 @@ class AsyncController:
         return out
 
     def _anchor(self) -> np.ndarray:
-        """The current split with each idle worker at its batch before it was idled: where the trust
-        region and the candidates' shapes start from."""
+        """The current split, each idle worker at its batch before it was idled: where the trust region and shapes start."""
         return np.asarray([b if b > 0 else max(w.last_batch, self.bounds.min_batch)
                            for b, w in zip(self.batch, self.workers, strict=True)], float)
 
