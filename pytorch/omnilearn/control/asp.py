@@ -152,6 +152,10 @@ def pooled_medians(samples: np.ndarray, unknown: float, floor: float) -> tuple[n
     return shrunk(centres, var), within
 
 
+def _median(v: list[float]) -> float:  # statistics.median's of a sorted list, without its checks
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
 def padded(values: list[list[float]], width: int) -> np.ndarray:
     """``values`` (one list a worker, each at most ``width`` long) as rows of one array, NaN after each."""
     return np.asarray([[*v, *[np.nan] * (width - len(v))] for v in values], float).reshape(len(values), width)
@@ -263,7 +267,7 @@ class AsyncController:
     def _observe(self, w: Worker, batch: int, compute_s: float) -> None:
         per = compute_s / (batch + self.k)
         if len(w.times) >= 3:
-            mid = statistics.median(t / (b + self.k) for b, t in w.times)
+            mid = _median(sorted(t / (b + self.k) for b, t in w.times))
             far = abs(per / mid - 1) > self.priors.change and abs(math.log(per / mid)) > self._noise_cut
             w.strikes = w.strikes + 1 if far else 0
             if w.strikes >= 2:  # a new speed: the older measurements are of another worker
@@ -460,7 +464,7 @@ class AsyncController:
         if probe:
             self.decision = {"probe": probe, "k": round(self.k, 3)}
             return self._adopt([self.bounds.min_batch if i in probe else b for i, b in enumerate(self.batch)])
-        splits = np.unique(self.candidates(c, o).astype(float), axis=0)
+        splits = policies.unique_rows(self.candidates(c, o).astype(float))
         worth, lam, busy = self.worth(splits, c, o)
         now = float(self.worth(np.asarray([self.batch], float), c, o)[0][0])
         bar = now * (1 + self.priors.min_gain)
@@ -577,14 +581,10 @@ class AsyncLoop:
     overhead_s: float = 0.0
     calls: int = 0
 
-    @property
-    def batch(self) -> list[int]:
-        return list(self.controller.batch)
-
     def push(self, index: int, batch: int, compute_s: float, cycle_s: float, **where: Any) -> list[int] | None:
         """Worker ``index``'s push (see :meth:`AsyncController.push`); ``where``: the record's fields."""
         t0 = time.perf_counter()
-        old = self.batch
+        old = list(self.controller.batch)
         new = self.controller.push(index, batch, compute_s, cycle_s)
         self.overhead_s += time.perf_counter() - t0
         self.calls += 1

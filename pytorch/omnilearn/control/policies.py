@@ -188,6 +188,13 @@ def round_rows(shares: np.ndarray, totals: np.ndarray, lo: int, hi: np.ndarray) 
     return base.astype(int)
 
 
+def unique_rows(rows: np.ndarray) -> np.ndarray:
+    """The distinct rows of ``rows`` in lexicographic order (:func:`numpy.unique` with ``axis=0``, quicker
+    on the small arrays of a decision)."""
+    ordered = rows[np.lexsort(rows.T[::-1])]
+    return ordered[np.concatenate(([True], (ordered[1:] != ordered[:-1]).any(axis=1)))]
+
+
 def from_fastest(speeds: np.ndarray, fastest: Sequence[float], powers: Sequence[float]) -> np.ndarray:
     """Splits scaled from the fastest worker's batch, unrounded: ``b_i = f (s_i / max s)^p`` for every
     ``f`` of ``fastest`` (samples) and, within it, every ``p`` of ``powers`` (rows x workers)."""

@@ -258,13 +258,3 @@ def same_job(a: JobSpec, b: JobSpec) -> bool:
     return (len(a.slots) == len(b.slots) and a.config.train.global_batch == b.config.train.global_batch
             and [a.plan.targets[s] for s in a.slots] == [b.plan.targets[s] for s in b.slots]
             and list(a.plan.levels) == list(b.plan.levels))
-
-
-def fit_runs(runs: dict[str, Path]) -> tuple[WorkerModels, dict[str, tuple[JobSpec, list[list[dict[str, Any]]]]]]:
-    """:func:`fit_worker_models` over the named run folders (of one job), and what was read from each."""
-    read = {name: run_steps(path) for name, path in runs.items()}
-    first = next(iter(read.values()))[0]
-    odd = [name for name, (job, _) in read.items() if not same_job(first, job)]
-    if odd:
-        raise ValueError(f"runs {odd} are not of the same job as {next(iter(read))} (workers, levels, global batch)")
-    return fit_worker_models([steps for _, steps in read.values()], list(read)), read

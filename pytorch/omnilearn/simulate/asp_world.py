@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -168,10 +169,11 @@ class AsyncRun:
         self.pulled_clock[act, w] = self.clock[act]
         self._control(act, w, b, t_app - self.applied_at[act, w], t_app)
         self.applied_at[act, w] = t_app
-        for i in np.unique(w):
-            mine = act[w == i]
-            self.compute[mine, i] = self._times(i, mine)
-            self.arrive[mine, i] = self.applied_at[mine, i] + self.compute[mine, i] + self.sync
+        times = np.empty(len(act))
+        for i in np.unique(w):  # worker by worker: the draws in the order they have always been taken
+            times[w == i] = self._times(i, act[w == i])
+        self.compute[act, w] = times
+        self.arrive[act, w] = self.applied_at[act, w] + times + self.sync
         return True
 
     def _elapsed(self, kappa: np.ndarray) -> np.ndarray:
@@ -266,10 +268,12 @@ def _step_times(world: World, regimes: Regimes, rng: np.random.Generator, batch:
     far, per seed and worker)."""
     sc, line = world.sc, world.line
     assert sc.global_batch is not None
-    regime = np.searchsorted(regimes.starts, samples[rows] // sc.global_batch, side="right") - 1
+    groups: list[tuple[int, Any]] = [(0, slice(None))]  # a pinned level: one regime, every row
+    if len(regimes.starts) > 1:
+        regime = np.searchsorted(regimes.starts, samples[rows] // sc.global_batch, side="right") - 1
+        groups = [(r, regime == r) for r in np.unique(regime)]
     out = np.empty(len(rows))
-    for r in np.unique(regime):
-        here = regime == r
+    for r, here in groups:
         b = batch[rows[here], worker].astype(float)
         x = b + float(regimes.fixed[r, worker])
         work = world.sample_s * x * (x / world.b0) ** (sc.exponent - 1.0)

@@ -124,12 +124,6 @@ def all_gather_floats(values: list[float], device: torch.device) -> list[list[fl
     return [o.tolist() for o in out]
 
 
-def broadcast_float(value: float, src: int, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.broadcast(t, src=src)
-    return float(t.item())
-
-
 def average_buffers(module: torch.nn.Module) -> None:
     """Average floating-point buffers (BatchNorm running statistics) over ranks, in one call.
 

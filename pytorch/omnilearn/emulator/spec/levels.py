@@ -139,9 +139,6 @@ class LevelTable:
     def workers(self) -> int:
         return len(next(iter(self.levels.values())))
 
-    def level_names(self) -> list[str]:
-        return list(self.levels)
-
 
 def load_tables(path: Path = LEVELS_FILE) -> dict[str, LevelTable]:
     """Read ``levels.yaml`` into one LevelTable per mode, checking its shape."""
