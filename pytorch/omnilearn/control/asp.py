@@ -152,7 +152,7 @@ def pooled_medians(samples: np.ndarray, unknown: float, floor: float) -> tuple[n
     return shrunk(centres, var), within
 
 
-def _median(v: list[float]) -> float:  # statistics.median's of a sorted list, without its checks
+def _median(v: list[float]) -> float:  # a sorted list's, as statistics.median takes it, without its checks
     return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 
 
