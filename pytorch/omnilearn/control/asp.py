@@ -40,7 +40,6 @@ speeds, or an infinite ``ρ``) the split is kept, and the reason counted (:attr:
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -195,7 +194,7 @@ class Worker:
             by: dict[int, list[float]] = {}
             for b, t in self.times:
                 by.setdefault(b, []).append(math.log(t))
-            self._scatter = [abs(x - statistics.median(v)) for v in by.values() if len(v) >= 3 for x in v]
+            self._scatter = [abs(x - _median(sorted(v))) for v in by.values() if len(v) >= 3 for x in v]
         return self._scatter
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -268,7 +267,7 @@ def _step_times(world: World, regimes: Regimes, rng: np.random.Generator, batch:
     far, per seed and worker)."""
     sc, line = world.sc, world.line
     assert sc.global_batch is not None
-    groups: list[tuple[int, Any]] = [(0, slice(None))]  # a pinned level: one regime, every row
+    groups: list[tuple[int, slice | np.ndarray]] = [(0, slice(None))]  # a pinned level: one regime, every row
     if len(regimes.starts) > 1:
         regime = np.searchsorted(regimes.starts, samples[rows] // sc.global_batch, side="right") - 1
         groups = [(r, regime == r) for r in np.unique(regime)]
