@@ -7,7 +7,9 @@
 # BASE_IMAGE is any Debian/Ubuntu image with python3 (3.10+) and its venv module: the official slim
 # image by default; where no registry is reachable, `omnilearn image build` makes one with debootstrap
 # (omnilearn-base:bookworm) and passes it here. Dependencies come from requirements.lock (exact pins,
-# --no-deps, then `pip check`), so the image runs exactly what `make install` runs on the host.
+# --no-deps, then `pip check`), so the image runs exactly what `make install` runs on the host. uv installs
+# them (pinned below): it fetches and unpacks the wheels in parallel and compiles their bytecode on every
+# CPU, about 1.6 times quicker than pip (results/2026-12-07_2cpu_worker-image-uv.md).
 #
 # Layers, slowest first, so that editing the project's code rebuilds only the last, small layer:
 #   1. CA certificates + venv   2. torch/torchvision and their CUDA wheels (their pins alone)
@@ -43,6 +45,8 @@ FROM ${BASE_IMAGE}
 ARG TORCH_INDEX_URL=""
 # setuptools builds the project (--no-build-isolation: no download at each code change).
 ARG SETUPTOOLS_VERSION=84.2.1
+# uv installs the pins (the --no-deps installs below).
+ARG UV_VERSION=0.13.9
 
 LABEL org.opencontainers.image.title="omnilearn-worker" \
       org.opencontainers.image.description="omnilearn training worker (container-based heterogeneity emulation)" \
@@ -50,8 +54,9 @@ LABEL org.opencontainers.image.title="omnilearn-worker" \
 
 # OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, otherwise a worker throttled by
 # its CPU quota burns the quota spinning and the emulated heterogeneity is not what the config says.
-# The CA variables point every client (pip, requests, OpenSSL) at the system store, which holds the
-# extra certificates of docker/ca/ when there are some.
+# The CA variables point every client (pip, uv, requests, OpenSSL) at the system store, which holds the
+# extra certificates of docker/ca/ when there are some. UV_COMPILE_BYTECODE: the workers never write
+# bytecode (PYTHONDONTWRITEBYTECODE), so it is compiled once here, as pip does by default.
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -62,7 +67,10 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_DEFAULT_TIMEOUT=180 \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
-    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    UV_NO_CACHE=1 \
+    UV_HTTP_TIMEOUT=180 \
+    UV_COMPILE_BYTECODE=1
 
 # Extra CAs (for a TLS-inspecting proxy): every docker/ca/*.crt joins the trust store.
 COPY docker/ca/ /tmp/omnilearn-ca/
@@ -84,20 +92,20 @@ RUN set -eu; \
     python3 -c 'import sys; assert sys.version_info >= (3, 10), sys.version' \
         || { echo "the base image's python3 is older than 3.10" >&2; exit 1; }; \
     python3 -m venv /opt/venv; \
-    /opt/venv/bin/python -m pip install --quiet "setuptools==${SETUPTOOLS_VERSION}"
+    /opt/venv/bin/python -m pip install --quiet "setuptools==${SETUPTOOLS_VERSION}" "uv==${UV_VERSION}"
 
 # torch and its CUDA wheels: the longest step, cached as long as their pins do not change.
 COPY --from=pins /pins/heavy.txt /tmp/pins/heavy.txt
 RUN set -eu; \
     if [ -n "${TORCH_INDEX_URL}" ]; then \
-        pip install --no-deps --index-url "${TORCH_INDEX_URL}" -r /tmp/pins/heavy.txt; \
+        uv pip install --no-deps --index-url "${TORCH_INDEX_URL}" -r /tmp/pins/heavy.txt; \
     else \
-        pip install --no-deps -r /tmp/pins/heavy.txt; \
+        uv pip install --no-deps -r /tmp/pins/heavy.txt; \
     fi
 
 # Every other pin, exactly; `pip check` proves the set is complete for this Python.
 COPY --from=pins /pins/rest.txt /tmp/pins/rest.txt
-RUN pip install --no-deps -r /tmp/pins/rest.txt && pip check
+RUN uv pip install --no-deps -r /tmp/pins/rest.txt && pip check
 
 # The user workers run as: no login, no home of its own (HOME is the container's /tmp tmpfs), owning
 # nothing in the image. The launcher passes it (--user 10001:10001), or the launching user's own ids

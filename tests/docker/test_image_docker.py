@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -77,6 +79,19 @@ def test_worker_image_runs_the_project(client: object, worker: image.ImageSet) -
     assert out[0].split("+")[0] == pins["torch"]
     assert out[1].split("+")[0] == pins["torchvision"]
     assert out[2:] == ["PASSIVE", "1"]
+    # Every pin but the test and lint tools at its version, and the bytecode compiled at build time: the
+    # workers never write it (PYTHONDONTWRITEBYTECODE), so without it every start compiles torch again.
+    listing = ("import importlib.metadata as m, importlib.util as u, json, torch; "
+               "print(json.dumps([{d.metadata['Name']: d.version for d in m.distributions()}, "
+               "os.path.exists(u.cache_from_source(torch.__file__))]))")
+    installed, compiled = json.loads(_run(client, ref, ["python", "-c", "import os; " + listing]))
+    norm = {re.sub(r"[-_.]+", "-", name).lower(): version.split("+")[0] for name, version in installed.items()}
+    dev = set(re.search(r'ARG DEV_PINS="([^"]*)"', (ROOT / "Dockerfile").read_text()).group(1).lower().split())
+    wrong = {name: (version, norm.get(re.sub(r"[-_.]+", "-", name).lower()))
+             for name, version in pins.items() if name.lower() not in dev
+             and norm.get(re.sub(r"[-_.]+", "-", name).lower()) != version}
+    assert not wrong, wrong
+    assert compiled
 
 
 @pytest.mark.docker
