@@ -38,6 +38,11 @@ def _has_image(client: object, ref: str) -> bool:
     return daemon.image_or_none(client, ref) is not None
 
 
+def _dist(name: str) -> str:
+    """A distribution's name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _run(client: object, ref: str, command: list[str], **kwargs: object) -> str:
     out = client.containers.run(ref, command, remove=True, stdout=True, stderr=True, **kwargs)
     return out.decode()
@@ -85,12 +90,11 @@ def test_worker_image_runs_the_project(client: object, worker: image.ImageSet) -
                "print(json.dumps([{d.metadata['Name']: d.version for d in m.distributions()}, "
                "os.path.exists(u.cache_from_source(torch.__file__))]))")
     installed, compiled = json.loads(_run(client, ref, ["python", "-c", "import os; " + listing]))
-    norm = {re.sub(r"[-_.]+", "-", name).lower(): version.split("+")[0] for name, version in installed.items()}
-    dev = set(re.search(r'ARG DEV_PINS="([^"]*)"', (ROOT / "Dockerfile").read_text()).group(1).lower().split())
-    wrong = {name: (version, norm.get(re.sub(r"[-_.]+", "-", name).lower()))
-             for name, version in pins.items() if name.lower() not in dev
-             and norm.get(re.sub(r"[-_.]+", "-", name).lower()) != version}
-    assert not wrong, wrong
+    have = {_dist(name): version.split("+")[0] for name, version in installed.items()}
+    dev = {_dist(name) for name in re.search(r'ARG DEV_PINS="([^"]*)"', (ROOT / "Dockerfile").read_text()).group(1).split()}
+    wrong = {name: (version, have.get(_dist(name))) for name, version in pins.items()
+             if _dist(name) not in dev and have.get(_dist(name)) != version}
+    assert not wrong, wrong  # pin: (locked, in the image)
     assert compiled
 
 
