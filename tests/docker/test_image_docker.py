@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 from test_image import _fake_context
 from test_scripts import INSTALL, ROOT
 
@@ -36,11 +37,6 @@ def worker(client: object) -> image.ImageSet:
 
 def _has_image(client: object, ref: str) -> bool:
     return daemon.image_or_none(client, ref) is not None
-
-
-def _dist(name: str) -> str:
-    """A distribution's name as pip compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _run(client: object, ref: str, command: list[str], **kwargs: object) -> str:
@@ -86,14 +82,15 @@ def test_worker_image_runs_the_project(client: object, worker: image.ImageSet) -
     assert out[2:] == ["PASSIVE", "1"]
     # Every pin but the test and lint tools at its version, and the bytecode compiled at build time: the
     # workers never write it (PYTHONDONTWRITEBYTECODE), so without it every start compiles torch again.
-    listing = ("import importlib.metadata as m, importlib.util as u, json, torch; "
+    listing = ("import importlib.metadata as m, importlib.util as u, json, os, torch; "
                "print(json.dumps([{d.metadata['Name']: d.version for d in m.distributions()}, "
                "os.path.exists(u.cache_from_source(torch.__file__))]))")
-    installed, compiled = json.loads(_run(client, ref, ["python", "-c", "import os; " + listing]))
-    have = {_dist(name): version.split("+")[0] for name, version in installed.items()}
-    dev = {_dist(name) for name in re.search(r'ARG DEV_PINS="([^"]*)"', (ROOT / "Dockerfile").read_text()).group(1).split()}
-    wrong = {name: (version, have.get(_dist(name))) for name, version in pins.items()
-             if _dist(name) not in dev and have.get(_dist(name)) != version}
+    installed, compiled = json.loads(_run(client, ref, ["python", "-c", listing]))
+    have = {canonicalize_name(name): version.split("+")[0] for name, version in installed.items()}
+    dev_pins = re.search(r'ARG DEV_PINS="([^"]*)"', (ROOT / "Dockerfile").read_text()).group(1).split()
+    dev = {canonicalize_name(name) for name in dev_pins}
+    wrong = {name: (version, have.get(canonicalize_name(name))) for name, version in pins.items()
+             if canonicalize_name(name) not in dev and have.get(canonicalize_name(name)) != version}
     assert not wrong, wrong  # pin: (locked, in the image)
     assert compiled
 
