@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from omnilearn.control.asp import AsyncController, expected_factor, shrunk
+from omnilearn.control.asp import AsyncController, expected_factor
+from omnilearn.control.asp_window import shrunk
 from omnilearn.control.policies import Bounds
 
 

@@ -41,14 +41,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from omnilearn.control import policies
-from omnilearn.control.fixed_cost import MEDIAN_EFFICIENCY, FixedCost, profile_log_c, t_logpdf
+from omnilearn.control.asp_window import ScatterPool, Worker, median_sorted, padded, pooled_medians
+from omnilearn.control.fixed_cost import FixedCost, profile_log_c, t_logpdf
 from omnilearn.control.policies import Bounds
 from omnilearn.control.priors import PRIORS
 
@@ -116,88 +116,6 @@ def expected_factor(mean: np.ndarray, var: np.ndarray, rho: float) -> np.ndarray
     return (np.minimum(1.0, rho / np.maximum(tau, 1e-12)) * _WEIGHTS[None, :]).sum(axis=1)
 
 
-def shrunk(x: np.ndarray, var: np.ndarray) -> np.ndarray:
-    """Each estimate ``x_i`` (sampling variance ``var_i``; infinite: no estimate) drawn toward their
-    precision-weighted mean by the share of its spread its noise explains: ``m + B_i (x_i − m)``, ``B_i =
-    s² / (s² + var_i)``, ``s²`` the spread between the true values (the estimates' variance less the mean
-    noise, at least 0). The positive-part empirical Bayes (James-Stein) estimate: where the workers differ
-    by no more than their noise (equal shares), every worker gets the same value; where they differ by far
-    more (HL8), each keeps its own."""
-    known = np.isfinite(var)
-    if known.sum() < 2:
-        return np.where(known, x, x[known].mean() if known.any() else 0.0)
-    w = np.where(known, var[known].min() / var, 0.0)  # the precisions, relative to the largest
-    mean = float((w * np.where(known, x, 0.0)).sum() / w.sum())
-    between = max(float(np.var(x[known], ddof=1) - var[known].mean()), 0.0)
-    return np.where(known, mean + between / (between + var) * (x - mean), mean)
-
-
-def pooled_medians(samples: np.ndarray, unknown: float, floor: float) -> tuple[np.ndarray, float]:
-    """Each worker's median of its samples (the rows of ``samples``, workers x window, NaN where a window
-    is short), :func:`shrunk` by the noise of that median; and the variance of one sample about its
-    worker's median, pooled over the workers (their degrees of freedom: each window less one),
-    ``unknown`` where no window has two, and at least ``floor``."""
-    held = ~np.isnan(samples)
-    sizes = held.sum(axis=1)
-    ordered = np.sort(samples, axis=1)  # NaN last
-    rows = np.arange(len(samples))
-    mid = ordered[rows, np.maximum(sizes - 1, 0) // 2] + ordered[rows, sizes // 2]
-    centres = np.where(sizes > 0, mid / 2, 0.0)
-    dof = float(sizes.sum() - (sizes > 0).sum())
-    within = max(float((np.where(held, samples - centres[:, None], 0.0) ** 2).sum()) / dof
-                 if dof >= 1 else unknown, floor)
-    with np.errstate(divide="ignore"):
-        var = np.where(sizes > 0, within * MEDIAN_EFFICIENCY / sizes, np.inf)
-    return shrunk(centres, var), within
-
-
-def _median(v: list[float]) -> float:  # a sorted list's, as statistics.median takes it, without its checks
-    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-
-
-def padded(values: list[list[float]], width: int) -> np.ndarray:
-    """``values`` (one list a worker, each at most ``width`` long) as rows of one array, NaN after each."""
-    return np.asarray([[*v, *[np.nan] * (width - len(v))] for v in values], float).reshape(len(values), width)
-
-
-@dataclass
-class Worker:
-    """One worker's recent measurements."""
-
-    times: deque[tuple[int, float]]  # (batch, compute seconds)
-    overheads: deque[float]  # cycle seconds less compute seconds
-    fresh: int = 0
-    strikes: int = 0
-    idle_for: int = 0
-    """Decisions taken since the controller idled this worker (while its batch is 0)."""
-    last_batch: int = 0
-    """Its batch before it was idled: where a move that wakes it may start from."""
-    woken: bool = False
-    """Idle until the last move: the cycle of its first push since holds its idle time."""
-    _scatter: list[float] | None = None
-
-    def record(self, batch: int, compute_s: float) -> None:
-        self.times.append((batch, compute_s))
-        self._scatter = None
-
-    def restart(self) -> None:
-        """Keep only the last time: the older ones are of another speed."""
-        last = self.times[-1]
-        self.times.clear()
-        self.times.append(last)
-        self._scatter = None
-
-    def scatter(self) -> list[float]:
-        """Every log time's distance from the median log time of this worker's times at the same batch,
-        for the batches that have three times or more."""
-        if self._scatter is None:
-            by: dict[int, list[float]] = {}
-            for b, t in self.times:
-                by.setdefault(b, []).append(math.log(t))
-            self._scatter = [abs(x - _median(sorted(v))) for v in by.values() if len(v) >= 3 for x in v]
-        return self._scatter
-
-
 @dataclass
 class AsyncController:
     """The ASP ``dynamic`` policy (see the module). ``delay_tolerance``: the update rule's ``ρ``."""
@@ -229,8 +147,8 @@ class AsyncController:
         n = len(self.bounds.max_batch)
         if not self.batch:
             self.batch = policies.uniform(n, self.global_batch, self.bounds)
-        self.workers = [Worker(deque(maxlen=self.priors.window), deque(maxlen=self.priors.window))
-                        for _ in range(n)]
+        self.workers = [Worker(self.priors.window) for _ in range(n)]
+        self._pool = ScatterPool()
         self.b_ref = float(self.reference_batch or self.global_batch / n)
         self.fixed = FixedCost(max(round(self.b_ref * n), n), n)
         """``k``'s posterior over the run: every measurement told once (:meth:`_tell_k`)."""
@@ -239,6 +157,7 @@ class AsyncController:
         self.k = self.k_prior
         """The fixed cost per step in samples, as last fitted (:meth:`_fit_k`)."""
         self._wait = self.priors.fresh  # measurements every worker needs before the next decision
+        self._lagging = 0  # the worker last found short of them
         self._noise_cut = 0.0
         """Beside the priors' ``change``, the departure (log) a change of speed must pass: ``change_sds``
         sds of the noise measured at the last decision."""
@@ -259,14 +178,24 @@ class AsyncController:
             if cycle_s > compute_s and not w.woken:
                 w.overheads.append(cycle_s - compute_s)
             w.woken = False
-        if any(w.fresh < self._wait for w, b in zip(self.workers, self.batch, strict=True) if b > 0):
-            return None
-        return self.decide()
+        return None if self._short() else self.decide()
+
+    def _short(self) -> bool:
+        """Whether an active worker has fewer fresh measurements than the next decision waits for (the
+        one found short last time asked first)."""
+        j = self._lagging
+        if j < len(self.batch) and self.batch[j] > 0 and self.workers[j].fresh < self._wait:
+            return True
+        for j, (w, b) in enumerate(zip(self.workers, self.batch, strict=True)):
+            if b > 0 and w.fresh < self._wait:
+                self._lagging = j
+                return True
+        return False
 
     def _observe(self, w: Worker, batch: int, compute_s: float) -> None:
         per = compute_s / (batch + self.k)
         if len(w.times) >= 3:
-            mid = _median(sorted(t / (b + self.k) for b, t in w.times))
+            mid = median_sorted(w.per_sample(self.k))
             far = abs(per / mid - 1) > self.priors.change and abs(math.log(per / mid)) > self._noise_cut
             w.strikes = w.strikes + 1 if far else 0
             if w.strikes >= 2:  # a new speed: the older measurements are of another worker
@@ -284,7 +213,7 @@ class AsyncController:
         + k)``, :func:`~omnilearn.control.fixed_cost.profile_log_c`; the chain rule of the window's
         evidence, each time counted once). Only a window that holds another batch tells anything; a time
         that may be of a new speed (a strike) tells nothing."""
-        if not w.times or all(b == batch for b, _ in w.times):
+        if w.only_batch(batch):
             return
         grid = self.fixed.grid
         log_c = profile_log_c(np.asarray([b for b, _ in w.times], float),
@@ -316,10 +245,8 @@ class AsyncController:
     def _scatter(self) -> float:
         """The sd of a log compute time about its worker's median at the same batch (robust, pooled over
         the windows); the prior's measurement noise where no batch has three times yet."""
-        about = [x for w in self.workers for x in w.scatter()]
-        if len(about) < 3:
-            return PRIORS.noise
-        return 1.4826 * float(np.median(about))
+        about = self._pool.median(self.workers)
+        return PRIORS.noise if about is None else 1.4826 * about
 
     def estimates(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Every worker's seconds per sample ``c_i`` and cycle overhead ``o_i``; None until every
@@ -345,8 +272,7 @@ class AsyncController:
         moved = np.minimum(splits, self._cap_units * self.b_ref)  # the step's cap
         kappa = moved / self.b_ref  # each worker's step, in units: what its push adds to the others' τ
         lam = np.maximum(cycle * (kappa / cycle).sum(axis=1, keepdims=True) - kappa, 0.0)  # Σ_{j≠i} κ_j T_i / T_j
-        x = cycle[:, :, None] / cycle[:, None, :]
-        f = np.subtract(x, np.floor(x), out=x)  # the fractional part, 0 on the diagonal (x_ii = 1)
+        f = np.modf(cycle[:, :, None] / cycle[:, None, :])[0]  # the fractional part, 0 on the diagonal (x_ii = 1)
         f *= 1.0 - f
         var = np.matmul(f, (kappa * kappa)[:, :, None])[:, :, 0]
         rate = np.where(splits > 0, 1.0 / cycle, 0.0)  # an idle worker pushes nothing
@@ -364,14 +290,13 @@ class AsyncController:
         by every candidate that gives it a batch. No candidate sums past ``B`` or leaves fewer than ``min_active`` active."""
         speed = 1.0 / c
         now = self._anchor()
-        weights, totals = [], []
-        for total in self._totals():
-            shape = now * (total / now.sum())
-            equal = self._equal_cycles(c, o, total)
-            weights += [shape + part * (equal - shape) for part in (0.25, 0.5, 0.75, 1.0)]
-            weights += [speed ** g for g in self.priors.gammas]
-            totals += [total] * (4 + len(self.priors.gammas))
-        fits = self._fit(np.asarray(weights), np.asarray(totals, float))
+        sums = np.asarray(self._totals(), float)[:, None, None]  # (T, 1, 1)
+        shape = now * (sums / now.sum())
+        equal = self._equal_cycles(c, o, sums)
+        towards = shape + np.asarray([0.25, 0.5, 0.75, 1.0])[:, None] * (equal - shape)  # (T, 4, n)
+        powers = np.broadcast_to(np.stack([speed ** g for g in self.priors.gammas]), (len(sums), len(self.priors.gammas), len(c)))
+        weights = np.concatenate([towards, powers], axis=1)
+        fits = self._fit(weights.reshape(-1, len(c)), np.repeat(sums.ravel(), weights.shape[1]))
         fastest = self._capped(self._from_fastest(speed))
         rows = np.concatenate([self._capped(np.asarray([self.batch, *fits])), fastest])
         # the slowest workers idle, the others' batches the current ones or scaled from the fastest's
@@ -428,8 +353,9 @@ class AsyncController:
         hi = min(self.global_batch, sum(self.bounds.max_batch), math.floor(now * self.priors.trust))
         return sorted({min(max(round(f * self.global_batch), lo), hi) for f in self.priors.totals}, reverse=True)
 
-    def _equal_cycles(self, c: np.ndarray, o: np.ndarray, total: int) -> np.ndarray:
-        """The (fractional) split whose cycles ``c_i (b_i + k) + o_i`` are all equal, ``Σ b_i = total``."""
+    def _equal_cycles(self, c: np.ndarray, o: np.ndarray, total: float | np.ndarray) -> np.ndarray:
+        """The (fractional) split whose cycles ``c_i (b_i + k) + o_i`` are all equal, ``Σ b_i = total`` (an
+        array of totals: a split along its last axis for each)."""
         k = self.k
         cycle = (total + k * len(c) + float((o / c).sum())) / float((1.0 / c).sum())
         return np.maximum((cycle - o) / c - k, 0.0)
@@ -465,7 +391,7 @@ class AsyncController:
             return self._adopt([self.bounds.min_batch if i in probe else b for i, b in enumerate(self.batch)])
         splits = policies.unique_rows(self.candidates(c, o).astype(float))
         worth, lam, busy = self.worth(splits, c, o)
-        now = float(self.worth(np.asarray([self.batch], float), c, o)[0][0])
+        now = float(worth[(splits == np.asarray(self.batch, float)).all(axis=1)][0])  # the current split's row
         bar = now * (1 + self.priors.min_gain)
         allowed = busy <= self.priors.utilisation
         if not (allowed & (worth > bar)).any():
@@ -538,10 +464,10 @@ class AsyncController:
         if "fixed_cost" in d:  # a state saved before k's posterior was kept starts from its prior
             self._load_k(d["fixed_cost"])
         self.batch = self._resplit([int(d["batch"][i]) for i in keep], sum(int(b) for b in d["batch"]))
-        self.workers = []
+        self.workers, self._pool = [], ScatterPool()
         for i in keep:
             saved = d["workers"][i]
-            w = Worker(deque(maxlen=self.priors.window), deque(maxlen=self.priors.window))
+            w = Worker(self.priors.window)
             for b, t in saved["times"]:
                 w.record(int(b), float(t))
             w.overheads.extend(float(x) for x in saved["overheads"])

@@ -115,28 +115,29 @@ def bounded_shares_rows(weights: np.ndarray, totals: np.ndarray, lo: np.ndarray,
     rows, n = weights.shape
     w = np.maximum(weights.astype(float), 0.0)
     w[np.cumsum(w, axis=1)[:, -1] <= 0] = 1.0
+    top, bottom = hi + 1e-12, lo - 1e-12
     pinned = np.zeros((rows, n), bool)
     value = np.zeros((rows, n))
     pinned_sum = np.zeros(rows)
     shares = np.zeros((rows, n))
-    active = np.ones(rows, bool)
-    while active.any():
+    moving = np.ones((rows, 1), bool)
+    while True:
         free = ~pinned
-        rest = totals - pinned_sum
-        wsum = np.cumsum(np.where(free, w, 0.0), axis=1)[:, -1]
-        count = free.sum(axis=1)
-        safe = np.where(wsum > 0, wsum, 1.0)
-        fresh = np.where((wsum > 0)[:, None], rest[:, None] * w / safe[:, None],
-                         (rest / np.maximum(count, 1))[:, None])
-        shares = np.where(active[:, None] & free, fresh, shares)
-        over = active[:, None] & free & (shares > hi + 1e-12)
-        under = active[:, None] & free & (shares < lo - 1e-12)
-        use_over = over.any(axis=1)
-        pin = np.where(use_over[:, None], over, under)
-        active = pin.any(axis=1)
-        if not active.any():
+        rest = (totals - pinned_sum)[:, None]
+        wsum = np.cumsum(np.where(free, w, 0.0), axis=1)[:, -1:]
+        if (wsum > 0).all():
+            fresh = rest * w / wsum
+        else:  # every free weight 0: the rest in equal parts
+            fresh = np.where(wsum > 0, rest * w / np.where(wsum > 0, wsum, 1.0), rest / np.maximum(free.sum(axis=1, keepdims=True), 1))
+        now = moving & free
+        shares = np.where(now, fresh, shares)
+        over = now & (shares > top)
+        use_over = over.any(axis=1, keepdims=True)
+        pin = np.where(use_over, over, now & (shares < bottom))
+        moving = pin.any(axis=1, keepdims=True)
+        if not moving.any():
             break
-        val = np.where(use_over[:, None], hi, lo)
+        val = np.where(use_over, hi, lo)
         value = np.where(pin, val, value)
         pinned |= pin
         pinned_sum = np.cumsum(np.concatenate([pinned_sum[:, None], np.where(pin, val, 0.0)], axis=1), axis=1)[:, -1]
@@ -174,17 +175,20 @@ def round_rows(shares: np.ndarray, totals: np.ndarray, lo: int, hi: np.ndarray) 
     order = np.argsort(-(shares - np.floor(shares + 1e-9)), axis=1, kind="stable")
     rows = np.arange(len(shares))[:, None]
     left = totals - base.sum(axis=1)
+    if not left.any():
+        return base.astype(int)
+    ordered, top = base[rows, order], hi[rows, order]  # in each row's order of remainders, pass after pass
     while (left != 0).any():
-        ordered = base[rows, order]
-        up = (left > 0)[:, None] & (ordered < hi[rows, order])
+        up = (left > 0)[:, None] & (ordered < top)
         down = (left < 0)[:, None] & (ordered > lo)
         eligible = up | down
         rank = np.cumsum(eligible, axis=1)
         step = eligible & (rank <= np.abs(left)[:, None])
         assert step[left != 0].any(axis=1).all(), "bounds cannot hold the total"
         delta = np.where(step, np.where(up, 1.0, -1.0), 0.0)
-        base[rows, order] += delta
+        ordered += delta
         left = left - delta.sum(axis=1)
+    base[rows, order] = ordered
     return base.astype(int)
 
 
