@@ -38,6 +38,12 @@ def shrunk(x: np.ndarray, var: np.ndarray) -> np.ndarray:
     by no more than their noise (equal shares), every worker gets the same value; where they differ by far
     more (HL8), each keeps its own."""
     known = np.isfinite(var)
+    if known.all() and len(x) > 1:  # every worker measured: the lines below without their masks
+        w = var.min() / var
+        mean = float((w * x).sum() / w.sum())
+        d = x - x.sum() / len(x)
+        between = max(float((d * d).sum() / (len(x) - 1) - var.mean()), 0.0)
+        return mean + between / (between + var) * (x - mean)
     if known.sum() < 2:
         return np.where(known, x, x[known].mean() if known.any() else 0.0)
     w = np.where(known, var[known].min() / var, 0.0)  # the precisions, relative to the largest
@@ -91,23 +97,19 @@ class Worker:
         self.times, self.overheads = deque(maxlen=self.window), deque(maxlen=self.window)
 
     def record(self, batch: int, compute_s: float) -> None:
-        if len(self.times) == self.window:
-            self._forget(*self.times[0])
+        if len(self.times) == self.window:  # the oldest time leaves the window
+            b, t = self.times[0]
+            self._batches[b] -= 1
+            if not self._batches[b]:
+                del self._batches[b]
+            if self._per is not None:
+                del self._per[1][bisect_left(self._per[1], t / (b + self._per[0]))]
         self.times.append((batch, compute_s))
         self._batches[batch] += 1
         if self._per is not None:
             insort(self._per[1], compute_s / (batch + self._per[0]))
         self._scatter = None
         self.version += 1
-
-    def _forget(self, batch: int, compute_s: float) -> None:
-        """The oldest time, about to leave the window."""
-        self._batches[batch] -= 1
-        if not self._batches[batch]:
-            del self._batches[batch]
-        if self._per is not None:
-            per = self._per[1]
-            del per[bisect_left(per, compute_s / (batch + self._per[0]))]
 
     def restart(self) -> None:
         """Keep only the last time: the older ones are of another speed."""
