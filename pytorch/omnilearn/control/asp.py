@@ -272,7 +272,8 @@ class AsyncController:
         moved = np.minimum(splits, self._cap_units * self.b_ref)  # the step's cap
         kappa = moved / self.b_ref  # each worker's step, in units: what its push adds to the others' τ
         lam = np.maximum(cycle * (kappa / cycle).sum(axis=1, keepdims=True) - kappa, 0.0)  # Σ_{j≠i} κ_j T_i / T_j
-        f = np.modf(cycle[:, :, None] / cycle[:, None, :])[0]  # the fractional part, 0 on the diagonal (x_ii = 1)
+        x = cycle[:, :, None] / cycle[:, None, :]
+        f = np.subtract(x, np.floor(x), out=x)  # the fractional part, 0 on the diagonal (x_ii = 1)
         f *= 1.0 - f
         var = np.matmul(f, (kappa * kappa)[:, :, None])[:, :, 0]
         rate = np.where(splits > 0, 1.0 / cycle, 0.0)  # an idle worker pushes nothing

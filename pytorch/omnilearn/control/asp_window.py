@@ -147,18 +147,22 @@ class ScatterPool:
     push)."""
 
     values: list[float] = field(default_factory=list)
-    held: dict[int, tuple[int, list[float]]] = field(default_factory=dict)
-    """Worker -> the :attr:`Worker.version` of its window and the values it has in ``values``."""
+    held: list[list[float]] = field(default_factory=list)  # each worker's values in ``values``
+    seen: list[int] = field(default_factory=list)  # the :attr:`Worker.version` of each window they came from
 
     def median(self, workers: list[Worker]) -> float | None:
         """The median of every worker's scatter; None where fewer than three."""
-        for i, w in enumerate(workers):
-            version, was = self.held.get(i, (-1, []))
-            if version == w.version:
-                continue
-            for x in was:
-                del self.values[bisect_left(self.values, x)]
-            self.held[i] = (w.version, list(w.scatter()))
-            for x in self.held[i][1]:
-                insort(self.values, x)
+        versions = [w.version for w in workers]
+        if versions != self.seen:
+            self.held += [[] for _ in range(len(workers) - len(self.held))]
+            self.seen += [-1] * (len(workers) - len(self.seen))
+            for i, w in enumerate(workers):
+                if versions[i] == self.seen[i]:
+                    continue
+                for x in self.held[i]:
+                    del self.values[bisect_left(self.values, x)]
+                self.held[i] = list(w.scatter())
+                for x in self.held[i]:
+                    insort(self.values, x)
+            self.seen = versions
         return median_sorted(self.values) if len(self.values) >= 3 else None
