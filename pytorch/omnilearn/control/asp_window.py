@@ -144,7 +144,7 @@ class Worker:
 class ScatterPool:
     """Every worker's :meth:`Worker.scatter` in one sorted list, brought up to date for the workers whose
     windows changed since (a decision among 64 workers would otherwise gather and sort them all at every
-    push)."""
+    push). One pool follows one list of workers: its owner starts a new pool with new workers."""
 
     values: list[float] = field(default_factory=list)
     held: list[list[float]] = field(default_factory=list)  # each worker's values in ``values``
