@@ -40,7 +40,7 @@ def test_a_workers_window_reads_as_its_times(events: list[tuple[str, int, float]
 @given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([4, 8]), st.floats(1e-3, 2.0)), max_size=120))
 def test_the_pooled_scatter_is_the_median_of_every_workers(pushes: list[tuple[int, int, float]]) -> None:
     workers = [Worker(6) for _ in range(6)]
-    pool = ScatterPool()
+    pool = ScatterPool(6)
     for i, b, t in pushes:
         if t > 1.9 and workers[i].times:
             workers[i].restart()  # a change of speed: the window keeps its last time

@@ -148,7 +148,7 @@ class AsyncController:
         if not self.batch:
             self.batch = policies.uniform(n, self.global_batch, self.bounds)
         self.workers = [Worker(self.priors.window) for _ in range(n)]
-        self._pool = ScatterPool()
+        self._pool = ScatterPool(n)
         self.b_ref = float(self.reference_batch or self.global_batch / n)
         self.fixed = FixedCost(max(round(self.b_ref * n), n), n)
         """``k``'s posterior over the run: every measurement told once (:meth:`_tell_k`)."""
@@ -465,7 +465,7 @@ class AsyncController:
         if "fixed_cost" in d:  # a state saved before k's posterior was kept starts from its prior
             self._load_k(d["fixed_cost"])
         self.batch = self._resplit([int(d["batch"][i]) for i in keep], sum(int(b) for b in d["batch"]))
-        self.workers, self._pool = [], ScatterPool()
+        self.workers, self._pool = [], ScatterPool(len(keep))
         for i in keep:
             saved = d["workers"][i]
             w = Worker(self.priors.window)

@@ -140,29 +140,26 @@ class Worker:
         return self._scatter
 
 
-@dataclass
 class ScatterPool:
     """Every worker's :meth:`Worker.scatter` in one sorted list, brought up to date for the workers whose
     windows changed since (a decision among 64 workers would otherwise gather and sort them all at every
-    push). One pool follows one list of workers: its owner starts a new pool with new workers."""
+    push). One pool follows one list of ``workers`` workers: its owner starts a new pool with new workers."""
 
-    values: list[float] = field(default_factory=list)
-    held: list[list[float]] = field(default_factory=list)  # each worker's values in ``values``
-    seen: list[int] = field(default_factory=list)  # the :attr:`Worker.version` of each window they came from
+    def __init__(self, workers: int) -> None:
+        self.values: list[float] = []
+        self.held: list[list[float]] = [[] for _ in range(workers)]  # each worker's values in ``values``
+        self.seen = [-1] * workers  # the :attr:`Worker.version` of each window they came from
 
     def median(self, workers: list[Worker]) -> float | None:
         """The median of every worker's scatter; None where fewer than three."""
         versions = [w.version for w in workers]
-        if versions != self.seen:
-            self.held += [[] for _ in range(len(workers) - len(self.held))]
-            self.seen += [-1] * (len(workers) - len(self.seen))
-            for i, w in enumerate(workers):
-                if versions[i] == self.seen[i]:
-                    continue
-                for x in self.held[i]:
-                    del self.values[bisect_left(self.values, x)]
-                self.held[i] = list(w.scatter())
-                for x in self.held[i]:
-                    insort(self.values, x)
-            self.seen = versions
+        for i, w in enumerate(workers):
+            if versions[i] == self.seen[i]:
+                continue
+            for x in self.held[i]:
+                del self.values[bisect_left(self.values, x)]
+            self.held[i] = list(w.scatter())
+            for x in self.held[i]:
+                insort(self.values, x)
+        self.seen = versions
         return median_sorted(self.values) if len(self.values) >= 3 else None
