@@ -38,19 +38,13 @@ def shrunk(x: np.ndarray, var: np.ndarray) -> np.ndarray:
     by no more than their noise (equal shares), every worker gets the same value; where they differ by far
     more (HL8), each keeps its own."""
     known = np.isfinite(var)
-    if known.all() and len(x) > 1:  # every worker measured: the lines below without their masks
-        w = var.min() / var
-        mean = float((w * x).sum() / w.sum())
-        d = x - x.sum() / len(x)
-        between = max(float((d * d).sum() / (len(x) - 1) - var.mean()), 0.0)
-        return mean + between / (between + var) * (x - mean)
     if known.sum() < 2:
         return np.where(known, x, x[known].mean() if known.any() else 0.0)
-    w = np.where(known, var[known].min() / var, 0.0)  # the precisions, relative to the largest
+    xs, vs = x[known], var[known]
+    w = np.where(known, vs.min() / var, 0.0)  # the precisions, relative to the largest
     mean = float((w * np.where(known, x, 0.0)).sum() / w.sum())
-    xs = x[known]
     d = xs - xs.sum() / len(xs)  # numpy.var's own steps (ddof 1), without its dispatch
-    between = max(float((d * d).sum() / (len(xs) - 1) - var[known].mean()), 0.0)
+    between = max(float((d * d).sum() / (len(xs) - 1) - vs.mean()), 0.0)
     return np.where(known, mean + between / (between + var) * (x - mean), mean)
 
 
