@@ -158,8 +158,9 @@ class SampleTime:
         v = self.v if rows is None else self.v[rows]
         p2 = self.p2 if rows is None else self.p2[rows]
         c2 = torch.clamp((1 - p2).to(v.dtype), min=1e-12)  # 0 only before any push, when θ is θ_pulled
-        rms = torch.sqrt(v / c2).add_(self.hyper.eps)
-        return grad + self.hyper.correction * grad * grad / rms * (theta - pulled)
+        rms = torch.div(v, c2).sqrt_().add_(self.hyper.eps)
+        # two temporaries the size of the model, the rest in place: the server applies every push
+        return torch.sub(theta, pulled).mul_(grad).mul_(grad).div_(rms).mul_(self.hyper.correction).add_(grad)
 
     def _square(self, grad: torch.Tensor, kappa: Any, m: torch.Tensor, p1: torch.Tensor) -> torch.Tensor:
         """What the push brings to Adam's second moment. The mean gradient of ``b`` samples has
