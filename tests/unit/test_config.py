@@ -108,6 +108,29 @@ def test_two_workers_sharing_a_cpuset(tmp_path: Path) -> None:
         build_plan(config.build(p, []), host=[0, 1])
 
 
+def test_a_quota_on_a_cpuset(tmp_path: Path) -> None:
+    p = write(tmp_path, "workers: 2\nemulation:\n  hl: HL8\n  levels:\n"
+                        "    HL8: [{cpuset: '0', cpus: 0.125}, {cpuset: '1', cpus: 1, memory: 1G}]\n")
+    plan = build_plan(config.build(p, []), host=[0, 1])
+    slow, fast = (plan.allocation("HL8", f"worker{i}") for i in (1, 2))
+    assert (slow.cpuset, slow.cpus, slow.memory) == ("0", 0.125, None)
+    assert (fast.cpuset, fast.cpus, fast.memory) == ("1", 1.0, 2**30)
+    assert fast.share / slow.share == pytest.approx(8)
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ("{cpuset: '0', cpus: 1.5}", "asks for 1.5 CPUs on cpuset 0, which has 1"),
+    ("{cpuset: '0', cpus: 0}", "quota must be positive"),
+    ("{cpuset: '7', cpus: 0.5}", "lacks: 7"),
+    ("{cpuset: 3, cpus: 0.5}", "cpuset: expected a cpuset string"),
+])
+def test_a_bad_quota_on_a_cpuset(tmp_path: Path, entry: str, message: str) -> None:
+    p = write(tmp_path, f"workers: 2\nemulation:\n  hl: HL8\n  levels:\n    HL8: [{entry}, 1.0]\n")
+    with pytest.raises(UserError, match=message) as err:
+        build_plan(config.build(p, []), host=[0, 1])
+    assert "emulation.levels.HL8" in str(err.value)
+
+
 def test_quota_scaling_keeps_ratios() -> None:
     table = load_tables()["bsp"]
     workers, server = resolve_level(table, "HL8", 4, "quota", host=[0, 1])

@@ -59,7 +59,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if containers is None:
         check_local_prerequisites()
     out = Path(args.out) if args.out else Path("runs") / time.strftime("emulate-%Y%m%d-%H%M%S")
-    status = emulate(command, args.hl, args.schedule, args.workers, out, containers, args.tensorboard)
+    levels = Path(args.levels) if args.levels else None
+    status = emulate(command, args.hl, args.schedule, args.workers, out, containers, args.tensorboard, levels)
     if containers is None:  # the timing module runs in the command's own processes, not in containers
         from omnilearn.launch.record import steps_line
 
@@ -165,6 +166,9 @@ def _add_emulate(sub: Any) -> None:
     em.add_argument("--hl", help="pin one level (HL1, HL2, HL4, HL8)")
     em.add_argument("--schedule", help="named schedule or a YAML file (in seconds; in epochs with omnilearn.torch)")
     em.add_argument("--workers", type=int, help="ranks of the command (default 4, or one per --containers name)")
+    em.add_argument("--levels", metavar="FILE",
+                    help="own level table (YAML: level -> one entry per rank, as emulation.levels) in place "
+                         "of the paper's")
     em.add_argument("--out", help="run folder (default: a new folder under runs/)")
     em.add_argument("--containers", metavar="A,B,...",
                     help="containers you started (docker run), rank i the i-th: levels by docker update, "

@@ -241,7 +241,8 @@ class EmulationConfig:
     hl: str | None = None
     """Pin one level for the whole run (overrides schedule)."""
     levels: dict[str, list[Any]] | None = None
-    """Own level table: level -> one cpuset string or CPU quota number per worker."""
+    """Own level table: level -> one entry per worker: a cpuset string, a CPU quota number, or
+    ``{cpuset, cpus, memory}`` (any of them; a cpuset with cpus is a quota on those cores)."""
     ack_timeout: float = 20.0
     """Seconds a worker waits for the toggler to apply its request."""
     links: list[Any] | dict[str, Any] | None = None

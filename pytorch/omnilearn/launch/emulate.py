@@ -38,7 +38,7 @@ from omnilearn.emulator.protocol.toggler_host import TogglerHost
 from omnilearn.emulator.spec.levels import Allocation
 from omnilearn.emulator.spec.plan import EmulationPlan, build_plan
 from omnilearn.errors import UserError
-from omnilearn.files import write_atomic
+from omnilearn.files import load_yaml, write_atomic
 from omnilearn.jobfile import HOOK_ENV, OUT_ENV, T0_ENV, JobSpec, new_job_id
 from omnilearn.launch.interrupts import Interrupts
 from omnilearn.report.stragglers import WINDOW_SCANS, WINDOW_STEPS, StragglerScores
@@ -156,11 +156,12 @@ def container_backend(job_id: str, targets: list[str], names: list[str]) -> User
 
 
 def emulate(argv: list[str], hl: str | None, schedule: str | None, workers: int | None, out: Path,
-            containers: list[str] | None = None, tensorboard: bool = False) -> int:
+            containers: list[str] | None = None, tensorboard: bool = False, levels: Path | None = None) -> int:
     """Run ``argv`` under the levels; returns its exit status. ``containers``: the user's, one per rank
     (``workers`` defaults to their count, else to 4). ``tensorboard``: scalars in ``OUT/tensorboard/``
-    while it runs (a script's steps, and each rank's straggler scores from busy time)."""
-    job = emulation_job(argv, hl, schedule, workers, out, containers)
+    while it runs (a script's steps, and each rank's straggler scores from busy time). ``levels``: a
+    YAML file of the job's own level table (``emulation.levels``' format) in place of the paper's."""
+    job = emulation_job(argv, hl, schedule, workers, out, containers, levels)
     plan, cfg = job.plan, job.config
     backend: Backend = (container_backend(job.job_id, list(plan.targets), containers) if containers
                         else select_backend("auto", job.job_id, list(plan.targets), period_us=cfg.emulation.cpu_period_us))
@@ -222,7 +223,7 @@ def live_board(job: JobSpec) -> Any:  # noqa: ANN401 - observe.tensorboard.LiveT
 
 
 def emulation_job(argv: list[str], hl: str | None, schedule: str | None, workers: int | None, out: Path,
-                  containers: list[str] | None) -> JobSpec:
+                  containers: list[str] | None, levels: Path | None = None) -> JobSpec:
     """The job ``emulate`` runs the command as: its config, plan and run folder, checked before anything starts."""
     if not argv:
         raise UserError("omnilearn emulate: give a command after --, e.g. -- torchrun --nproc-per-node 4 train.py")
@@ -232,8 +233,19 @@ def emulation_job(argv: list[str], hl: str | None, schedule: str | None, workers
         workers = len(containers) if containers else 4
     overrides: list[tuple[str, Any]] = [("workers", workers), ("emulation.backend", "auto")]
     overrides += [("emulation.hl", hl)] if hl else [("emulation.schedule", schedule or "demo")]
-    cfg = config.build(None, overrides)
-    plan = build_plan(cfg)
+    if levels is None:
+        cfg = config.build(None, overrides)
+        plan = build_plan(cfg)
+    else:
+        table = load_yaml(levels, "--levels file")
+        if not isinstance(table, dict) or not table:
+            raise UserError(f"--levels {levels}: expected a mapping of levels to one entry per rank, "
+                            f"e.g. HL8: [{{cpuset: '0', cpus: 0.125}}, {{cpuset: '1', cpus: 1}}]")
+        try:
+            cfg = config.build(None, [*overrides, ("emulation.levels", table)])
+            plan = build_plan(cfg)
+        except UserError as e:
+            raise UserError(f"--levels {levels}: {e}") from None
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out}: exists and is not empty")
     return JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="")

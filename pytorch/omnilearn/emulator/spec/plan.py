@@ -113,21 +113,29 @@ def _custom_table(cfg: JobConfig, table: dict[str, list[Any]], key: str) -> dict
                                     f"(known: cpus, cpuset, memory)")
                 if "memory" in entry:
                     parse_memory(entry["memory"], f"{where}.{level}[{i}].memory")
-                entry = _cpu_part(entry)
-                if entry is None:
-                    continue
-            if isinstance(entry, str):
-                try:
-                    parse_cpuset(entry)
-                except ValueError as e:
-                    raise UserError(f"{where}.{level}[{i}]: {e}") from None
-            elif isinstance(entry, (int, float)) and not isinstance(entry, bool):
-                if entry <= 0:
-                    raise UserError(f"{where}.{level}[{i}]: a CPU quota must be positive, not {entry}")
+                if "cpuset" in entry and not isinstance(entry["cpuset"], str):
+                    raise UserError(f"{where}.{level}[{i}].cpuset: expected a cpuset string, "
+                                    f"got {entry['cpuset']!r}")
+                parts = [entry[k] for k in ("cpuset", "cpus") if k in entry]
             else:
-                raise UserError(f"{where}.{level}[{i}]: expected a cpuset string or a CPU count, "
-                                f"got {entry!r}")
+                parts = [entry]
+            for part in parts:
+                _check_cpu_entry(part, f"{where}.{level}[{i}]")
     return table
+
+
+def _check_cpu_entry(entry: Any, where: str) -> None:
+    """A level entry's CPU side is a cpuset string or a positive CPU count."""
+    if isinstance(entry, str):
+        try:
+            parse_cpuset(entry)
+        except ValueError as e:
+            raise UserError(f"{where}: {e}") from None
+    elif isinstance(entry, (int, float)) and not isinstance(entry, bool):
+        if entry <= 0:
+            raise UserError(f"{where}: a CPU quota must be positive, not {entry}")
+    else:
+        raise UserError(f"{where}: expected a cpuset string or a CPU count, got {entry!r}")
 
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -150,8 +158,14 @@ def parse_memory(value: Any, where: str) -> int:
 
 
 def _cpu_part(entry: Any) -> Any:
-    """The CPU side of a level entry: the entry itself, or the cpuset/cpus of {cpus|cpuset, memory}."""
+    """The CPU side of a level entry: the entry itself, or the cpuset (else the cpus) of
+    {cpus, cpuset, memory}."""
     return entry.get("cpuset", entry.get("cpus")) if isinstance(entry, dict) else entry
+
+
+def _quota_in_cpuset(entry: Any) -> float | None:
+    """The quota of an entry that gives both a cpuset and cpus (a quota on those cores), else None."""
+    return float(entry["cpus"]) if isinstance(entry, dict) and {"cpuset", "cpus"} <= set(entry) else None
 
 
 def _entry_allocation(entry: Any, mode: str, host: list[int], where: str) -> Allocation:
@@ -159,11 +173,17 @@ def _entry_allocation(entry: Any, mode: str, host: list[int], where: str) -> All
     memory = None
     if isinstance(entry, dict) and "memory" in entry:
         memory = parse_memory(entry["memory"], f"{where}.memory")
+    quota = _quota_in_cpuset(entry)
     entry = _cpu_part(entry)
     if mode == "none":
         return Allocation()
     if entry is None:
         return Allocation(memory=memory)
+    if quota is not None:
+        if quota > len(parse_cpuset(entry)):
+            raise UserError(f"{where}: asks for {quota:g} CPUs on cpuset {entry}, which has "
+                            f"{len(parse_cpuset(entry))}")
+        return Allocation(cpuset=entry, cpus=quota, memory=memory)
     if mode == "cpuset":
         if not isinstance(entry, str):
             raise UserError(f"{where}: cpuset mode needs cpuset strings, got {entry!r}")
@@ -274,8 +294,8 @@ def _levels(cfg: JobConfig, schedule: Schedule, host: list[int], tables: dict[st
             for t, entry in named:
                 allocs[t] = (Allocation() if entry is None else
                              _entry_allocation(entry, mode, host, f"{where}: {table_key}.{level} ({t})"))
-            if mode == "cpuset":
-                _check_cpusets(allocs, host, f"{where}: {table_key}.{level}")
+            if mode != "none":
+                _check_cpusets(allocs, host, f"{where}: {table_key}.{level}", shared_ok=mode != "cpuset")
             levels[level] = allocs
     else:
         table = (tables or load_tables())[cfg.mode]
