@@ -40,6 +40,7 @@ BATCH_CHANGE = "batch_change"
 MEASUREMENT = "measurement"
 SPEED_CHANGE = "speed_change"
 MEMORY_BOUNDS = "memory_bounds"
+START_UP = "start_up"
 HL_CHANGE = "hl_change"
 HL_OUTCOME = "hl_outcome"
 EVAL = "eval"
@@ -108,6 +109,11 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(MEMORY_BOUNDS, "the controller's rank",
          ("max_batch", "enforced"), ("step", "version"),
          "`step` or `version`, `max_batch`, `enforced`"),
+    Kind(START_UP, "every BSP worker of `omnilearn run`, after its start-up pass (any policy)",
+         ("sizes", "times_ms"), ("level", "cpu"),
+         "`sizes` (the pass's two batch sizes), `times_ms` (this worker's time at each: the least of its rounds, "
+         "or of more the median of each pair's least; CPU milliseconds under a CPU quota, `cpu` true, else wall), "
+         "`level`: what tells `k` where the steps ran one batch size (`omnilearn whatif` of a `uniform` run)"),
     Kind(HL_CHANGE, "every rank, at a level change",
          ("level", "status"), _LEVEL_FIELDS,
          "`step` or `version`, `elapsed_s`, `from_level`, `level`, `epoch`, `target`, `requested`, `effective`, "

@@ -115,6 +115,10 @@ def test_bsp_trainer_issues_one_collective_a_step_and_its_decisions_replay(tmp_p
     # A step's time carries the update before it; step 1's, the start-up pass's update (at least its
     # 40 ms of CPU; rank 0's forward and backward take a few ms). Step 1's own update allocated the
     # optimizer's state (0.5 s): a one-off that rides with no step's time.
+    # every rank's start-up pass, at the probe's two sizes: what tells k where the steps run one size
+    ups = [[r for r in read_rank(out, k) if r["kind"] == "start_up"] for k in (0, 1)]
+    assert [len(u) for u in ups] == [1, 1] and all(u[0]["sizes"] == recorded[1]["sizes"] for u in ups)
+    assert ups[1][0]["times_ms"][0] > 3 * ups[0][0]["times_ms"][0]  # the slower rank, at each size
     records = read_rank(out, 0)
     measured = {r["step"]: r["times_s"] for r in records if r["kind"] == "measurement"}
     compute = {r["step"]: r["compute_ms"] / 1e3 for r in records if r["kind"] == "step"}

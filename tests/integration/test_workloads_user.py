@@ -16,6 +16,7 @@ import torch
 from omnilearn import Workload, config
 from omnilearn.errors import UserError
 from omnilearn.images.requirements import dockerfile
+from omnilearn.metrics import read_rank
 from omnilearn.train.preflight import preflight
 from omnilearn.train.workload import gather, load_workload
 
@@ -41,6 +42,20 @@ def test_example_trains_through_the_cli(tmp_path: Path, example: str, mode: str)
     assert summary["samples"] > 0
     # Above chance, 0.25 (4 classes in both examples): the user's model, data and loss trained.
     assert summary["final_accuracy"] > 0.35, summary["final_accuracy"]
+
+
+def test_a_uniform_run_records_every_workers_start_up_pass_for_the_what_if(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = omnilearn("run", "--policy", "uniform", "--set", "workload=examples/tabular_mlp.py:workload",
+                     "--workers", "2", "--set", "train.epochs=1", "--backend", "none", "--out", str(out), "--no-progress")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        ups = [r for r in read_rank(out, rank) if r["kind"] == "start_up"]
+        assert len(ups) == 1 and len(ups[0]["sizes"]) == 2 and ups[0]["sizes"][0] < ups[0]["sizes"][1]
+        assert all(t > 0 for t in ups[0]["times_ms"]) and ups[0]["cpu"] is False  # no quota: wall times
+    assert omnilearn("whatif", str(out)).returncode == 0
+    models = json.loads((out / "whatif.json").read_text())["models"]
+    assert models["k_status"] in ("start-up pass", "not identified")  # the steps ran one batch size
 
 
 BROKEN = {

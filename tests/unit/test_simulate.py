@@ -28,9 +28,11 @@ BATCHES = [[32, 32]] * 4 + [[13, 51]] * 8  # uniform for 4 steps, then a split (
 SYNC_S = 0.030
 
 
-def make_run(folder: Path, shared: list[float] | None = None) -> Path:
+def make_run(folder: Path, shared: list[float] | None = None, batches: list[list[int]] = BATCHES,
+             start_up: tuple[int, int] | None = None) -> Path:
     """A finished 2-worker BSP run (2 epochs of 6 steps, B = 64) with exact compute times (``shared``:
-    each step's factor on both workers' times, a host that slows whole steps)."""
+    each step's factor on both workers' times, a host that slows whole steps); ``batches``: each step's
+    split; ``start_up``: the two sizes of a start-up pass every worker records, on the same lines."""
     cfg = config.build(None, [("workers", 2), ("model.name", "smallcnn"), ("data.name", "synthetic"),
                               ("data.synthetic_size", 384), ("train.epochs", 2), ("train.global_batch", 64),
                               ("emulation.allocation", "quota"),
@@ -44,22 +46,26 @@ def make_run(folder: Path, shared: list[float] | None = None) -> Path:
         w.write("start", rank=r, world=2, target=f"worker{r + 1}", policy="uniform", params=1000, train_samples=384,
                 steps_per_epoch=6, time=clock)
         w.write("hl_change", step=0, from_level=None, level="SKEW", epoch=0.0, status="applied", time=clock)
-        w.write("batch_change", step=0, batch=BATCHES[0], reason="initial", time=clock)
+        w.write("batch_change", step=0, batch=batches[0], reason="initial", time=clock)
+        if start_up:
+            a, c = LINES[r]
+            w.write("start_up", sizes=list(start_up), times_ms=[(a + c * b) * 1e3 for b in start_up], cpu=False,
+                    level="SKEW", time=clock)
     start = clock
-    for k, batch in enumerate(BATCHES):
+    for k, batch in enumerate(batches):
         times = [(a + c * b) * (shared[k] if shared else 1.0) for (a, c), b in zip(LINES, batch, strict=True)]
         clock += max(times) + SYNC_S
         for r, w in enumerate(writers):
             w.write("step", step=k + 1, epoch=k // 6, batch=batch[r], global_batch=64,
                     compute_ms=times[r] * 1e3, sync_ms=(max(times) - times[r] + SYNC_S) * 1e3, level="SKEW",
                     cpus=[0.4, 1.6][r], threads=[1, 2][r], time=clock)
-        if k == 3:
-            writers[0].write("batch_change", step=4, batch=BATCHES[4], reason="compute-time", time=clock)
+        if k == 3 and batches[4] != batch:
+            writers[0].write("batch_change", step=4, batch=batches[4], reason="compute-time", time=clock)
     for r, w in enumerate(writers):
         if r == 0:
             w.write("eval", epoch=1, step=12, accuracy=0.5, loss=1.0, elapsed_s=clock - start, time=clock)
         w.write("end", wall_time_s=clock - start + 1.0, train_time_s=clock - start, samples=768, steps=12,
-                batch=BATCHES[-1], level="SKEW", epochs=2.0, time=clock + 1.0)
+                batch=batches[-1], level="SKEW", epochs=2.0, time=clock + 1.0)
         w.close()
     return folder
 

@@ -52,6 +52,29 @@ def test_the_what_if_of_known_lines(run: Path, tmp_path: Path) -> None:
                                             rel=1e-3)
 
 
+def _uniform_run(folder: Path, start_up: tuple[int, int] | None) -> Path:
+    run = make_run(folder, batches=[[32, 32]] * 12, start_up=start_up)
+    job = json.loads((run / "job.json").read_text())
+    job["config"]["control"]["policy"] = "uniform"
+    (run / "job.json").write_text(json.dumps(job))
+    return run
+
+
+def test_a_run_at_one_batch_size_takes_k_from_its_start_up_passes(tmp_path: Path) -> None:
+    told = whatif(_uniform_run(tmp_path / "told", (8, 16)), tmp_path / "a", figure=False)
+    assert told["models"]["k_status"] == "start-up pass" and told["models"]["k"] == pytest.approx(2.0, rel=1e-3)
+    assert "start-up pass" in told["models"]["k_source"]
+    c = told["models"]["c_ms_per_sample"]
+    assert c["rank0@SKEW"] == pytest.approx(10.0, rel=1e-3) and c["rank1@SKEW"] == pytest.approx(2.5, rel=1e-3)
+    blind = whatif(_uniform_run(tmp_path / "blind", None), tmp_path / "b", figure=False)
+    assert blind["models"]["k_status"] == "not identified" and blind["models"]["k"] == 0
+    # static's split (the allocations, 0.4 : 1.6: 12.8 and 51.2 samples) is not the speeds': its slow worker
+    # takes 0.010 (12.8 + 2) = 148 ms a step, where k = 0 reads 0.010625 x 12.8 = 136 ms
+    assert told["replayed"]["static_s"] > blind["replayed"]["static_s"] * 1.02
+    # a balanced split of equal k costs the same under either reading: 0.010 (11.6 + 2) = 0.010625 x 12.8
+    assert told["job"]["balanced_s"] == pytest.approx(blind["job"]["balanced_s"], rel=1e-3)
+
+
 def test_the_command_prints_and_writes(run: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert main(["whatif", str(run)]) == 0
     out = capfd.readouterr().out

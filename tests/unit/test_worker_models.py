@@ -330,3 +330,19 @@ def test_omnilearn_report_redoes_a_compare_folder(tmp_path: Path, capsys: pytest
     (runs["static"] / "job.json").unlink()
     with pytest.raises(UserError, match="static"):
         cmd_report(argparse.Namespace(out=str(tmp_path)))
+
+
+def _start_up(sizes: list[int], times_ms: list[float]) -> dict:
+    return {"kind": "start_up", "sizes": sizes, "times_ms": times_ms, "cpu": False, "level": "HL8"}
+
+
+def test_start_up_k_from_every_workers_two_sizes() -> None:
+    from omnilearn.report.worker_models import start_up_k
+
+    lines = [(0.010, 3.0), (0.0025, 3.0)]  # (c, k): every worker's t = c (b + k)
+    per_rank = [[_start_up([8, 16], [c * (b + k) * 1e3 for b in (8, 16)])] for c, k in lines]
+    fit = start_up_k(per_rank)
+    assert fit is not None and fit.k == pytest.approx(3.0, rel=1e-6)
+    assert start_up_k([per_rank[0], []]) is None  # one worker without a pass: nothing told
+    flat = [[_start_up([8, 16], [5.0, 5.0])] for _ in range(2)]
+    assert start_up_k(flat) is None  # time does not grow with the batch: k at its upper bound, no reading

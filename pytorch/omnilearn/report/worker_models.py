@@ -39,10 +39,19 @@ from typing import Any
 
 import numpy as np
 
-from omnilearn.control.fixed_cost import ONE_K, PER_KIND, KModel, Medians, fit_fixed_cost, robust_sigma
+from omnilearn.control.fixed_cost import (
+    ONE_K,
+    PER_KIND,
+    KFit,
+    KModel,
+    Medians,
+    fit_fixed_cost,
+    fit_k,
+    robust_sigma,
+)
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
-from omnilearn.records import STEP, of_kind
+from omnilearn.records import START_UP, STEP, of_kind
 
 Cell = tuple[int, str]  # (rank, level)
 
@@ -57,7 +66,8 @@ class WorkerModels:
     k_se: float | None
     """k's standard error (samples); None when k is not identified or at a bound."""
     k_status: str
-    """``fitted``, ``not identified`` (k = K_PRIOR), ``lower bound`` or ``upper bound``."""
+    """``fitted``, ``not identified`` (k = K_PRIOR), ``lower bound``, ``upper bound``, or
+    :data:`FROM_START_UP` (the steps could not tell it; the workers' start-up passes did)."""
     sigma: dict[Cell, float]
     """Step-to-step noise of each worker-level: robust sd of log(t / median at its batch)."""
     steps: dict[Cell, int]
@@ -124,10 +134,35 @@ def _kept(per_rank: Sequence[Sequence[dict[str, Any]]]) -> list[list[dict[str, A
     return out
 
 
-def fit_worker_models(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], names: Sequence[str] | None = None
-                      ) -> WorkerModels:
+FROM_START_UP = "start-up pass"
+"""The ``k_status`` of a ``k`` the workers' start-up passes told (:func:`start_up_k`) where the steps ran one
+batch size."""
+
+
+def start_up_k(per_rank: Sequence[Sequence[dict[str, Any]]]) -> KFit | None:
+    """One ``k`` for the job's workers from their start-up passes: each worker's last ``start_up`` record,
+    its time at two batch sizes (``per_rank``: every rank's records). None where a worker has no such
+    record or the times do not tell ``k`` (a fit neither ``fitted`` nor at its lower bound, 0)."""
+    ups = [of_kind(records, START_UP) for records in per_rank]
+    if not ups or not all(ups):
+        return None
+    points = [(j, b, t / 1e3) for j, u in enumerate(ups) for b, t in zip(u[-1]["sizes"], u[-1]["times_ms"], strict=True)
+              if b > 0 and t > 0]
+    if not points:
+        return None
+    cells, b, t = (np.asarray(x) for x in zip(*points, strict=True))
+    data = Medians(cell=cells.astype(np.int64), b=b.astype(float), log_t=np.log(t.astype(float)), n=np.ones(len(b)),
+                   dev=np.zeros(0), dev_cell=np.zeros(0, np.int64), cells=len(ups))
+    fit = fit_k(data, float(b.max()))
+    return fit if fit.status in ("fitted", "lower bound") else None
+
+
+def fit_worker_models(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], names: Sequence[str] | None = None,
+                      start_up: KFit | None = None) -> WorkerModels:
     """Fit :class:`WorkerModels` over ``runs``: each a list of per-rank step records of one run of the
-    same job (rank ``i`` is the same worker in every run). ``names`` name the runs in the provenance."""
+    same job (rank ``i`` is the same worker in every run). ``names`` name the runs in the provenance.
+    ``start_up``: the ``k`` of the workers' start-up passes (:func:`start_up_k`), taken where the steps
+    cannot tell one (every worker ran one batch size)."""
     names = list(names) if names is not None else [f"run{j + 1}" for j in range(len(runs))]
     assert len(names) == len(runs)
     by_batch: dict[Cell, dict[int, list[float]]] = {}
@@ -144,8 +179,12 @@ def fit_worker_models(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], names:
         used.append({"run": name, "steps": min((len(s) for s in kept), default=0)})
     cells = sorted(by_batch)
     medians = {cell: {b: statistics.median(ts) for b, ts in by_batch[cell].items()} for cell in cells}
-    fit = fit_fixed_cost(_medians(cells, by_batch, medians), [_kind(threads[cell]) for cell in cells], full,
-                         name=_kind_name)
+    data = _medians(cells, by_batch, medians)
+    fit = fit_fixed_cost(data, [_kind(threads[cell]) for cell in cells], full, name=_kind_name)
+    if start_up is not None and fit.model == ONE_K and fit.fits[None].status == "not identified":
+        told = KFit(start_up.k, start_up.se, FROM_START_UP)
+        fit = KModel(ONE_K, fit.why, {None: told}, fit.kind, np.full(len(cells), told.k),
+                     data.profile(np.array([told.k]))[1][:, 0])
     steps = {cell: sum(len(ts) for ts in by_batch[cell].values()) for cell in cells}
     job = fit.mean(np.asarray([steps[cell] for cell in cells], float))
     logs = {cell: [math.log(t / medians[cell][b]) for b, ts in by_batch[cell].items() for t in ts] for cell in cells}
@@ -205,6 +244,9 @@ def k_text(fit: dict[str, Any]) -> str:
     k = fit["k"]
     if fit["k_status"] == "fitted":
         return f"k = {k:.3g}" + (f" ± {fit['k_se']:.2g}" if fit.get("k_se") is not None else "") + " samples"
+    if fit["k_status"] == FROM_START_UP:
+        return (f"k = {k:.3g}" + (f" ± {fit['k_se']:.2g}" if fit.get("k_se") is not None else "")
+                + " samples (from the workers' start-up passes: the steps ran one batch size)")
     if fit["k_status"] == "not identified":
         return f"k = {k:g} (not identified: no worker ran two batch sizes; time taken as proportional to batch)"
     if fit["k_status"] == "upper bound":

@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omnilearn.control.fixed_cost import KFit
 from omnilearn.errors import UserError
 from omnilearn.files import load_yaml
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
 from omnilearn.records import END, EVAL, START, STEP, of_kind
 from omnilearn.report.summary import busy_ms
-from omnilearn.report.worker_models import fit_worker_models
+from omnilearn.report.worker_models import fit_worker_models, start_up_k
 
 
 @dataclass(frozen=True)
@@ -123,13 +124,14 @@ def busy_steps(per_rank: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]
     return [[{**r, "compute_ms": busy_ms(r)} for r in steps] for steps in per_rank]
 
 
-def fit_compute(per_rank: list[list[dict[str, Any]]]
+def fit_compute(per_rank: list[list[dict[str, Any]]], start_up: KFit | None = None
                 ) -> tuple[dict[tuple[int, str], ComputeModel], dict[str, float]]:
     """``(rank, level) -> ComputeModel`` from every rank's step records, and per level the noise a step's
     workers share: the run's per-worker models (:func:`~omnilearn.report.worker_models.fit_worker_models`,
     ``t = c (b + k)``, ``k`` the job's or the worker's kind's) on the ranks' busy times (:func:`busy_steps`),
-    as lines ``a + c b`` with ``a = c k``, each with its own noise (see the module)."""
-    models = fit_worker_models([busy_steps(per_rank)], ["replayed run"])
+    as lines ``a + c b`` with ``a = c k``, each with its own noise (see the module); ``start_up``: the ``k``
+    of the workers' start-up passes, where the steps cannot tell one."""
+    models = fit_worker_models([busy_steps(per_rank)], ["replayed run"], start_up)
     compute = {key: ComputeModel(c * models.k_of(*key), c, models.spread.get(key, models.sigma[key]),
                                  models.steps[key]) for key, c in models.c.items()}
     return compute, dict(models.common)
@@ -195,7 +197,7 @@ def load_run(run: Path, calibration: Path | None = None) -> RunModels:
     params = int(start["params"])
     allreduce = (allreduce_from_calibration(calibration, params) if calibration
                  else allreduce_from_run(records, params))
-    compute, common = fit_compute([_steps(s) for s in records])
+    compute, common = fit_compute([_steps(s) for s in records], start_up_k(records))
     return RunModels(job=job, records=records, compute=compute, common=common,
                      allreduce=allreduce, overhead_s=step_overhead(records[0]),
                      eval_s=(end["wall_time_s"] - end["train_time_s"]) / len(evals) if evals else 0.0,

@@ -4,8 +4,10 @@ The run's per-rank models ``t_i(b) = c_i (b + k)`` are fitted by the code the re
 (:func:`~omnilearn.report.worker_models.fit_worker_models`), on each rank's busy time (below): one ``k``
 for the job's workers, or one per kind of worker (its threads) where the ranks are of several kinds and
 the times tell each kind's; ``whatif.json`` says which (``models.k_model``). Where every rank ran one batch
-size (a ``uniform`` run, an unmodified DDP job), ``k`` cannot be told from the times and is taken as 0
-(time in proportion to the batch), and ``whatif.json`` says so.
+size (a ``uniform`` run, an unmodified DDP job), ``k`` cannot be told from the steps: it is taken from the
+ranks' start-up passes where every rank recorded one (``omnilearn run`` times each worker at two batch
+sizes before the clock starts, whatever the policy), else as 0 (time in proportion to the batch), and
+``whatif.json`` says which.
 
 Per step ``j`` the records give every rank's own work ``t_ij`` (``compute_ms``, and under a CPU quota
 the wait for its CPU beyond that, ``held_ms``: a compute that fits what is left of a CFS period runs at
@@ -43,22 +45,30 @@ from typing import Any
 
 import numpy as np
 
+from omnilearn.control.fixed_cost import KFit
 from omnilearn.errors import UserError
 from omnilearn.files import write_atomic
 from omnilearn.jobfile import JobSpec
 from omnilearn.metrics import read_rank
 from omnilearn.records import END, STEP, of_kind
 from omnilearn.report.ideal import balanced_time
-from omnilearn.report.worker_models import WorkerModels, fit_worker_models, k_model_text
+from omnilearn.report.worker_models import (
+    FROM_START_UP,
+    WorkerModels,
+    fit_worker_models,
+    k_model_text,
+    start_up_k,
+)
 from omnilearn.simulate.models import busy_steps
 
 WHATIF_FILE = "whatif.json"
 FIGURE_FILE = "whatif.png"
 
 
-def read_steps(run: Path) -> tuple[JobSpec, list[list[dict[str, Any]]], dict[str, Any]]:
-    """The run's job, every rank's step records and rank 0's last end record; one clear error where a
-    folder has no job file, is not BSP, or a rank has no step records or no end record."""
+def read_steps(run: Path) -> tuple[JobSpec, list[list[dict[str, Any]]], dict[str, Any], KFit | None]:
+    """The run's job, every rank's step records, rank 0's last end record and the ``k`` of the ranks'
+    start-up passes (None: not every rank has one); one clear error where a folder has no job file, is
+    not BSP, or a rank has no step records or no end record."""
     if not (run / "job.json").is_file():
         raise UserError(f"whatif {run}: not a run folder (no job.json)")
     job = JobSpec.load(run / "job.json", out_dir=run)
@@ -73,7 +83,7 @@ def read_steps(run: Path) -> tuple[JobSpec, list[list[dict[str, Any]]], dict[str
     ends = of_kind(records[0], END)
     if not ends:
         raise UserError(f"whatif {run}: rank 0 has no end record: the run did not finish")
-    return job, steps, ends[-1]
+    return job, steps, ends[-1], start_up_k(records)
 
 
 def _table(steps: Sequence[Sequence[dict[str, Any]]], key: str) -> np.ndarray:
@@ -133,8 +143,8 @@ def whatif(run: Path | str, out: Path | str | None = None, figure: bool = True) 
     """The what-if of the run folder ``run`` (see the module): ``whatif.json`` and ``whatif.png`` in
     ``out`` (default: the run folder); returns what ``whatif.json`` holds."""
     run = Path(run)
-    job, steps, end = read_steps(run)
-    models = fit_worker_models([busy_steps(steps)], [run.name])  # the quota's waits are the ranks' own
+    job, steps, end, start_up = read_steps(run)
+    models = fit_worker_models([busy_steps(steps)], [run.name], start_up)  # the quota's waits are the ranks' own
     held = _table(steps, "held_ms")  # the quota's wait: the rank's own, though it lands in the all-reduce
     work, wait = _table(steps, "compute_ms") + held, np.maximum(_table(steps, "sync_ms") - held, 0.0)
     duration, exchange = step_times(work, wait)
@@ -145,6 +155,8 @@ def whatif(run: Path | str, out: Path | str | None = None, figure: bool = True) 
     balanced = balanced_steps(models, steps, lo, hi)
     times = replayed(run)
     how = ("fitted from the run's batch changes" if models.k_status == "fitted" else
+           "from every rank's start-up pass (its times at two batch sizes; the steps ran one)"
+           if models.k_status == FROM_START_UP else
            f"assumed {models.k:g} ({models.k_status}: every rank ran one batch size, so time is taken "
            f"as proportional to the batch)" if models.k_status == "not identified" else
            f"{models.k_status} of the fit")

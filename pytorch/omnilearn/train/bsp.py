@@ -271,6 +271,10 @@ class BSPTrainer:
         # before the bounds' collective: a worker waiting there for a slower one gets no CPU, and its
         # rate would read lower than its rounds ran at
         own = rounds.own(*sizes) if probe else []
+        if all(rounds.wall.get(b) for b in sizes):  # what tells k where the steps run one batch size
+            reading = own or rounds.own(*sizes)
+            self.metrics.write("start_up", sizes=list(sizes), times_ms=[round(t * 1e3, 3) for t in reading[:2]],
+                               cpu=reading[3] > 0, level=self.client.level)
         if updates:  # step 1's time carries an update as every probe round's did; the first's one-off stays out
             self.timer.stand_in(statistics.median(updates[len(updates) // 2:]))
         self.model.load_state_dict(saved[0])
