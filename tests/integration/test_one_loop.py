@@ -118,7 +118,8 @@ def test_bsp_trainer_issues_one_collective_a_step_and_its_decisions_replay(tmp_p
     # every rank's start-up pass, at the probe's two sizes: what tells k where the steps run one size
     ups = [[r for r in read_rank(out, k) if r["kind"] == "start_up"] for k in (0, 1)]
     assert [len(u) for u in ups] == [1, 1] and all(u[0]["sizes"] == recorded[1]["sizes"] for u in ups)
-    assert ups[1][0]["times_ms"][0] > 3 * ups[0][0]["times_ms"][0]  # the slower rank, at each size
+    # the slower rank at each size (both carry the update's 40 ms of CPU, which no rank does faster)
+    assert all(slow > 1.5 * fast for slow, fast in zip(ups[1][0]["times_ms"], ups[0][0]["times_ms"], strict=True))
     records = read_rank(out, 0)
     measured = {r["step"]: r["times_s"] for r in records if r["kind"] == "measurement"}
     compute = {r["step"]: r["compute_ms"] / 1e3 for r in records if r["kind"] == "step"}
