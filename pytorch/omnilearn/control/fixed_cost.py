@@ -314,6 +314,10 @@ def fit_fixed_cost(data: Medians, kinds: Sequence[Hashable | None], global_batch
 
 
 def _one_k(data: Medians, why: str, global_batch: float) -> KModel:
-    fit = fit_k(data, global_batch)
+    return one_k_model(data, fit_k(data, global_batch), why)
+
+
+def one_k_model(data: Medians, fit: KFit, why: str = "") -> KModel:
+    """``fit``'s one ``k`` for every worker-level of ``data``, each one's ``log c`` at it."""
     return KModel(ONE_K, why, {None: fit}, [None] * data.cells, np.full(data.cells, fit.k),
                   data.profile(np.array([fit.k]))[1][:, 0])

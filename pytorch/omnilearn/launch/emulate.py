@@ -233,19 +233,19 @@ def emulation_job(argv: list[str], hl: str | None, schedule: str | None, workers
         workers = len(containers) if containers else 4
     overrides: list[tuple[str, Any]] = [("workers", workers), ("emulation.backend", "auto")]
     overrides += [("emulation.hl", hl)] if hl else [("emulation.schedule", schedule or "demo")]
-    if levels is None:
-        cfg = config.build(None, overrides)
-        plan = build_plan(cfg)
-    else:
+    if levels is not None:
         table = load_yaml(levels, "--levels file")
         if not isinstance(table, dict) or not table:
             raise UserError(f"--levels {levels}: expected a mapping of levels to one entry per rank, "
                             f"e.g. HL8: [{{cpuset: '0', cpus: 0.125}}, {{cpuset: '1', cpus: 1}}]")
-        try:
-            cfg = config.build(None, [*overrides, ("emulation.levels", table)])
-            plan = build_plan(cfg)
-        except UserError as e:
-            raise UserError(f"--levels {levels}: {e}") from None
+        overrides.append(("emulation.levels", table))
+    try:
+        cfg = config.build(None, overrides)
+        plan = build_plan(cfg)
+    except UserError as e:
+        if levels is None:
+            raise
+        raise UserError(f"--levels {levels}: {e}") from None
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out}: exists and is not empty")
     return JobSpec(job_id=new_job_id(), config=cfg, plan=plan, out_dir=out.resolve(), backend="")

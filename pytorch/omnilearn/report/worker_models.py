@@ -47,6 +47,7 @@ from omnilearn.control.fixed_cost import (
     Medians,
     fit_fixed_cost,
     fit_k,
+    one_k_model,
     robust_sigma,
 )
 from omnilearn.jobfile import JobSpec
@@ -146,14 +147,15 @@ def start_up_k(per_rank: Sequence[Sequence[dict[str, Any]]]) -> KFit | None:
     ups = [of_kind(records, START_UP) for records in per_rank]
     if not ups or not all(ups):
         return None
-    points = [(j, b, t / 1e3) for j, u in enumerate(ups) for b, t in zip(u[-1]["sizes"], u[-1]["times_ms"], strict=True)
-              if b > 0 and t > 0]
-    if not points:
+    times: dict[Cell, dict[int, float]] = {
+        (j, u[-1].get("level") or ""): {b: t / 1e3 for b, t in zip(u[-1]["sizes"], u[-1]["times_ms"], strict=True)
+                                        if b > 0 and t > 0}
+        for j, u in enumerate(ups)}
+    cells = [cell for cell, at in times.items() if at]
+    if not cells:
         return None
-    cells, b, t = (np.asarray(x) for x in zip(*points, strict=True))
-    data = Medians(cell=cells.astype(np.int64), b=b.astype(float), log_t=np.log(t.astype(float)), n=np.ones(len(b)),
-                   dev=np.zeros(0), dev_cell=np.zeros(0, np.int64), cells=len(ups))
-    fit = fit_k(data, float(b.max()))
+    data = _medians(cells, {cell: {b: [t] for b, t in times[cell].items()} for cell in cells}, times)
+    fit = fit_k(data, float(data.b.max()))
     return fit if fit.status in ("fitted", "lower bound") else None
 
 
@@ -182,9 +184,7 @@ def fit_worker_models(runs: Sequence[Sequence[Sequence[dict[str, Any]]]], names:
     data = _medians(cells, by_batch, medians)
     fit = fit_fixed_cost(data, [_kind(threads[cell]) for cell in cells], full, name=_kind_name)
     if start_up is not None and fit.model == ONE_K and fit.fits[None].status == "not identified":
-        told = KFit(start_up.k, start_up.se, FROM_START_UP)
-        fit = KModel(ONE_K, fit.why, {None: told}, fit.kind, np.full(len(cells), told.k),
-                     data.profile(np.array([told.k]))[1][:, 0])
+        fit = one_k_model(data, KFit(start_up.k, start_up.se, FROM_START_UP), fit.why)
     steps = {cell: sum(len(ts) for ts in by_batch[cell].values()) for cell in cells}
     job = fit.mean(np.asarray([steps[cell] for cell in cells], float))
     logs = {cell: [math.log(t / medians[cell][b]) for b, ts in by_batch[cell].items() for t in ts] for cell in cells}
@@ -242,11 +242,11 @@ def k_model_text(source: dict[str, Any], values: bool = True) -> str:
 def k_text(fit: dict[str, Any]) -> str:
     """One fit's k in words (``k``, ``k_se``, ``k_status``)."""
     k = fit["k"]
-    if fit["k_status"] == "fitted":
-        return f"k = {k:.3g}" + (f" ± {fit['k_se']:.2g}" if fit.get("k_se") is not None else "") + " samples"
-    if fit["k_status"] == FROM_START_UP:
-        return (f"k = {k:.3g}" + (f" ± {fit['k_se']:.2g}" if fit.get("k_se") is not None else "")
-                + " samples (from the workers' start-up passes: the steps ran one batch size)")
+    if fit["k_status"] in ("fitted", FROM_START_UP):
+        text = f"k = {k:.3g}" + (f" ± {fit['k_se']:.2g}" if fit.get("k_se") is not None else "") + " samples"
+        if fit["k_status"] == FROM_START_UP:
+            text += " (from the workers' start-up passes: the steps ran one batch size)"
+        return text
     if fit["k_status"] == "not identified":
         return f"k = {k:g} (not identified: no worker ran two batch sizes; time taken as proportional to batch)"
     if fit["k_status"] == "upper bound":
