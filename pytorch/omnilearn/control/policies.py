@@ -72,40 +72,18 @@ class Bounds:
 def bounded_shares(weights: Sequence[float], total: float, lo: float | Sequence[float], hi: Sequence[float]
                    ) -> list[float]:
     """Split ``total`` in proportion to ``weights`` with every share clamped to ``[lo_i, hi_i]`` (``lo``:
-    one bound for all, or one each).
-
-    Water-filling: workers whose proportional share falls outside their bounds are pinned at the
-    bound, and the rest of the total is split again among the others, until nothing moves.
-    """
+    one bound for all, or one each): :func:`bounded_shares_rows` on one row."""
     n = len(weights)
-    low = [float(lo)] * n if isinstance(lo, int | float) else [float(x) for x in lo]
+    low = np.full(n, float(lo)) if isinstance(lo, int | float) else np.asarray(lo, float)
     assert n == len(hi) == len(low) and n > 0
-    assert sum(low) <= total + 1e-9 and total <= sum(hi) + 1e-9, (lo, hi, total)
-    w = [max(float(x), 0.0) for x in weights]
-    if sum(w) <= 0:
-        w = [1.0] * n
-    pinned: dict[int, float] = {}
-    while True:
-        free = [i for i in range(n) if i not in pinned]
-        rest = total - sum(pinned.values())
-        wsum = sum(w[i] for i in free)
-        shares = {i: (rest * w[i] / wsum if wsum > 0 else rest / len(free)) for i in free}
-        over = [i for i in free if shares[i] > hi[i] + 1e-12]
-        under = [i for i in free if shares[i] < low[i] - 1e-12]
-        if not over and not under:
-            break
-        # Pin the side that violates; pinning both at once could overshoot the total.
-        for i in (over if over else under):
-            pinned[i] = hi[i] if over else low[i]
-    out = [pinned.get(i, shares.get(i, 0.0)) for i in range(n)]
-    return out
+    assert low.sum() <= total + 1e-9 and total <= sum(hi) + 1e-9, (lo, hi, total)
+    return bounded_shares_rows(np.asarray([weights], float), np.asarray([total], float), low[None, :],
+                               np.asarray([hi], float))[0].tolist()
 
 
 def bounded_shares_rows(weights: np.ndarray, totals: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """:func:`bounded_shares` for every row of ``weights`` (rows x workers) at once, each with its own
-    total and bounds (rows x workers; every row's bounds hold its total): the same shares, bit for bit
-    (a test holds them equal), for a caller that splits many candidates at a time; one split is
-    quicker through :func:`bounded_shares`.
+    """Every row of ``weights`` (rows x workers) split in proportion within its own total and bounds
+    (rows x workers; every row's bounds hold its total).
 
     Water-filling: workers whose proportional share falls outside their bounds are pinned at the
     bound (the side that violates: pinning both at once could overshoot the total), and the rest of
@@ -145,30 +123,14 @@ def bounded_shares_rows(weights: np.ndarray, totals: np.ndarray, lo: np.ndarray,
 
 
 def round_preserving_sum(shares: Sequence[float], total: int, lo: int, hi: Sequence[int]) -> list[int]:
-    """Integers within ``[lo, hi_i]`` that sum to ``total``, closest to ``shares`` (largest remainder)."""
-    base = [min(max(math.floor(s + 1e-9), lo), hi[i]) for i, s in enumerate(shares)]
-    left = total - sum(base)
-    order = sorted(range(len(shares)), key=lambda i: (-(shares[i] - math.floor(shares[i] + 1e-9)), i))
-    while left != 0:
-        moved = False
-        for i in order:
-            if left > 0 and base[i] < hi[i]:
-                base[i] += 1
-                left -= 1
-                moved = True
-            elif left < 0 and base[i] > lo:
-                base[i] -= 1
-                left += 1
-                moved = True
-            if left == 0:
-                break
-        assert moved, "bounds cannot hold the total"
-    return base
+    """Integers within ``[lo, hi_i]`` that sum to ``total``, closest to ``shares`` (largest remainder):
+    :func:`round_rows` on one row."""
+    return round_rows(np.asarray([shares], float), np.asarray([total]), lo, np.asarray([hi], float))[0].tolist()
 
 
 def round_rows(shares: np.ndarray, totals: np.ndarray, lo: int, hi: np.ndarray) -> np.ndarray:
-    """:func:`round_preserving_sum` for every row of ``shares`` (rows x workers), each with its own total
-    and upper bounds, bit for bit: every share rounded down within the bounds, then the samples left over (or
+    """Integers within ``[lo, hi]`` closest to every row of ``shares`` (rows x workers), each summing to its
+    own total (largest remainder): every share rounded down within the bounds, then the samples left over (or
     short) given one at a time to the workers in order of the largest remainders (ties: the lower
     index), pass after pass."""
     base = np.minimum(np.maximum(np.floor(shares + 1e-9), lo), hi)
