@@ -12,7 +12,7 @@ from test_asp import make_server, push
 
 from omnilearn import config
 from omnilearn.errors import UserError
-from omnilearn.train.asp_update import Hyper, SampleTime, build_rule, staleness_factor
+from omnilearn.train.asp_update import Hyper, SampleTime, build_rule, scheduled_lr, staleness_factor
 from omnilearn.train.workload import make_optimizer
 
 
@@ -264,3 +264,15 @@ def test_the_server_corrects_a_late_push_from_the_parameters_its_worker_pulled(t
     # plain SGD at one unit: the late gradient as pushed, or carried from version 0's parameters to the current
     assert torch.allclose(before - corrected.state[:n], 0.1 * (late + late * late * (before - start) / rms), atol=1e-6)
     assert not torch.allclose(plain.state[:n], corrected.state[:n])
+
+
+def test_the_warmup_raises_the_servers_rate_with_the_epochs_applied_then_the_milestones_take_over() -> None:
+    cfg = config.from_dict({"mode": "asp", "train": {"lr": 0.01, "milestones": [3], "gamma": 0.1},
+                            "asp": {"warmup_epochs": 0.5}}, "test")
+    cfg.validate()
+    assert [scheduled_lr(cfg, e) for e in (0.0, 0.125, 0.25, 0.5, 2.0)] == pytest.approx([0.0, 0.0025, 0.005, 0.01, 0.01])
+    assert scheduled_lr(cfg, 3.0) == pytest.approx(0.001)
+    none = config.from_dict({"mode": "asp", "train": {"lr": 0.01}}, "test")
+    assert scheduled_lr(none, 0.0) == pytest.approx(0.01)
+    with pytest.raises(UserError, match="warmup_epochs"):
+        config.from_dict({"mode": "asp", "asp": {"warmup_epochs": -1}}, "test").validate()

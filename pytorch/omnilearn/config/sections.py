@@ -324,6 +324,10 @@ class AspConfig:
     and shrink every step); ``reference``: the square a push of b_ref samples would bring, (1 - kappa)
     m_hat^2 + kappa g^2 (at least 0, kappa = b / b_ref, m_hat the first moment before the push), the
     noise of the batch the step was tuned at whatever the split (docs/design/asp.md)."""
+    warmup_epochs: float = 0.0
+    """The server's learning rate rises in proportion to the epochs applied (samples applied / training-set
+    size) up to ``train.lr`` at this many, then follows ``train.milestones``; 0: none. Adam's moments and
+    the step's first updates rest on few pushes, most of them late."""
     lr_reference_batch: int | None = None
     """b_ref: the batch a push counts one unit of the optimizer's time at (default: global_batch /
     workers, the equal share)."""
@@ -357,6 +361,8 @@ class AspConfig:
             raise bad("delay_correction", f"must be at least 0 (0: none), not {self.delay_correction}")
         if not self.delay_tolerance > 0:
             raise bad("delay_tolerance", f"must be positive (.inf: no cut), not {self.delay_tolerance}")
+        if not self.warmup_epochs >= 0:
+            raise bad("warmup_epochs", f"must be at least 0 (0: none), not {self.warmup_epochs}")
         if self.eval_interval <= 0:
             raise bad("eval_interval", f"must be positive, not {self.eval_interval}")
         if self.worker_timeout_s <= 0:

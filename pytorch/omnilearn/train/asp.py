@@ -231,7 +231,7 @@ def own_step(rule: Any, cfg: Any, params: torch.Tensor, grad: torch.Tensor, batc
     """``asp.push: parameters``: this worker's own optimizer step on the parameters it pulled, at the
     schedule's lr of the server's ``epoch``; the step's result replaces the gradient in the buffer the
     push sends."""
-    rule.apply(params, grad, batch / reference_batch(cfg), 0.0, scheduled_lr(cfg.train, epoch))
+    rule.apply(params, grad, batch / reference_batch(cfg), 0.0, scheduled_lr(cfg, epoch))
     grad.copy_(params)
 
 

@@ -336,10 +336,13 @@ def local_rule(cfg: Any, theta: torch.Tensor) -> SampleTime:
     return SampleTime(Hyper(t.optimizer, t.momentum, t.weight_decay, betas=t.betas), tuple(theta.shape), theta.dtype)
 
 
-def scheduled_lr(train: Any, epoch: float) -> float:
+def scheduled_lr(cfg: Any, epoch: float) -> float:
     """The learning rate at ``epoch`` (samples applied over the training set): ``train.lr`` times
-    ``train.gamma`` for every milestone passed."""
-    return train.lr * train.gamma ** sum(1 for m in train.milestones if epoch >= m)
+    ``train.gamma`` for every milestone passed, and within ``asp.warmup_epochs`` times the share of it
+    passed."""
+    train, warmup = cfg.train, cfg.asp.warmup_epochs
+    ramp = min(1.0, max(epoch, 0.0) / warmup) if warmup > 0 else 1.0
+    return ramp * train.lr * train.gamma ** sum(1 for m in train.milestones if epoch >= m)
 
 
 def reference_batch(cfg: Any) -> float:

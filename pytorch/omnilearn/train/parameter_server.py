@@ -207,7 +207,7 @@ class ParameterServer:
         return self.clock if self.t_start is None else (now or time.time()) - self.t_start
 
     def base_lr(self) -> float:
-        return scheduled_lr(self.cfg.train, self.epoch)
+        return scheduled_lr(self.cfg, self.epoch)
 
     def _index(self, slot: int) -> int:
         """Where a worker's counters are, from the slot it names itself by (its rank in the whole job)."""
