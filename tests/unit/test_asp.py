@@ -41,7 +41,8 @@ def make_server(tmp_path: Path, *sets: tuple[str, Any], train_size: int = 100) -
     overrides = [("mode", "asp"), ("workers", 2), ("train.global_batch", 16), ("train.epochs", 1),
                  ("train.lr", 0.1), ("train.momentum", 0.0), ("train.weight_decay", 0.0),
                  ("emulation.backend", "none"), ("emulation.hl", "HL1"),
-                 ("asp.batch_tolerance", None), *sets]  # one tolerance for delay and batch, as each test sets it
+                 ("asp.batch_tolerance", None),  # one tolerance for delay and batch, as each test sets it
+                 ("asp.second_moment", "push"), ("asp.warmup_epochs", 0.0), *sets]  # the rule's hand computations
     cfg = config.build(None, overrides)
     job = JobSpec(job_id="t", config=cfg, plan=build_plan(cfg), out_dir=tmp_path, backend="none")
     torch.manual_seed(0)
